@@ -1,0 +1,37 @@
+# The two commands a user needs: `make up` and `make test`. Everything runs from .venv, which
+# ops/venv.sh builds from the pinned requirements.lock (reusing a shared install keyed by its hash).
+
+PY := .venv/bin/python
+DATA_DIR ?= .resontech
+PYTEST_ARGS ?=
+
+.PHONY: up down test lint bench bench-quick venv clean
+
+venv: .venv/.stamp
+
+.venv/.stamp: requirements.lock ops/venv.sh
+	@./ops/venv.sh
+	@touch $@
+
+up: venv
+	@.venv/bin/resontech up --data-dir $(DATA_DIR)
+
+down: venv
+	@.venv/bin/resontech down --data-dir $(DATA_DIR)
+
+test: venv
+	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+
+lint: venv
+	$(PY) -m ruff check schemas core projections gateway agent ops tests
+	$(PY) -m ruff format --check schemas core projections gateway agent ops tests
+	$(PY) -m mypy
+
+bench: venv
+	$(PY) -m ops.bench.log
+
+bench-quick: venv
+	$(PY) -m ops.bench.log --quick
+
+clean:
+	rm -rf .venv

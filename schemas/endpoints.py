@@ -1,0 +1,109 @@
+"""Events of the ENDPOINTS stream: ``endpoint.<tenant>.<endpoint_id>.<event>``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas._base import Event
+from schemas.values import Assignment, Pool, Provenance
+
+Engine = Literal["vllm", "cpu"]
+
+
+class EndpointDeployed(Event, tag="endpoint.deployed"):
+    """A tenant deployed an inference endpoint.
+
+    Attributes:
+        model: a workspace path (``models/x/``) or a model name the platform ships.
+        gpu_type: a GPU model family, or ``None`` for any (including CPU hosts).
+        min_replicas / max_replicas: the autoscaler's bounds.
+        target_rps_per_replica: scale out above this load, in below it.
+        scale_to_zero_after_s: idle seconds before scaling to zero (``None``: never).
+    """
+
+    name: str
+    model: str
+    gpu_type: str | None = None
+    vram_mb: int = 0
+    min_replicas: int = 0
+    max_replicas: int = 1
+    target_rps_per_replica: float = 10.0
+    scale_to_zero_after_s: int | None = 300
+    pool: Pool = "shared"
+    engine: Engine | None = None
+    deployed_by: str = ""
+
+
+class EndpointScaled(Event, tag="endpoint.scaled"):
+    """The desired replica count changed; ``inputs`` are what the decision saw (rps, util...)."""
+
+    replicas: int
+    reason: str
+    inputs: dict[str, float] = {}
+
+
+class EndpointReplicaPlaced(Event, tag="endpoint.replica_placed"):
+    """Replicas were assigned to workers."""
+
+    assignments: list[Assignment]
+    provenance: Provenance
+
+
+class EndpointReplicaRevoked(Event, tag="endpoint.replica_revoked"):
+    """A replica's assignment was taken back."""
+
+    assignment_id: str
+    worker_id: str
+    slot: int
+    epoch: int
+    reason: str
+
+
+class EndpointReplicaStarting(Event, tag="endpoint.replica_starting"):
+    """An agent is starting the engine for a replica."""
+
+    assignment_id: str
+    worker_id: str
+    epoch: int
+
+
+class EndpointReplicaReady(Event, tag="endpoint.replica_ready"):
+    """A replica passed its health check and serves at ``address`` (``http://host:port``)."""
+
+    assignment_id: str
+    epoch: int
+    address: str
+
+
+class EndpointReplicaLost(Event, tag="endpoint.replica_lost"):
+    """A replica stopped serving (worker lost, engine died, failed to start)."""
+
+    assignment_id: str
+    epoch: int
+    reason: str
+    log_tail: str = ""
+
+
+class EndpointScaledToZero(Event, tag="endpoint.scaled_to_zero"):
+    """Every replica was removed after ``idle_s`` seconds without a request; billing stops."""
+
+    idle_s: float
+
+
+class EndpointDeleted(Event, tag="endpoint.deleted"):
+    """The endpoint was deleted."""
+
+    by: str
+
+
+EndpointEvent = (
+    EndpointDeployed
+    | EndpointScaled
+    | EndpointReplicaPlaced
+    | EndpointReplicaRevoked
+    | EndpointReplicaStarting
+    | EndpointReplicaReady
+    | EndpointReplicaLost
+    | EndpointScaledToZero
+    | EndpointDeleted
+)

@@ -1,0 +1,46 @@
+"""Events of the TENANTS stream: ``tenant.<tenant>.<event>``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas._base import Event
+
+Role = Literal["admin", "member", "viewer"]
+
+
+class TenantCreated(Event, tag="tenant.created"):
+    """An organisation was created; its private bucket was provisioned."""
+
+    display_name: str
+    bucket: str
+    plan: str = "payg"
+    created_by: str = ""
+
+
+class ApiKeyIssued(Event, tag="tenant.api_key_issued"):
+    """An API key was issued. Only its SHA-256 is stored; the key itself is shown once."""
+
+    key_id: str
+    key_sha256: str
+    role: Role
+    label: str = ""
+    issued_by: str = ""
+
+
+class ApiKeyRevoked(Event, tag="tenant.api_key_revoked"):
+    """An API key stops working."""
+
+    key_id: str
+    revoked_by: str = ""
+
+
+class QuotaSet(Event, tag="tenant.quota_set"):
+    """The tenant's GPU quota (concurrent GPUs) per pool; ``None`` removes the limit."""
+
+    pool: str
+    gpus: int | None
+    set_by: str = ""
+
+
+TenantEvent = TenantCreated | ApiKeyIssued | ApiKeyRevoked | QuotaSet

@@ -1,0 +1,77 @@
+"""Value objects shared by several event families."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas._base import Value
+
+Pool = Literal["shared", "managed", "private"]
+"""The three GPU runtime pools of seed 001: multi-tenant, reserved for one organisation, the owner's own."""
+
+WorkKind = Literal["job", "endpoint"]
+"""What a piece of placed work belongs to."""
+
+
+class Gpu(Value):
+    """One GPU of a worker, as NVML reports it at registration."""
+
+    index: int
+    model: str
+    vram_total_mb: int
+    vram_free_mb: int
+    uuid: str = ""
+
+
+class GpuTelemetry(Value):
+    """One GPU's readings in a heartbeat. ``None`` where NVML does not report a value."""
+
+    index: int
+    util_pct: float | None = None
+    mem_used_mb: int | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    ecc_errors: int | None = None
+    xid_errors: int | None = None
+
+
+class ScoreCard(Value):
+    """The ranking of one candidate worker: the total score and the terms it is the product of."""
+
+    worker_id: str
+    score: float
+    terms: dict[str, float] = {}
+
+
+class Provenance(Value):
+    """Why a placement chose what it chose: the audit trail on every assignment.
+
+    Attributes:
+        candidates: workers considered.
+        filtered: how many were filtered out, by reason (``vram``, ``pool``, ``cordoned``...).
+        top: the best-ranked candidates with their score terms, best first.
+        policy: the name and version of the placement policy that decided.
+    """
+
+    candidates: int
+    filtered: dict[str, int] = {}
+    top: list[ScoreCard] = []
+    policy: str = "rank-v1"
+
+
+class Assignment(Value):
+    """One unit of placed work: a shard of a job or a replica of an endpoint on one worker.
+
+    Attributes:
+        assignment_id: unique id of this placement (new on every re-placement).
+        worker_id: the worker that runs it.
+        slot: the shard index of a job or the replica index of an endpoint.
+        epoch: fencing token; a higher epoch supersedes every older one for the same work.
+        gpus: GPUs the assignment occupies on the worker.
+    """
+
+    assignment_id: str
+    worker_id: str
+    slot: int
+    epoch: int
+    gpus: int = 0
