@@ -100,7 +100,7 @@ def token(value: str, what: str = "id") -> str:
 
 def job_subject(tenant: str, job_id: str, event: type[Event] | Event) -> str:
     """``job.<tenant>.<job_id>.<event>``."""
-    return f"job.{token(tenant, 'tenant')}.{token(job_id, 'job id')}.{event.name()}"
+    return f"job.{token(tenant, 'tenant')}.{token(job_id, 'job id')}.{event.event_name()}"
 
 
 def job_filter(tenant: str, job_id: str) -> str:
@@ -110,7 +110,7 @@ def job_filter(tenant: str, job_id: str) -> str:
 
 def endpoint_subject(tenant: str, endpoint_id: str, event: type[Event] | Event) -> str:
     """``endpoint.<tenant>.<endpoint_id>.<event>``."""
-    return f"endpoint.{token(tenant, 'tenant')}.{token(endpoint_id, 'endpoint id')}.{event.name()}"
+    return f"endpoint.{token(tenant, 'tenant')}.{token(endpoint_id, 'endpoint id')}.{event.event_name()}"
 
 
 def endpoint_filter(tenant: str, endpoint_id: str) -> str:
@@ -120,7 +120,7 @@ def endpoint_filter(tenant: str, endpoint_id: str) -> str:
 
 def worker_subject(worker_id: str, event: type[Event] | Event) -> str:
     """``worker.<worker_id>.<event>``."""
-    return f"worker.{token(worker_id, 'worker id')}.{event.name()}"
+    return f"worker.{token(worker_id, 'worker id')}.{event.event_name()}"
 
 
 def worker_filter(worker_id: str) -> str:
@@ -145,7 +145,7 @@ def command_subject(worker_id: str) -> str:
 
 def tenant_subject(tenant: str, event: type[Event] | Event) -> str:
     """``tenant.<tenant>.<event>``."""
-    return f"tenant.{token(tenant, 'tenant')}.{event.name()}"
+    return f"tenant.{token(tenant, 'tenant')}.{event.event_name()}"
 
 
 def quarantine_subject(stream: str) -> str:

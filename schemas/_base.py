@@ -29,27 +29,27 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field=TAG_FIELD):
     """Base of every event, command and stored record on a stream."""
 
     @classmethod
-    def tag(cls) -> str:
+    def event_tag(cls) -> str:
         """The stable tag that identifies this event type on the wire."""
         return str(cls.__struct_config__.tag)
 
     @classmethod
-    def family(cls) -> str:
+    def event_family(cls) -> str:
         """The stream family of this event: ``job`` for ``job.submitted``."""
-        return cls.tag().split(".", 1)[0]
+        return cls.event_tag().split(".", 1)[0]
 
     @classmethod
-    def name(cls) -> str:
+    def event_name(cls) -> str:
         """The event's name without family or version: ``submitted`` for ``job.submitted@2``.
 
         This is the last token of the event's subject on streams whose subjects end in the event name.
         """
-        return cls.tag().split(".", 1)[1].split("@", 1)[0]
+        return cls.event_tag().split(".", 1)[1].split("@", 1)[0]
 
     @classmethod
-    def version(cls) -> int:
+    def event_version(cls) -> int:
         """1 for ``job.submitted``, n for ``job.submitted@n``."""
-        _, _, version = cls.tag().partition("@")
+        _, _, version = cls.event_tag().partition("@")
         return int(version) if version else 1
 
 
@@ -75,7 +75,7 @@ def upcaster(old: type[E]) -> Callable[[Callable[[E], Event]], Callable[[E], Eve
 
     def register(fn: Callable[[E], Event]) -> Callable[[E], Event]:
         if old in _UPCASTERS:
-            raise ValueError(f"an upcaster for {old.tag()} is already registered")
+            raise ValueError(f"an upcaster for {old.event_tag()} is already registered")
         _UPCASTERS[old] = fn
         return fn
 

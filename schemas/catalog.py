@@ -38,7 +38,7 @@ def _members(union: Any) -> tuple[type[Event], ...]:
 
 
 EVENT_TYPES: tuple[type[Event], ...] = tuple(cls for u in FAMILIES.values() for cls in _members(u))
-BY_TAG: dict[str, type[Event]] = {cls.tag(): cls for cls in EVENT_TYPES}
+BY_TAG: dict[str, type[Event]] = {cls.event_tag(): cls for cls in EVENT_TYPES}
 
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()
@@ -46,7 +46,7 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
 _ENCODER = msgspec.json.Encoder()
 
 assert len(BY_TAG) == len(EVENT_TYPES), "duplicate event tag"
-assert all(cls.family() in FAMILIES for cls in EVENT_TYPES), "event tag outside its family"
+assert all(cls.event_family() in FAMILIES for cls in EVENT_TYPES), "event tag outside its family"
 
 
 class UnknownFamily(ValueError):
@@ -87,10 +87,10 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for cls in EVENT_TYPES:
         (ref,), components = msgspec.json.schema_components([cls], ref_template="#/$defs/{name}")
-        out[cls.tag()] = {
+        out[cls.event_tag()] = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": f"https://resontech.dev/schemas/{cls.tag()}.json",
-            "title": cls.tag(),
+            "$id": f"https://resontech.dev/schemas/{cls.event_tag()}.json",
+            "title": cls.event_tag(),
             "description": (cls.__doc__ or "").strip(),
             **ref,
             "$defs": components,

@@ -1,0 +1,57 @@
+"""Shared fixtures: one real nats-server per test session (per xdist worker), fresh streams per test."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+
+from core.log import EventLog
+from core.settings import Settings
+from core.streams import STREAMS
+from ops.natsserver import NatsServer
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A real nats-server with JetStream on a free loopback port and a temp store dir."""
+    root = tmp_path_factory.mktemp("nats")
+    server = NatsServer(root / "store", log_file=root / "nats.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def settings(nats_server: NatsServer) -> Settings:
+    return Settings(nats_url=nats_server.url, ack_timeout_s=5.0)
+
+
+async def wipe_streams(url: str) -> None:
+    """Delete every stream and snapshot so a test starts from an empty log."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for spec in STREAMS:
+        try:
+            await js.delete_stream(spec.name)
+        except nats.js.errors.NotFoundError:
+            pass
+    try:
+        await js.delete_object_store("snapshots")
+    except nats.js.errors.NotFoundError:
+        pass
+    await nc.close()
+
+
+@pytest.fixture
+async def log(settings: Settings) -> AsyncIterator[EventLog]:
+    """An :class:`EventLog` on empty streams."""
+    await wipe_streams(settings.nats_url)
+    event_log = await EventLog.connect(settings)
+    await event_log.ensure_streams()
+    yield event_log
+    await event_log.close()
+
+

@@ -1,0 +1,220 @@
+"""Contract tests of the event log against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import nats
+import pytest
+
+from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
+from core.log import EventLog, new_event_id
+from core.settings import Settings
+from core.streams import heartbeat_subject, job_filter, job_subject
+from schemas import Heartbeat, JobProgress, JobQueued, JobSubmitted
+
+
+def submitted(name: str = "train") -> JobSubmitted:
+    return JobSubmitted(name=name, kind="process", shards=1)
+
+
+async def all_records(log: EventLog, stream: str, **bounds: object) -> list:
+    return [r async for r in log.replay(stream, **bounds)]  # type: ignore[arg-type]
+
+
+async def test_append_returns_position_and_replay_decodes(log: EventLog) -> None:
+    position = await log.append(job_subject("acme", "j1", JobSubmitted), submitted(), event_id="e-1")
+    assert (position.stream, position.seq, position.duplicate) == ("JOBS", 1, False)
+    [record] = await all_records(log, "JOBS")
+    assert record.seq == 1
+    assert record.subject == "job.acme.j1.submitted"
+    assert record.msg_id == "e-1"
+    assert record.token(2) == "j1"
+    assert record.event == submitted()
+    assert record.time_ns > 0
+
+
+async def test_retried_append_with_same_id_is_stored_once(log: EventLog) -> None:
+    subject = job_subject("acme", "j1", JobSubmitted)
+    first = await log.append(subject, submitted(), event_id="same")
+    again = await log.append(subject, submitted(), event_id="same")
+    assert again == first._replace(duplicate=True)
+    assert len(await all_records(log, "JOBS")) == 1
+
+
+async def test_expected_sequence_on_subject(log: EventLog) -> None:
+    subject = job_subject("acme", "j1", JobQueued)
+    first = await log.append(subject, JobQueued(reason="a"), expected_seq=0)
+    await log.append(subject, JobQueued(reason="b"), expected_seq=first.seq)
+    with pytest.raises(ConcurrencyConflict) as caught:
+        await log.append(subject, JobQueued(reason="c"), expected_seq=first.seq)
+    assert caught.value.code == "concurrency_conflict"
+    assert caught.value.expected == first.seq
+    with pytest.raises(ConcurrencyConflict):
+        await log.append(subject, JobQueued(reason="d"), expected_seq=0)
+
+
+async def test_expected_sequence_over_a_wildcard_filter(log: EventLog) -> None:
+    """The subject-filter variant: any event of the job since I read it is a conflict."""
+    seen = await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
+    # Another job's events do not conflict with j1.
+    await log.append(job_subject("acme", "j2", JobSubmitted), submitted())
+    decided = await log.append(
+        job_subject("acme", "j1", JobQueued), JobQueued(reason="x"), expected_seq=seen.seq, expected_filter=job_filter("acme", "j1")
+    )
+    # A progress event of j1 lands on a different subject but inside the filter.
+    await log.append(job_subject("acme", "j1", JobProgress), JobProgress(epoch=1))
+    with pytest.raises(ConcurrencyConflict):
+        await log.append(
+            job_subject("acme", "j1", JobQueued),
+            JobQueued(reason="y"),
+            expected_seq=decided.seq,
+            expected_filter=job_filter("acme", "j1"),
+        )
+    # Nothing of a new job yet: 0 is the expected sequence for "create".
+    await log.append(
+        job_subject("acme", "j9", JobSubmitted), submitted(), expected_seq=0, expected_filter=job_filter("acme", "j9")
+    )
+
+
+async def test_ten_concurrent_appenders_exactly_one_wins(settings: Settings, log: EventLog) -> None:
+    """10 connections race with the same expected sequence, 200 times: one winner every time."""
+    appenders = [await EventLog.connect(settings, name=f"appender-{i}") for i in range(10)]
+    try:
+        for round_ in range(200):
+            job = f"race{round_}"
+            filt = job_filter("acme", job)
+            base = await log.append(job_subject("acme", job, JobSubmitted), submitted())
+
+            async def attempt(appender: EventLog, i: int, job: str = job, filt: str = filt, seq: int = base.seq) -> bool:
+                try:
+                    await appender.append(
+                        job_subject("acme", job, JobQueued), JobQueued(reason=f"appender {i}"), expected_seq=seq, expected_filter=filt
+                    )
+                except ConcurrencyConflict:
+                    return False
+                return True
+
+            results = await asyncio.gather(*(attempt(a, i) for i, a in enumerate(appenders)))
+            assert sum(results) == 1, f"round {round_}: {sum(results)} winners"
+        queued = [r async for r in log.replay("JOBS", subjects="job.acme.*.queued")]
+        assert len(queued) == 200
+    finally:
+        for appender in appenders:
+            await appender.close()
+
+
+async def test_append_many_keeps_order_and_ids(log: EventLog) -> None:
+    ids = [new_event_id() for _ in range(2000)]
+    assert len(set(ids)) == 2000
+    items = [(job_subject("acme", f"j{i % 7}", JobProgress), JobProgress(epoch=1, step=i), ids[i]) for i in range(2000)]
+    positions = await log.append_many(items, max_in_flight=64)
+    assert [p.seq for p in positions] == list(range(1, 2001))
+    records = await all_records(log, "JOBS")
+    assert [r.event.step for r in records] == list(range(2000))
+    assert [r.msg_id for r in records] == ids
+    # The same batch again is all duplicates: nothing stored twice.
+    again = await log.append_many(items)
+    assert all(p.duplicate for p in again)
+    assert len(await all_records(log, "JOBS")) == 2000
+
+
+async def test_rejected_append_fails_instead_of_hanging(log: EventLog) -> None:
+    """nats-py 2.16's publish_async never resolves on a rejection; ours raises."""
+    with pytest.raises(AppendRejected, match="no stream captures"):
+        await log.append("nostream.x", JobQueued(reason="x"))
+    with pytest.raises(AppendRejected):
+        await log.append_many([(job_subject("acme", "j1", JobQueued), JobQueued(reason="ok")), ("nostream.y", JobQueued(reason="x"))])
+
+
+async def test_unacknowledged_append_times_out(nats_server: object, log: EventLog) -> None:
+    """A subject answered by a plain subscriber that never replies: the ack never comes."""
+    url = log.settings.nats_url
+    silent = await nats.connect(url)
+
+    async def ignore(msg: object) -> None:
+        return None
+
+    await silent.subscribe("void.>", cb=ignore)
+    await silent.flush()
+    quick = await EventLog.connect(Settings(nats_url=url, ack_timeout_s=0.5))
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(AppendTimeout):
+            await quick.append("void.x", JobQueued(reason="x"))
+        assert asyncio.get_running_loop().time() - started < 2.0
+        with pytest.raises(AppendTimeout):
+            await quick.append_many([("void.y", JobQueued(reason="x"))] * 10)
+    finally:
+        await quick.close()
+        await silent.close()
+
+
+async def test_replay_bounds_by_sequence_and_time(log: EventLog) -> None:
+    for i in range(10):
+        await log.append(job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i))
+    middle = [r.seq for r in await all_records(log, "JOBS", start_seq=3, until_seq=6)]
+    assert middle == [3, 4, 5, 6]
+    assert await all_records(log, "JOBS", start_seq=11) == []
+    records = await all_records(log, "JOBS")
+    ns = records[4].time_ns  # floor to the microsecond a datetime holds
+    cut = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(microseconds=ns % 1_000_000_000 // 1000)
+    before = await all_records(log, "JOBS", until_time=cut)
+    after = await all_records(log, "JOBS", start_time=cut)
+    assert before[-1].seq >= 4 and before[-1].seq < 10
+    assert after[0].seq <= 5 and after[-1].seq == 10
+    assert [r.seq for r in records] == list(range(1, 11))
+
+
+async def test_replay_with_a_filter_that_matches_nothing_ends(log: EventLog) -> None:
+    await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
+    assert await asyncio.wait_for(all_records(log, "JOBS", subjects="job.nobody.>"), timeout=5) == []
+    assert await all_records(log, "ENDPOINTS") == []
+
+
+async def test_malformed_event_is_quarantined_and_skipped(log: EventLog) -> None:
+    await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
+    await log.publish_raw("job.acme.j1.submitted", b'{"type":"job.submitted","shards":"many"}')
+    await log.publish_raw("job.acme.j1.garbage", b"not json at all")
+    await log.append(job_subject("acme", "j1", JobQueued), JobQueued(reason="after"))
+    records = await all_records(log, "JOBS")
+    assert [r.seq for r in records] == [1, 4]
+    # Reading again quarantines nothing twice (the quarantine id is stream + sequence).
+    await all_records(log, "JOBS")
+    await asyncio.sleep(0.3)
+    quarantined = await log.replay_raw("QUARANTINE")
+    assert [q.msg_id for q in quarantined] == ["quarantine-JOBS-2", "quarantine-JOBS-3"]
+    assert quarantined[1].data == b"not json at all"
+    assert quarantined[0].subject == "quarantine.JOBS"
+
+
+async def test_follow_yields_stored_then_live_events(log: EventLog) -> None:
+    await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
+    follower = log.follow("JOBS")
+    first = await asyncio.wait_for(anext(follower), 5)
+    await log.append(job_subject("acme", "j1", JobQueued), JobQueued(reason="live"))
+    second = await asyncio.wait_for(anext(follower), 5)
+    await follower.aclose()
+    assert (first.seq, second.seq) == (1, 2)
+    assert second.event == JobQueued(reason="live")
+
+
+async def test_latest_heartbeat_is_kept_per_worker(log: EventLog) -> None:
+    for cpu in (10.0, 20.0, 30.0):
+        await log.append(heartbeat_subject("w1"), Heartbeat(cpu_pct=cpu))
+    await log.append(heartbeat_subject("w2"), Heartbeat(cpu_pct=99.0))
+    for _ in range(50):
+        latest = await log.get_last("HEARTBEATS_LATEST", heartbeat_subject("w1"))
+        if latest is not None and latest.event.cpu_pct == 30.0:
+            break
+        await asyncio.sleep(0.05)
+    assert latest is not None and latest.event.cpu_pct == 30.0
+    assert await log.get_last("HEARTBEATS_LATEST", heartbeat_subject("nobody")) is None
+
+
+async def test_snapshots_round_trip(log: EventLog) -> None:
+    assert await log.get_snapshot("projection.x") is None
+    blob = b"x" * 3_000_000
+    await log.put_snapshot("projection.x", blob)
+    assert await log.get_snapshot("projection.x") == blob
