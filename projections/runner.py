@@ -126,20 +126,37 @@ class ProjectionRunner(Generic[S]):
 
     async def catch_up(self) -> int:
         """Apply every event stored after :attr:`seq`, up to the stream's current end."""
+        decode_record = self.log.record_decoder(self.projection.stream)
         applied = 0
-        async for record in self.log.replay(
-            self.projection.stream, start_seq=self.seq + 1, subjects=self.projection.subjects
-        ):
-            self.apply(record)
-            applied += 1
+
+        def apply(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
+            nonlocal applied
+            record = decode_record(subject, seq, time_ns, msg_id, data)
+            if record is not None:
+                self.apply(record)
+                applied += 1
+
+        await self.log.scan(
+            self.projection.stream, apply, start_seq=self.seq + 1, subjects=self.projection.subjects
+        )
         return applied
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Load, catch up, then follow the stream live until ``stop`` is set (snapshots on the way)."""
-        await self.load()
-        await self.catch_up()
-        await self.snapshot_if_due(force=self.seq > self.snapshot_seq)
         stop = stop or asyncio.Event()
+        loaded = await self.load()
+        catching_up = asyncio.ensure_future(self.catch_up())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({catching_up, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not catching_up.done():  # stopped mid catch-up: keep what was applied, it is consistent
+            catching_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await catching_up
+            await self.snapshot_if_due(force=self.seq > self.snapshot_seq)
+            return
+        catching_up.result()
+        await self.snapshot_if_due(force=not loaded or self.seq > self.snapshot_seq)
         watch = await self.log.watch(
             self.projection.stream, self._apply_live, after_seq=self.seq, subjects=self.projection.subjects
         )

@@ -26,7 +26,11 @@ TAG_FIELD = "type"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field=TAG_FIELD):
-    """Base of every event, command and stored record on a stream."""
+    """Base of every event, command and stored record on a stream.
+
+    msgspec applies ``kw_only`` to the fields a class itself defines, so every subclass repeats
+    ``kw_only=True`` (a test checks that none forgets).
+    """
 
     @classmethod
     def event_tag(cls) -> str:

@@ -14,7 +14,7 @@ from schemas.values import Assignment, Pool, Provenance
 JobKind = Literal["federated", "ddp", "process"]
 
 
-class JobResources(Value):
+class JobResources(Value, kw_only=True):
     """What each shard of a job needs from a worker.
 
     Attributes:
@@ -32,7 +32,7 @@ class JobResources(Value):
     memory_mb: int = 1024
 
 
-class JobSubmitted(Event, tag="job.submitted"):
+class JobSubmitted(Event, tag="job.submitted", kw_only=True):
     """A tenant submitted a job. Validated at the edge: every referenced object existed."""
 
     name: str
@@ -51,20 +51,20 @@ class JobSubmitted(Event, tag="job.submitted"):
     submitted_by: str = ""
 
 
-class JobQueued(Event, tag="job.queued"):
+class JobQueued(Event, tag="job.queued", kw_only=True):
     """The job waits for capacity; ``reason`` says what it waits for."""
 
     reason: str
 
 
-class JobPlaced(Event, tag="job.placed"):
+class JobPlaced(Event, tag="job.placed", kw_only=True):
     """A gang placement: every listed shard was assigned at once (all N or none)."""
 
     assignments: list[Assignment]
     provenance: Provenance
 
 
-class JobAssignmentRevoked(Event, tag="job.assignment_revoked"):
+class JobAssignmentRevoked(Event, tag="job.assignment_revoked", kw_only=True):
     """A shard's assignment was taken back (worker lost, preempted, rejected, failed)."""
 
     assignment_id: str
@@ -74,7 +74,7 @@ class JobAssignmentRevoked(Event, tag="job.assignment_revoked"):
     reason: str
 
 
-class JobRejected(Event, tag="job.rejected"):
+class JobRejected(Event, tag="job.rejected", kw_only=True):
     """An agent refused an assignment; the reason comes from its provider policy."""
 
     assignment_id: str
@@ -83,7 +83,7 @@ class JobRejected(Event, tag="job.rejected"):
     reason: str
 
 
-class JobStarted(Event, tag="job.started"):
+class JobStarted(Event, tag="job.started", kw_only=True):
     """An agent started a shard's workload."""
 
     assignment_id: str
@@ -92,7 +92,7 @@ class JobStarted(Event, tag="job.started"):
     epoch: int
 
 
-class JobProgress(Event, tag="job.progress"):
+class JobProgress(Event, tag="job.progress", kw_only=True):
     """Training progress of one shard (or of the whole job when ``slot`` is ``None``)."""
 
     epoch: int
@@ -105,7 +105,7 @@ class JobProgress(Event, tag="job.progress"):
     gpu_util_pct: float | None = None
 
 
-class JobCheckpointed(Event, tag="job.checkpointed"):
+class JobCheckpointed(Event, tag="job.checkpointed", kw_only=True):
     """A checkpoint was written to the tenant's workspace; recovery resumes from the latest one."""
 
     epoch: int
@@ -115,20 +115,20 @@ class JobCheckpointed(Event, tag="job.checkpointed"):
     step: int | None = None
 
 
-class JobRoundCompleted(Event, tag="job.round_completed"):
+class JobRoundCompleted(Event, tag="job.round_completed", kw_only=True):
     """A federated round finished (aggregation done)."""
 
     round: int
     metrics: dict[str, float] = {}
 
 
-class JobCompleted(Event, tag="job.completed"):
+class JobCompleted(Event, tag="job.completed", kw_only=True):
     """The job finished; ``outputs`` are the object keys it produced (``model_out/``, ``files_out/``)."""
 
     outputs: list[str] = []
 
 
-class JobFailed(Event, tag="job.failed"):
+class JobFailed(Event, tag="job.failed", kw_only=True):
     """A shard or the whole job failed. ``log_tail`` is the end of the workload's log."""
 
     reason: str
@@ -138,7 +138,7 @@ class JobFailed(Event, tag="job.failed"):
     retryable: bool = False
 
 
-class JobCancelled(Event, tag="job.cancelled"):
+class JobCancelled(Event, tag="job.cancelled", kw_only=True):
     """The tenant (or an operator) cancelled the job."""
 
     by: str

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import nats
@@ -34,14 +34,10 @@ async def wipe_streams(url: str) -> None:
     nc = await nats.connect(url)
     js = nc.jetstream()
     for spec in STREAMS:
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(spec.name)
-        except nats.js.errors.NotFoundError:
-            pass
-    try:
+    with contextlib.suppress(nats.js.errors.NotFoundError):
         await js.delete_object_store("snapshots")
-    except nats.js.errors.NotFoundError:
-        pass
     await nc.close()
 
 
@@ -53,5 +49,3 @@ async def log(settings: Settings) -> AsyncIterator[EventLog]:
     await event_log.ensure_streams()
     yield event_log
     await event_log.close()
-
-

@@ -1,0 +1,265 @@
+"""The ``resontech`` command line.
+
+Every command reads the settings once (environment over ``<data dir>/dev.env``), prints errors as one
+line on stderr with a non-zero exit status, and never a traceback unless ``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from core.errors import ResontechError
+from core.settings import Settings, load
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir or os.environ.get("RESONTECH_DATA_DIR") or ".resontech")
+
+
+def _run(coro: Any) -> Any:
+    import uvloop
+
+    return uvloop.run(coro)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from ops import devstack
+
+    return devstack.up(_data_dir(args), nats_port=args.nats_port, s3_port=args.s3_port)
+
+
+def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
+    from ops import devstack
+
+    return devstack.down(_data_dir(args))
+
+
+def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
+    from core.log import EventLog
+    from core.streams import STREAMS
+
+    async def ensure() -> None:
+        async with await EventLog.connect(settings) as event_log:
+            await event_log.ensure_streams()
+
+    _run(ensure())
+    if args.json:
+        _print_json([{"stream": s.name, "subjects": s.layout, "holds": s.holds} for s in STREAMS])
+    else:
+        for spec in STREAMS:
+            print(f"{spec.name:<18} {spec.layout:<40} {spec.retention}")
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.tail import tail
+
+    return int(_run(tail(settings, args.subject, start_seq=args.from_seq, follow=not args.no_follow)))
+
+
+def cmd_projector(args: argparse.Namespace, settings: Settings) -> int:
+    from ops import projector
+
+    _run(projector.run(settings))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from core.log import EventLog
+    from projections import ALL, BY_NAME
+    from projections.verify import verify_all
+
+    chosen = [BY_NAME[name] for name in args.projection] if args.projection else list(ALL)
+
+    async def check() -> list[Any]:
+        async with await EventLog.connect(settings) as event_log:
+            return await verify_all(event_log, chosen)
+
+    verdicts = _run(check())
+    if args.json:
+        _print_json([{f: getattr(v, f) for f in v.__struct_fields__} for v in verdicts])
+    else:
+        print(f"{'projection':<10} {'stream':<11} {'at seq':>9}  {'status':<11} rebuilt hash")
+        for v in verdicts:
+            print(f"{v.projection:<10} {v.stream:<11} {v.seq:>9}  {v.status:<11} {v.rebuilt_hash[:16]}")
+            if v.status == "differ":
+                print(f"{'':<33}live snapshot hash {v.live_hash}")
+    differ = [v.projection for v in verdicts if v.status == "differ"]
+    if differ:
+        print(f"DIFFERENCE in {', '.join(differ)}: the live state is not what the log says", file=sys.stderr)
+        return 1
+    if not args.json:
+        print("no difference: every live snapshot is what the log rebuilds to")
+    return 0
+
+
+def cmd_audit_export(args: argparse.Namespace, settings: Settings) -> int:
+    from core.log import EventLog
+    from projections import audit
+
+    def progress(stream: str, rows: int) -> None:
+        print(f"  {stream:<18} {rows:>10} rows", file=sys.stderr)
+
+    async def export() -> dict[str, int]:
+        async with await EventLog.connect(settings) as event_log:
+            return await audit.export(event_log, Path(args.dir), progress=progress)
+
+    counts = _run(export())
+    if args.json:
+        _print_json(counts)
+    else:
+        print(f"exported {sum(counts.values())} events from {len(counts)} streams to {args.dir}")
+    return 0
+
+
+def cmd_audit_sql(args: argparse.Namespace, settings: Settings) -> int:
+    from projections import audit
+
+    directory = Path(args.dir or _data_dir(args) / "audit")
+    columns, rows = audit.sql(directory, args.query)
+    if args.json:
+        _print_json([dict(zip(columns, row, strict=True)) for row in rows])
+        return 0
+    widths = [max([len(c)] + [len(_cell(r[i])) for r in rows]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(_cell(v).ljust(w) for v, w in zip(row, widths, strict=True)))
+    print(f"({len(rows)} rows)", file=sys.stderr)
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    return "NULL" if value is None else str(value)
+
+
+def cmd_audit_queries(args: argparse.Namespace, settings: Settings) -> int:
+    from projections import audit
+
+    if args.json:
+        _print_json(audit.EXAMPLE_QUERIES)
+    for name, query in audit.EXAMPLE_QUERIES.items():
+        if not args.json:
+            print(f"-- {name}\n{query.strip()}\n")
+    return 0
+
+
+def cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas import export_json_schemas
+
+    written = export_json_schemas(Path(args.dir))
+    print(f"wrote {len(written)} JSON Schemas to {args.dir}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.demo import append_demo
+
+    counts = _run(append_demo(settings, tenant=args.tenant))
+    print(f"appended {sum(counts.values())} events: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resontech", description="An event-sourced control plane for GPU compute."
+    )
+    parser.add_argument(
+        "--data-dir", help="local state directory (default .resontech, or RESONTECH_DATA_DIR)"
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("up", cmd_up, "start the local stack (NATS, object store, services) in the foreground")
+    p.add_argument("--nats-port", type=int, default=4222)
+    p.add_argument("--s3-port", type=int, default=9000)
+    command("down", cmd_down, "stop a stack started with `up` in another terminal")
+    command("streams", cmd_streams, "create or update every stream, and list them")
+    p = command("tail", cmd_tail, "print events on SUBJECT as JSON lines (then follow new ones)")
+    p.add_argument("subject", help="subject filter, e.g. 'job.>' or 'job.acme.*.progress'")
+    p.add_argument(
+        "--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence"
+    )
+    p.add_argument("--no-follow", action="store_true", help="stop at the end of the stream")
+    command("projector", cmd_projector, "run the projector service (keeps projections live and snapshotted)")
+    p = command(
+        "replay", cmd_replay, "rebuild every projection from sequence 1 and compare with its live snapshot"
+    )
+    p.add_argument("projection", nargs="*", help="only these projections")
+    audit = sub.add_parser("audit", help="export the log to Parquet and query it with SQL")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True, metavar="AUDIT_COMMAND")
+    for name, handler, help_text in (
+        ("export", cmd_audit_export, "write every stream to DIR/<stream>.parquet"),
+        ("sql", cmd_audit_sql, "run DuckDB SQL over an export"),
+        ("queries", cmd_audit_queries, "print example audit queries"),
+    ):
+        p = audit_sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(handler=handler)
+        if name == "export":
+            p.add_argument("dir")
+        elif name == "sql":
+            p.add_argument("query")
+            p.add_argument("--dir", help="export directory (default <data dir>/audit)")
+    schemas = sub.add_parser("schemas", help="event catalog tools")
+    schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True, metavar="SCHEMAS_COMMAND")
+    p = schemas_sub.add_parser("export", help="write a JSON Schema per event to DIR")
+    p.add_argument("dir")
+    p.set_defaults(handler=cmd_schemas_export, json=False)
+    p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
+    p.add_argument("--tenant", default="demo")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``resontech`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        settings = load(env_file=_data_dir(args) / "dev.env")
+        return int(args.handler(args, settings))
+    except ResontechError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: say so in one line, keep the traceback behind --debug
+        if args.debug:
+            raise
+        print(
+            f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for details)", file=sys.stderr
+        )
+        return 70
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

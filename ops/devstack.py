@@ -1,0 +1,450 @@
+"""``resontech up`` / ``resontech down``: the local dev stack in one data directory.
+
+``up`` starts nats-server (JetStream, ``sync_interval: always``), the S3-compatible object store,
+creates the streams, then starts the services as child processes. Everything lives under the data
+directory::
+
+    nats/  nats.conf      JetStream store and its generated config
+    objects/              the object store: one directory per bucket
+    logs/<name>.log       one log per process
+    s3.secret             the object store secret, generated once and reused
+    dev.env               settings for clients: ``source .resontech/dev.env``
+    stack.json            what runs (pids), for ``down`` and for refusing a second ``up``
+
+Start-up is all or nothing: a failure prints one line and stops whatever had started. Stopping
+(Ctrl-C, SIGTERM, ``down``) goes services first, then the object store, then NATS, each with
+SIGTERM so that nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from core.errors import ResontechError
+from ops.natsserver import (
+    NatsServer,
+    ensure_writable_dir,
+    log_tail,
+    run_async,
+    signal_group,
+    spawn,
+    terminate,
+)
+from ops.objectstore import ObjectStoreServer
+from ops.ports import ensure_port_free
+
+STACK_FILE = "stack.json"
+ENV_FILE = "dev.env"
+SECRET_FILE = "s3.secret"
+S3_ACCESS_KEY = "resontech"
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A service process of the dev stack.
+
+    Attributes:
+        name: short name; its output goes to ``logs/<name>.log``.
+        argv: the command, e.g. ``[sys.executable, "-m", "ops.cli", "projector"]``.
+    """
+
+    name: str
+    argv: list[str] = field(hash=False)
+
+
+DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
+    ServiceSpec("projector", [sys.executable, "-m", "ops.cli", "projector"]),
+)
+
+
+class DevStackError(ResontechError):
+    """The dev stack cannot start or stop; the message says why in one line."""
+
+    code = "devstack"
+
+
+def up(
+    data_dir: Path,
+    *,
+    nats_port: int = 4222,
+    s3_port: int = 9000,
+    services: Sequence[ServiceSpec] = DEFAULT_SERVICES,
+    foreground: bool = True,
+) -> int:
+    """Start the dev stack from ``data_dir``; in the foreground, run it until SIGINT or SIGTERM.
+
+    Signals are only handled when called from the main thread.
+
+    Args:
+        data_dir: the stack's directory (created if missing).
+        nats_port: NATS client port (0: any free port).
+        s3_port: object store port (0: any free port).
+        services: the service processes to start once the streams exist.
+        foreground: wait, and stop everything on a signal; if false, return once started and leave
+            the processes running for :func:`down`.
+
+    Returns:
+        The exit status: 0 after a clean run, 1 if it could not start, 130 if interrupted while
+        starting.
+    """
+    stack = _Stack(Path(data_dir).absolute())
+    with _SignalTrap() as trap:
+        try:
+            stack.check(nats_port, s3_port)
+        except ResontechError as exc:
+            return _fail(exc.message)
+        try:
+            stack.start(nats_port, s3_port, services)
+        except BaseException as exc:
+            trap.raising = False  # a second Ctrl-C must not interrupt the clean-up
+            stack.stop()
+            if isinstance(exc, KeyboardInterrupt):
+                return _fail("interrupted during start-up; everything started was stopped", 130)
+            if isinstance(exc, ResontechError):
+                return _fail(exc.message)
+            if isinstance(exc, Exception):
+                return _fail(f"start-up failed: {type(exc).__name__}: {exc}")
+            raise
+        trap.raising = False  # from here on a signal asks for a clean stop
+        stack.mark_ready(supervised=foreground)
+        stack.announce(foreground)
+        if not foreground:
+            return 0
+        stack.supervise(trap.stop)
+        print("stopping the dev stack...", flush=True)
+        stack.stop()
+        print("stopped", flush=True)
+        return 0
+
+
+def down(data_dir: Path, timeout: float = 30.0) -> int:
+    """Stop the dev stack recorded in ``data_dir/stack.json``.
+
+    A running foreground ``up`` is asked to stop (it stops everything in order); whatever is left
+    (or everything, after a detached ``up``) gets SIGTERM, services first, then SIGKILL after
+    10 seconds.
+
+    Args:
+        data_dir: the stack's directory.
+        timeout: seconds to wait for a foreground ``up`` to finish stopping.
+
+    Returns:
+        0 if a stack was stopped, 1 if none was running.
+    """
+    data_dir = Path(data_dir).absolute()
+    state = _read_state(data_dir)
+    if state is None:
+        return _fail(f"no dev stack is running from {_show(data_dir)} (no {STACK_FILE})")
+    supervisor: dict[str, Any] | None = state.get("supervisor")
+    processes: list[dict[str, Any]] = state.get("processes", [])
+    if not any(_alive(p) for p in [supervisor, *processes] if p):
+        (data_dir / STACK_FILE).unlink(missing_ok=True)
+        return _fail(f"no dev stack is running from {_show(data_dir)} (removed a stale {STACK_FILE})")
+    if supervisor and _alive(supervisor):
+        os.kill(supervisor["pid"], signal.SIGTERM)
+        _wait_gone(supervisor, timeout)
+    for proc in reversed(processes):
+        if _alive(proc):
+            signal_group(proc["pid"], signal.SIGTERM)
+            if not _wait_gone(proc, STOP_TIMEOUT_S):
+                signal_group(proc["pid"], signal.SIGKILL)
+                _wait_gone(proc, STOP_TIMEOUT_S)
+    (data_dir / STACK_FILE).unlink(missing_ok=True)
+    print(f"stopped the dev stack in {_show(data_dir)}", flush=True)
+    return 0
+
+
+class _Stack:
+    """The processes of one dev stack, started in order and stopped in reverse."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.logs = data_dir / "logs"
+        self.nats: NatsServer | None = None
+        self.s3: ObjectStoreServer | None = None
+        self.services: dict[str, subprocess.Popen[bytes]] = {}
+        self.env: dict[str, str] = {}
+        self._reported: set[str] = set()
+        self._wrote_state = False
+        self._supervised = True
+
+    def check(self, nats_port: int, s3_port: int) -> None:
+        """Refuse early, before anything starts: unwritable dir, a stack already running, ports."""
+        ensure_writable_dir(self.data_dir, "data dir")
+        state = _read_state(self.data_dir)
+        if state is not None:
+            live = [p for p in [state.get("supervisor"), *state.get("processes", [])] if p and _alive(p)]
+            if live:
+                pids = ", ".join(str(p["pid"]) for p in live)
+                raise DevStackError(
+                    f"a dev stack is already running from {_show(self.data_dir)} (pids {pids}); "
+                    f"stop it with `resontech down --data-dir {_show(self.data_dir)}`"
+                )
+        ensure_port_free("127.0.0.1", nats_port, "nats-server (--nats-port)")
+        ensure_port_free("127.0.0.1", s3_port, "the object store (--s3-port)")
+
+    def start(self, nats_port: int, s3_port: int, services: Sequence[ServiceSpec]) -> None:
+        """Start NATS, the object store, the streams and the services; record them as they start."""
+        self.nats = NatsServer(
+            self.data_dir / "nats", port=nats_port, config_dir=self.data_dir, log_file=self.logs / "nats.log"
+        )
+        self.nats.start()
+        self._record()
+        self.s3 = ObjectStoreServer(
+            self.data_dir / "objects",
+            port=s3_port,
+            access_key=S3_ACCESS_KEY,
+            secret_key=self._secret(),
+            log_file=self.logs / "s3.log",
+        )
+        self.s3.start()
+        self._record()
+        url = self.nats.url
+        try:
+            run_async(lambda: _ensure_streams(url))
+        except ResontechError:
+            raise
+        except Exception as exc:
+            raise DevStackError(f"could not create the streams: {type(exc).__name__}: {exc}") from exc
+        self.env = {
+            "RESONTECH_NATS_URL": self.nats.url,
+            "RESONTECH_S3_ENDPOINT": self.s3.endpoint,
+            "RESONTECH_S3_ACCESS_KEY": self.s3.access_key,
+            "RESONTECH_S3_SECRET_KEY": self.s3.secret_key,
+            "RESONTECH_DATA_DIR": str(self.data_dir),
+        }
+        child_env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        for spec in services:
+            self.services[spec.name] = spawn(spec.argv, self.logs / f"{spec.name}.log", child_env)
+            self._record()
+
+    def mark_ready(self, supervised: bool) -> None:
+        """Write dev.env and mark stack.json ready; unsupervised, ``down`` signals each process."""
+        self._supervised = supervised
+        _write_private(self.data_dir / ENV_FILE, _env_file_text(self.env))
+        self._record(ready=True)
+
+    def announce(self, foreground: bool) -> None:
+        """Print what runs where and how to use it."""
+        assert self.nats is not None and self.s3 is not None
+        rows = [
+            ("nats", self.nats.url, self.nats.log_file),
+            ("object store", self.s3.endpoint, self.s3.log_file),
+        ]
+        rows += [(name, f"pid {p.pid}", self.logs / f"{name}.log") for name, p in self.services.items()]
+        table = [("component", "address", "log"), *((a, b, _show(c)) for a, b, c in rows)]
+        widths = [max(len(row[i]) for row in table) for i in range(2)]
+        shown = _show(self.data_dir)
+        lines = [f"resontech dev stack in {shown}"]
+        lines += [f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in table]
+        usage = [
+            (f"source {_show(self.data_dir / ENV_FILE)}", "settings for clients and the CLI"),
+            ("resontech tail 'job.>'", "watch job events"),
+            (
+                f"resontech down --data-dir {shown}",
+                "stop everything" + (" (or Ctrl-C here)" if foreground else ""),
+            ),
+        ]
+        width = max(len(command) for command, _ in usage)
+        lines += ["", *(f"  {command:<{width}}  # {why}" for command, why in usage)]
+        print("\n".join(lines), flush=True)
+
+    def supervise(self, stop: threading.Event) -> None:
+        """Wait until ``stop`` is set, reporting (once) every process that exits meanwhile."""
+        while not stop.wait(0.5):
+            for name, proc, log_file in self._children():
+                code = proc.poll()
+                if code is None or name in self._reported:
+                    continue
+                self._reported.add(name)
+                tail = "\n".join(f"    {line}" for line in log_tail(log_file, 10))
+                print(
+                    f"{name} exited with code {code}; the rest keeps running. Last lines of "
+                    f"{_show(log_file)}:\n{tail}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def stop(self) -> None:
+        """Stop services, then the object store, then NATS (each SIGTERM, then SIGKILL)."""
+        for proc in reversed(list(self.services.values())):
+            terminate(proc, STOP_TIMEOUT_S)
+        for server in (self.s3, self.nats):
+            if server is not None:
+                server.stop(STOP_TIMEOUT_S)
+        if self._wrote_state:
+            (self.data_dir / STACK_FILE).unlink(missing_ok=True)
+
+    def _children(self) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+        for name, server in (("nats", self.nats), ("object store", self.s3)):
+            if server is not None and server.process is not None:
+                yield name, server.process, server.log_file
+        for name, proc in self.services.items():
+            yield name, proc, self.logs / f"{name}.log"
+
+    def _record(self, ready: bool = False) -> None:
+        """Write stack.json after every start, so that ``down`` finds whatever is running."""
+        processes = [
+            {"name": name, "pid": proc.pid, "started": _start_time(proc.pid), "log": str(log)}
+            for name, proc, log in self._children()
+        ]
+        me = {"pid": os.getpid(), "started": _start_time(os.getpid())}
+        state = {"ready": ready, "supervisor": me if self._supervised else None, "processes": processes}
+        _write_private(self.data_dir / STACK_FILE, json.dumps(state, indent=2) + "\n")
+        self._wrote_state = True
+
+    def _secret(self) -> str:
+        path = self.data_dir / SECRET_FILE
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        secret = secrets.token_urlsafe(24)
+        _write_private(path, secret + "\n")
+        return secret
+
+
+async def _ensure_streams(url: str) -> None:
+    from core.log import EventLog
+    from core.settings import Settings
+
+    log = await EventLog.connect(Settings(nats_url=url))
+    try:
+        await log.ensure_streams()
+    finally:
+        await log.close()
+
+
+class _SignalTrap:
+    """SIGINT/SIGTERM handling for ``up``: interrupt while starting, request a stop afterwards.
+
+    While :attr:`raising` is true a signal raises KeyboardInterrupt (SIGTERM too, so that a
+    terminated ``up`` still cleans up); afterwards it only sets :attr:`stop`. Signal handlers can
+    only be installed from the main thread; elsewhere this does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.raising = True
+        self.stop = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _SignalTrap:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.raising:
+            raise KeyboardInterrupt
+        self.stop.set()
+
+
+# -- small helpers ---------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int = 1) -> int:
+    one_line = " ".join(line.strip() for line in message.splitlines())
+    print(f"error: {one_line}", file=sys.stderr, flush=True)
+    return code
+
+
+def _show(path: Path) -> str:
+    """A path relative to the working directory when it is below it: shorter to read and type."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _env_file_text(env: dict[str, str]) -> str:
+    # `export` so that `source dev.env` reaches the programs the shell starts, not just the shell;
+    # core.settings.read_env_file accepts the prefix.
+    lines = ["# written by `resontech up`: source it to talk to this dev stack"]
+    return "\n".join(lines + [f"export {key}={value}" for key, value in env.items()]) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write atomically (readers never see half a file), readable by the owner only (secrets)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _read_state(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads((data_dir / STACK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), None if it does not exist.
+
+    Recorded with each pid so that a pid reused by an unrelated process is not taken for ours.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return None if fields[0] in ("Z", "X") else fields[19]  # fields 3 (state) and 22 (starttime)
+
+
+def _alive(proc: dict[str, Any]) -> bool:
+    pid = proc.get("pid")
+    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == proc.get("started")
+
+
+def _wait_gone(proc: dict[str, Any], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(proc):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ops.devstack [up|down] --data-dir D ...``: the dev stack without the full CLI."""
+    parser = argparse.ArgumentParser(prog="python -m ops.devstack", description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=["up", "down"], default="up")
+    parser.add_argument("--data-dir", type=Path, default=Path(".resontech"))
+    parser.add_argument("--nats-port", type=int, default=4222)
+    parser.add_argument("--s3-port", type=int, default=9000)
+    parser.add_argument("--no-services", action="store_true", help="only NATS, the object store, streams")
+    parser.add_argument("--detach", action="store_true", help="start, then return; stop with `down`")
+    args = parser.parse_args(argv)
+    if args.command == "down":
+        return down(args.data_dir)
+    services = () if args.no_services else DEFAULT_SERVICES
+    return up(
+        args.data_dir,
+        nats_port=args.nats_port,
+        s3_port=args.s3_port,
+        services=services,
+        foreground=not args.detach,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
