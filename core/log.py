@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import itertools
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -455,7 +455,9 @@ class EventLog:
                 done.set_result(None)
                 return
             headers = msg.headers
-            result = on_message(msg.subject, seq, time_ns, headers.get(MSG_ID, "") if headers else "", msg.data)
+            result = on_message(
+                msg.subject, seq, time_ns, headers.get(MSG_ID, "") if headers else "", msg.data
+            )
             if result is not None:
                 await result
             count += 1
@@ -578,7 +580,9 @@ class EventLog:
             if record is not None:
                 on_record(record)
 
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1)
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
+        )
         sub = await self._js.subscribe(
             subjects or _all_subjects(stream), stream=stream, cb=deliver, ordered_consumer=True, config=config
         )
@@ -602,13 +606,17 @@ class EventLog:
         if family is None:
             raise ValueError(f"stream {stream} holds raw records; use replay_raw")
 
-        def decode_record(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> Recorded[Any] | None:
+        def decode_record(
+            subject: str, seq: int, time_ns: int, msg_id: str, data: bytes
+        ) -> Recorded[Any] | None:
             try:
                 event = decode(family, data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self.quarantine(stream, seq, subject, data, str(exc))
                 return None
-            return Recorded(stream=stream, seq=seq, subject=subject, time_ns=time_ns, msg_id=msg_id, event=event)
+            return Recorded(
+                stream=stream, seq=seq, subject=subject, time_ns=time_ns, msg_id=msg_id, event=event
+            )
 
         return decode_record
 
@@ -681,7 +689,9 @@ def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
         name=spec.name,
         description=spec.holds,
         subjects=list(spec.subjects) or None,
-        retention=api.RetentionPolicy.WORK_QUEUE if spec.retention == "workqueue" else api.RetentionPolicy.LIMITS,
+        retention=api.RetentionPolicy.WORK_QUEUE
+        if spec.retention == "workqueue"
+        else api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,
         num_replicas=replicas,
         max_age=float(spec.max_age_s),
@@ -699,5 +709,3 @@ async def _consumer_drained(sub: Any, delivered: int) -> bool:
     except Exception:
         return False
     return bool(info.num_pending == 0 and delivered >= (info.delivered.consumer_seq or 0))
-
-

@@ -114,6 +114,10 @@ class ProjectionRunner(Generic[S]):
             return
         self.state = self.projection.evolve(self.state, record)
         self.seq = record.seq
+        while self._waiters and self._waiters[0][0] <= self.seq:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
 
     async def load(self) -> bool:
         """Start from the stored snapshot if there is a usable one. Returns whether it did."""
@@ -158,7 +162,7 @@ class ProjectionRunner(Generic[S]):
         catching_up.result()
         await self.snapshot_if_due(force=not loaded or self.seq > self.snapshot_seq)
         watch = await self.log.watch(
-            self.projection.stream, self._apply_live, after_seq=self.seq, subjects=self.projection.subjects
+            self.projection.stream, self.apply, after_seq=self.seq, subjects=self.projection.subjects
         )
         try:
             while not stop.is_set():
@@ -168,13 +172,6 @@ class ProjectionRunner(Generic[S]):
         finally:
             await watch.stop()
             await self.snapshot_if_due(force=self.seq > self.snapshot_seq)
-
-    def _apply_live(self, record: Recorded[Any]) -> None:
-        self.apply(record)
-        while self._waiters and self._waiters[0][0] <= self.seq:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)
 
     async def wait_for(self, seq: int, timeout: float = 10.0) -> None:
         """Wait until the event at ``seq`` has been applied (read-your-writes for services)."""

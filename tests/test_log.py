@@ -61,7 +61,10 @@ async def test_expected_sequence_over_a_wildcard_filter(log: EventLog) -> None:
     # Another job's events do not conflict with j1.
     await log.append(job_subject("acme", "j2", JobSubmitted), submitted())
     decided = await log.append(
-        job_subject("acme", "j1", JobQueued), JobQueued(reason="x"), expected_seq=seen.seq, expected_filter=job_filter("acme", "j1")
+        job_subject("acme", "j1", JobQueued),
+        JobQueued(reason="x"),
+        expected_seq=seen.seq,
+        expected_filter=job_filter("acme", "j1"),
     )
     # A progress event of j1 lands on a different subject but inside the filter.
     await log.append(job_subject("acme", "j1", JobProgress), JobProgress(epoch=1))
@@ -74,7 +77,10 @@ async def test_expected_sequence_over_a_wildcard_filter(log: EventLog) -> None:
         )
     # Nothing of a new job yet: 0 is the expected sequence for "create".
     await log.append(
-        job_subject("acme", "j9", JobSubmitted), submitted(), expected_seq=0, expected_filter=job_filter("acme", "j9")
+        job_subject("acme", "j9", JobSubmitted),
+        submitted(),
+        expected_seq=0,
+        expected_filter=job_filter("acme", "j9"),
     )
 
 
@@ -87,10 +93,15 @@ async def test_ten_concurrent_appenders_exactly_one_wins(settings: Settings, log
             filt = job_filter("acme", job)
             base = await log.append(job_subject("acme", job, JobSubmitted), submitted())
 
-            async def attempt(appender: EventLog, i: int, job: str = job, filt: str = filt, seq: int = base.seq) -> bool:
+            async def attempt(
+                appender: EventLog, i: int, job: str = job, filt: str = filt, seq: int = base.seq
+            ) -> bool:
                 try:
                     await appender.append(
-                        job_subject("acme", job, JobQueued), JobQueued(reason=f"appender {i}"), expected_seq=seq, expected_filter=filt
+                        job_subject("acme", job, JobQueued),
+                        JobQueued(reason=f"appender {i}"),
+                        expected_seq=seq,
+                        expected_filter=filt,
                     )
                 except ConcurrencyConflict:
                     return False
@@ -108,7 +119,10 @@ async def test_ten_concurrent_appenders_exactly_one_wins(settings: Settings, log
 async def test_append_many_keeps_order_and_ids(log: EventLog) -> None:
     ids = [new_event_id() for _ in range(2000)]
     assert len(set(ids)) == 2000
-    items = [(job_subject("acme", f"j{i % 7}", JobProgress), JobProgress(epoch=1, step=i), ids[i]) for i in range(2000)]
+    items = [
+        (job_subject("acme", f"j{i % 7}", JobProgress), JobProgress(epoch=1, step=i), ids[i])
+        for i in range(2000)
+    ]
     positions = await log.append_many(items, max_in_flight=64)
     assert [p.seq for p in positions] == list(range(1, 2001))
     records = await all_records(log, "JOBS")
@@ -125,7 +139,12 @@ async def test_rejected_append_fails_instead_of_hanging(log: EventLog) -> None:
     with pytest.raises(AppendRejected, match="no stream captures"):
         await log.append("nostream.x", JobQueued(reason="x"))
     with pytest.raises(AppendRejected):
-        await log.append_many([(job_subject("acme", "j1", JobQueued), JobQueued(reason="ok")), ("nostream.y", JobQueued(reason="x"))])
+        await log.append_many(
+            [
+                (job_subject("acme", "j1", JobQueued), JobQueued(reason="ok")),
+                ("nostream.y", JobQueued(reason="x")),
+            ]
+        )
 
 
 async def test_unacknowledged_append_times_out(nats_server: object, log: EventLog) -> None:
@@ -159,7 +178,9 @@ async def test_replay_bounds_by_sequence_and_time(log: EventLog) -> None:
     assert await all_records(log, "JOBS", start_seq=11) == []
     records = await all_records(log, "JOBS")
     ns = records[4].time_ns  # floor to the microsecond a datetime holds
-    cut = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(microseconds=ns % 1_000_000_000 // 1000)
+    cut = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(
+        microseconds=ns % 1_000_000_000 // 1000
+    )
     before = await all_records(log, "JOBS", until_time=cut)
     after = await all_records(log, "JOBS", start_time=cut)
     assert before[-1].seq >= 4 and before[-1].seq < 10
