@@ -14,10 +14,10 @@ venv: .venv/.stamp
 	@touch $@
 
 up: venv
-	@.venv/bin/resontech up --data-dir $(DATA_DIR)
+	@.venv/bin/resontech --data-dir $(DATA_DIR) up
 
 down: venv
-	@.venv/bin/resontech down --data-dir $(DATA_DIR)
+	@.venv/bin/resontech --data-dir $(DATA_DIR) down
 
 test: venv
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)

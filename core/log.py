@@ -438,6 +438,8 @@ class EventLog:
         no per-message allocation beyond the callback's own. Returns the number of messages
         delivered.
         """
+        if BY_NAME[stream].retention == "workqueue":
+            return await self._scan_work_queue(stream, on_message, start_seq=start_seq, until_seq=until_seq)
         info = await self._js.stream_info(stream)
         end = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
         until_ns = int(until_time.timestamp() * 1e9) if until_time else None
@@ -455,11 +457,13 @@ class EventLog:
                 done.set_result(None)
                 return
             headers = msg.headers
-            result = on_message(
-                msg.subject, seq, time_ns, headers.get(MSG_ID, "") if headers else "", msg.data
-            )
-            if result is not None:
-                await result
+            try:
+                result = on_message(msg.subject, seq, time_ns, headers.get(MSG_ID, "") if headers else "", msg.data)
+                if result is not None:
+                    await result
+            except Exception as exc:  # nats-py would swallow it: end the scan and raise it to the caller
+                done.set_exception(exc)
+                return
             count += 1
             if seq >= end or pending == 0:
                 done.set_result(None)
@@ -485,9 +489,35 @@ class EventLog:
                 await asyncio.wait([done], timeout=_IDLE_CHECK_S)
                 if not done.done() and await _consumer_drained(sub, count):
                     break
+            if done.done():
+                done.result()
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        return count
+
+    async def _scan_work_queue(
+        self,
+        stream: str,
+        on_message: Callable[[str, int, int, str, bytes], Awaitable[None] | None],
+        *,
+        start_seq: int,
+        until_seq: int | None,
+    ) -> int:
+        """Read a work-queue stream by sequence (direct get): a consumer would take the messages away."""
+        info = await self._js.stream_info(stream)
+        last = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
+        count = 0
+        for seq in range(max(start_seq, info.state.first_seq), last + 1):
+            try:
+                raw = await self._js.get_msg(stream, seq=seq, direct=True)
+            except nats.js.errors.NotFoundError:
+                continue  # acknowledged by its worker and removed
+            time_ns = int(raw.time.timestamp()) * 1_000_000_000 + raw.time.microsecond * 1000 if raw.time else 0
+            result = on_message(raw.subject or "", seq, time_ns, (raw.headers or {}).get(MSG_ID, ""), raw.data or b"")
+            if result is not None:
+                await result
+            count += 1
         return count
 
     async def replay(

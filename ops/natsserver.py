@@ -291,6 +291,9 @@ class NatsServer(LocalServer):
         max_file: JetStream file store limit (default ``20GB``).
         config_dir: where ``<store_dir name>.conf`` is written (default: the store dir's parent).
         log_file: server output (default: ``<store_dir name>.log`` in the config dir).
+        sync_always: fsync every write before acknowledging (default). ``False`` leaves the
+            server's default (sync every 2 minutes): only for benchmarks that measure the client
+            path rather than the disk.
     """
 
     what = "nats-server"
@@ -306,8 +309,10 @@ class NatsServer(LocalServer):
         max_file: str = "20GB",
         config_dir: Path | None = None,
         log_file: Path | None = None,
+        sync_always: bool = True,
     ) -> None:
         self.store_dir = Path(store_dir).absolute()
+        self.sync_always = sync_always
         self.config_dir = Path(config_dir).absolute() if config_dir else self.store_dir.parent
         self.config_file = self.config_dir / f"{self.store_dir.name}.conf"
         log = Path(log_file).absolute() if log_file else self.config_dir / f"{self.store_dir.name}.log"
@@ -349,7 +354,7 @@ class NatsServer(LocalServer):
             f"  store_dir: {q(str(self.store_dir))}",
             f"  max_memory_store: {self.max_memory}",
             f"  max_file_store: {self.max_file}",
-            "  sync_interval: always",
+            *(["  sync_interval: always"] if self.sync_always else []),
             "}",
         ]
         return "\n".join(lines) + "\n"

@@ -239,3 +239,25 @@ async def test_snapshots_round_trip(log: EventLog) -> None:
     blob = b"x" * 3_000_000
     await log.put_snapshot("projection.x", blob)
     assert await log.get_snapshot("projection.x") == blob
+
+
+async def test_a_failing_scan_callback_raises_instead_of_being_swallowed(log: EventLog) -> None:
+    for i in range(3):
+        await log.append(job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i))
+
+    def explode(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
+        if seq == 3:
+            raise RuntimeError("reducer bug")
+
+    with pytest.raises(RuntimeError, match="reducer bug"):
+        await asyncio.wait_for(log.scan("JOBS", explode), timeout=10)
+
+
+async def test_work_queue_stream_is_read_without_consuming_it(log: EventLog) -> None:
+    from core.streams import command_subject
+    from schemas import StopWork
+
+    stop = StopWork(work_id="j1", assignment_id="a1", epoch=1, reason="preempted")
+    await log.append(command_subject("w1"), stop)
+    for _ in range(2):  # reading twice: nothing was taken off the queue
+        assert [r.event for r in await all_records(log, "COMMANDS")] == [stop]

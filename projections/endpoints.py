@@ -1,0 +1,266 @@
+"""The endpoint table: the ENDPOINTS stream (``endpoint.<tenant>.<endpoint_id>.<event>``) folded into
+one record per inference endpoint.
+
+Rules (fencing as in :mod:`projections.schedule`):
+
+* Every placement decision takes epochs above every epoch the endpoint has seen; a placed replica at
+  or below the endpoint's ``epoch`` is stale and ignored. A replica event (starting, ready, lost)
+  counts only if its assignment id is a current replica's and its epoch is that replica's epoch. A
+  revocation removes the replica only if the assignment id matches.
+* A replica moves ``placed`` -> ``starting`` -> ``ready``; ``lost`` is final for its assignment (only
+  the revocation that follows removes it; a late ``ready`` does not revive it).
+* A new endpoint wants ``max(min_replicas, 1)`` replicas (at most ``max_replicas``): deploying starts
+  one even when it may scale to zero, and the idle timeout takes it down. ``scaled`` sets the wanted
+  count; ``scaled_to_zero`` removes every replica and wants none.
+* State is derived: ``deleted`` (terminal, sticky) > ``serving`` (a replica is ready) >
+  ``scaled_to_zero`` (wants none and has none) > ``deploying``.
+* ``last_seq`` is the ENDPOINTS sequence of the endpoint's latest event, ignored events included.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from projections.base import Projection
+from schemas.endpoints import (
+    EndpointDeleted,
+    EndpointDeployed,
+    EndpointReplicaLost,
+    EndpointReplicaPlaced,
+    EndpointReplicaReady,
+    EndpointReplicaRevoked,
+    EndpointReplicaStarting,
+    EndpointScaled,
+    EndpointScaledToZero,
+    Engine,
+)
+from schemas.envelope import Recorded
+from schemas.values import Pool
+
+EndpointState = Literal["deploying", "serving", "scaled_to_zero", "deleted"]
+ReplicaState = Literal["placed", "starting", "ready", "lost"]
+
+_replace = msgspec.structs.replace
+
+
+class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica: the current assignment of one replica slot.
+
+    Attributes:
+        address: where it serves (``http://host:port``) while ``ready``, else empty.
+        reason / log_tail: why it was lost.
+        changed_seq: ENDPOINTS sequence of its latest accepted change.
+    """
+
+    assignment_id: str
+    worker_id: str
+    slot: int
+    epoch: int
+    gpus: int = 0
+    state: ReplicaState = "placed"
+    address: str = ""
+    reason: str = ""
+    log_tail: str = ""
+    changed_seq: int = 0
+
+
+class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One endpoint; the deployment's fields are copied as deployed.
+
+    Attributes:
+        desired_replicas: how many replicas it wants now (see the module docstring).
+        scale_reason: the reason of the latest ``scaled`` / ``scaled_to_zero``.
+        replicas: current replicas by ``str(slot)``.
+        epoch: the highest replica epoch placed.
+        deployed_seq / deployed_ns: ENDPOINTS sequence and envelope time (Unix ns) of the deployment.
+        deleted_ns: envelope time of the deletion.
+        last_seq: ENDPOINTS sequence of the endpoint's latest event.
+    """
+
+    tenant: str
+    endpoint_id: str
+    name: str
+    model: str
+    gpu_type: str | None = None
+    vram_mb: int = 0
+    min_replicas: int = 0
+    max_replicas: int = 1
+    target_rps_per_replica: float = 10.0
+    scale_to_zero_after_s: int | None = 300
+    pool: Pool = "shared"
+    engine: Engine | None = None
+    deployed_by: str = ""
+    desired_replicas: int = 0
+    scale_reason: str = ""
+    state: EndpointState = "deploying"
+    replicas: dict[str, ReplicaRecord] = {}
+    epoch: int = 0
+    deployed_seq: int = 0
+    deployed_ns: int = 0
+    deleted_by: str = ""
+    deleted_ns: int | None = None
+    last_seq: int = 0
+
+
+class EndpointsState(msgspec.Struct, kw_only=True):
+    """Every endpoint, by :func:`endpoint_key`; ``seq`` is the last ENDPOINTS sequence applied."""
+
+    seq: int = 0
+    endpoints: dict[str, EndpointRecord] = {}
+
+
+def endpoint_key(tenant: str, endpoint_id: str) -> str:
+    """The key of an endpoint in :attr:`EndpointsState.endpoints`: ``tenant/endpoint_id``."""
+    return f"{tenant}/{endpoint_id}"
+
+
+def _deployed(tenant: str, endpoint_id: str, e: EndpointDeployed, seq: int, t: int) -> EndpointRecord:
+    return EndpointRecord(
+        tenant=tenant,
+        endpoint_id=endpoint_id,
+        name=e.name,
+        model=e.model,
+        gpu_type=e.gpu_type,
+        vram_mb=e.vram_mb,
+        min_replicas=e.min_replicas,
+        max_replicas=e.max_replicas,
+        target_rps_per_replica=e.target_rps_per_replica,
+        scale_to_zero_after_s=e.scale_to_zero_after_s,
+        pool=e.pool,
+        engine=e.engine,
+        deployed_by=e.deployed_by,
+        desired_replicas=min(max(e.min_replicas, 1), e.max_replicas),
+        deployed_seq=seq,
+        deployed_ns=t,
+        last_seq=seq,
+    )
+
+
+def _derive(endpoint: EndpointRecord) -> EndpointRecord:
+    if endpoint.state == "deleted":
+        return endpoint
+    state: EndpointState
+    if any(r.state == "ready" for r in endpoint.replicas.values()):
+        state = "serving"
+    elif endpoint.desired_replicas == 0 and not endpoint.replicas:
+        state = "scaled_to_zero"
+    else:
+        state = "deploying"
+    return endpoint if endpoint.state == state else _replace(endpoint, state=state)
+
+
+def _placed(endpoint: EndpointRecord, event: EndpointReplicaPlaced, seq: int) -> EndpointRecord | None:
+    replicas = dict(endpoint.replicas)
+    epoch = endpoint.epoch
+    for a in event.assignments:
+        if a.epoch <= endpoint.epoch or a.slot < 0:
+            continue
+        replicas[str(a.slot)] = ReplicaRecord(
+            assignment_id=a.assignment_id,
+            worker_id=a.worker_id,
+            slot=a.slot,
+            epoch=a.epoch,
+            gpus=a.gpus,
+            changed_seq=seq,
+        )
+        epoch = max(epoch, a.epoch)
+    return None if epoch == endpoint.epoch else _replace(endpoint, replicas=replicas, epoch=epoch)
+
+
+def _replica(endpoint: EndpointRecord, assignment_id: str, epoch: int) -> ReplicaRecord | None:
+    """The current, not lost replica an event of ``(assignment_id, epoch)`` is about, if any."""
+    for replica in endpoint.replicas.values():
+        if replica.assignment_id == assignment_id:
+            return replica if replica.epoch == epoch and replica.state != "lost" else None
+    return None
+
+
+def _with_replica(endpoint: EndpointRecord, replica: ReplicaRecord) -> EndpointRecord:
+    return _replace(endpoint, replicas={**endpoint.replicas, str(replica.slot): replica})
+
+
+def _replica_changed(endpoint: EndpointRecord, event: Any, seq: int) -> EndpointRecord | None:
+    replica = _replica(endpoint, event.assignment_id, event.epoch)
+    if replica is None:
+        return None
+    match event:
+        case EndpointReplicaStarting():
+            if replica.state != "placed":
+                return None
+            new = _replace(replica, state="starting", changed_seq=seq)
+        case EndpointReplicaReady(address=address):
+            new = _replace(replica, state="ready", address=address, changed_seq=seq)
+        case EndpointReplicaLost(reason=reason, log_tail=log_tail):
+            new = _replace(
+                replica, state="lost", address="", reason=reason, log_tail=log_tail, changed_seq=seq
+            )
+        case _:
+            return None
+    return _with_replica(endpoint, new)
+
+
+def _changed(endpoint: EndpointRecord, event: Any, seq: int, t: int) -> EndpointRecord | None:
+    """The endpoint after ``event``, or ``None`` when the event changes nothing (or is stale)."""
+    match event:
+        case EndpointScaled(replicas=replicas, reason=reason):
+            return _replace(endpoint, desired_replicas=replicas, scale_reason=reason)
+        case EndpointReplicaPlaced():
+            return _placed(endpoint, event, seq)
+        case EndpointReplicaRevoked(assignment_id=assignment_id, slot=slot):
+            current = endpoint.replicas.get(str(slot))
+            if current is None or current.assignment_id != assignment_id:
+                return None
+            return _replace(endpoint, replicas={k: r for k, r in endpoint.replicas.items() if k != str(slot)})
+        case EndpointReplicaStarting() | EndpointReplicaReady() | EndpointReplicaLost():
+            return _replica_changed(endpoint, event, seq)
+        case EndpointScaledToZero(idle_s=idle_s):
+            return _replace(endpoint, replicas={}, desired_replicas=0, scale_reason=f"idle {idle_s:g}s")
+        case EndpointDeleted(by=by):
+            return _replace(endpoint, state="deleted", deleted_by=by, deleted_ns=t)
+    return None
+
+
+def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
+    """Apply one ENDPOINTS event; records at or below ``state.seq`` are already applied and ignored;
+    events of an endpoint never deployed are ignored."""
+    seq = recorded.seq
+    if seq <= state.seq:
+        return state
+    state.seq = seq
+    tenant, endpoint_id = recorded.token(1), recorded.token(2)
+    key = endpoint_key(tenant, endpoint_id)
+    endpoint = state.endpoints.get(key)
+    event = recorded.event
+    if endpoint is None:
+        if isinstance(event, EndpointDeployed):
+            state.endpoints[key] = _deployed(tenant, endpoint_id, event, seq, recorded.time_ns)
+        return state
+    changed = None if endpoint.state == "deleted" else _changed(endpoint, event, seq, recorded.time_ns)
+    state.endpoints[key] = _replace(endpoint if changed is None else _derive(changed), last_seq=seq)
+    return state
+
+
+ENDPOINTS: Projection[EndpointsState] = Projection(
+    name="endpoints",
+    stream="ENDPOINTS",
+    version=1,
+    state_type=EndpointsState,
+    initial=EndpointsState,
+    evolve=evolve,
+)
+
+
+def ready_replicas(endpoint: EndpointRecord) -> list[ReplicaRecord]:
+    """The replicas that serve requests now, by slot (none for a deleted endpoint)."""
+    if endpoint.state == "deleted":
+        return []
+    return sorted((r for r in endpoint.replicas.values() if r.state == "ready"), key=lambda r: r.slot)
+
+
+def missing_replicas(endpoint: EndpointRecord) -> list[int]:
+    """Replica slots below ``desired_replicas`` with no current replica (none for a deleted endpoint)."""
+    if endpoint.state == "deleted":
+        return []
+    return [slot for slot in range(endpoint.desired_replicas) if str(slot) not in endpoint.replicas]

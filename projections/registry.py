@@ -1,0 +1,209 @@
+"""The worker registry: the WORKERS stream folded into one record per worker.
+
+A worker's ``state`` is derived from three independent facts, strongest first: deregistered, lost
+(no heartbeat; set and cleared by the coordinator's ``lost`` / ``recovered`` events), cordoned (an
+operator or the health controller). So a cordoned worker that is lost and then recovers is cordoned
+again, and a re-registration (an agent restart with the same id) refreshes the hardware but keeps the
+cordon and the lost flag: only ``recovered`` clears lost. A registration after ``deregistered``
+brings the worker back.
+
+Uptime bookkeeping, all from envelope times: ``since_ns`` (first registration) starts the observed
+window; ``downtime_ns`` sums closed lost intervals and ``lost_since_ns`` holds the open one;
+``excluded_ns`` sums deregistered intervals (not counted either way) and ``deregistered_ns`` holds
+the open one. :func:`uptime` turns them into a ratio at a given instant.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from projections.base import Projection
+from schemas.envelope import Recorded
+from schemas.values import Gpu, Pool
+from schemas.workers import (
+    WorkerCordoned,
+    WorkerDeregistered,
+    WorkerLost,
+    WorkerPolicy,
+    WorkerPolicySet,
+    WorkerRecovered,
+    WorkerRegistered,
+    WorkerUncordoned,
+)
+
+WorkerState = Literal["available", "cordoned", "lost", "deregistered"]
+
+
+class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker as the registry knows it. Times are envelope times in Unix nanoseconds.
+
+    Attributes:
+        state: derived: ``deregistered`` > ``lost`` > ``cordoned`` > ``available``.
+        cordoned / cordon_reason / cordoned_by: the cordon, independent of lost.
+        lost: no heartbeat, per the coordinator; ``lost_since_ns`` is when it was declared lost.
+        registered_ns: the latest (re-)registration; ``since_ns`` the first one.
+        downtime_ns: total of closed lost intervals.
+        excluded_ns: total of closed deregistered intervals.
+        lost_count: how many times the worker was declared lost.
+        last_change_seq: the WORKERS sequence of the last event that changed this record.
+    """
+
+    worker_id: str
+    provider: str
+    hostname: str
+    region: str = ""
+    pool: Pool = "shared"
+    owner_tenant: str | None = None
+    gpus: list[Gpu] = []
+    cpus: int = 0
+    memory_mb: int = 0
+    driver: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = {}
+    state: WorkerState = "available"
+    cordoned: bool = False
+    cordon_reason: str = ""
+    cordoned_by: str = ""
+    lost: bool = False
+    policy: WorkerPolicy = WorkerPolicy()
+    registered_ns: int = 0
+    since_ns: int = 0
+    lost_since_ns: int | None = None
+    downtime_ns: int = 0
+    lost_count: int = 0
+    deregistered_ns: int | None = None
+    excluded_ns: int = 0
+    last_change_seq: int = 0
+
+
+class RegistryState(msgspec.Struct, kw_only=True):
+    """Every worker ever registered, by worker id; ``seq`` is the last WORKERS sequence applied."""
+
+    seq: int = 0
+    workers: dict[str, WorkerRecord] = {}
+
+
+def _derive(record: WorkerRecord) -> WorkerRecord:
+    state: WorkerState
+    if record.deregistered_ns is not None:
+        state = "deregistered"
+    elif record.lost:
+        state = "lost"
+    elif record.cordoned:
+        state = "cordoned"
+    else:
+        state = "available"
+    return record if record.state == state else msgspec.structs.replace(record, state=state)
+
+
+def _registered(
+    old: WorkerRecord | None, worker_id: str, e: WorkerRegistered, seq: int, t: int
+) -> WorkerRecord:
+    hardware: dict[str, Any] = {
+        "provider": e.provider,
+        "hostname": e.hostname,
+        "region": e.region,
+        "pool": e.pool,
+        "owner_tenant": e.owner_tenant,
+        "gpus": e.gpus,
+        "cpus": e.cpus,
+        "memory_mb": e.memory_mb,
+        "driver": e.driver,
+        "agent_version": e.agent_version,
+        "labels": e.labels,
+        "registered_ns": t,
+        "last_change_seq": seq,
+    }
+    if old is None:
+        return WorkerRecord(worker_id=worker_id, since_ns=t, **hardware)
+    if old.deregistered_ns is not None:
+        hardware["excluded_ns"] = old.excluded_ns + (t - old.deregistered_ns)
+        hardware["deregistered_ns"] = None
+    return _derive(msgspec.structs.replace(old, **hardware))
+
+
+def _changed(old: WorkerRecord, event: Any, seq: int, t: int) -> WorkerRecord | None:
+    """The record after a non-registration event, or ``None`` when the event changes nothing."""
+    replace = msgspec.structs.replace
+    match event:
+        case WorkerPolicySet(policy=policy):
+            return replace(old, policy=policy, last_change_seq=seq)
+        case WorkerCordoned(reason=reason, by=by):
+            return replace(old, cordoned=True, cordon_reason=reason, cordoned_by=by, last_change_seq=seq)
+        case WorkerUncordoned():
+            if not old.cordoned:
+                return None
+            return replace(old, cordoned=False, cordon_reason="", cordoned_by="", last_change_seq=seq)
+        case WorkerLost():
+            if old.lost or old.deregistered_ns is not None:
+                return None
+            return replace(
+                old, lost=True, lost_since_ns=t, lost_count=old.lost_count + 1, last_change_seq=seq
+            )
+        case WorkerRecovered():
+            if not old.lost or old.lost_since_ns is None:
+                return None
+            down = old.downtime_ns + max(0, t - old.lost_since_ns)
+            return replace(old, lost=False, lost_since_ns=None, downtime_ns=down, last_change_seq=seq)
+        case WorkerDeregistered():
+            if old.deregistered_ns is not None:
+                return None
+            down = old.downtime_ns
+            if old.lost_since_ns is not None:
+                down += max(0, t - old.lost_since_ns)
+            return replace(
+                old, lost=False, lost_since_ns=None, downtime_ns=down, deregistered_ns=t, last_change_seq=seq
+            )
+    return None
+
+
+def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
+    """Apply one WORKERS event (``worker.<worker_id>.<event>``); records at or below ``state.seq``
+    are already applied and ignored; events about an unregistered worker are ignored."""
+    seq = recorded.seq
+    if seq <= state.seq:
+        return state
+    state.seq = seq
+    event = recorded.event
+    worker_id = recorded.token(1)
+    old = state.workers.get(worker_id)
+    if isinstance(event, WorkerRegistered):
+        state.workers[worker_id] = _registered(old, worker_id, event, seq, recorded.time_ns)
+    elif old is not None:
+        new = _changed(old, event, seq, recorded.time_ns)
+        if new is not None:
+            state.workers[worker_id] = _derive(new)
+    return state
+
+
+REGISTRY: Projection[RegistryState] = Projection(
+    name="registry",
+    stream="WORKERS",
+    version=1,
+    state_type=RegistryState,
+    initial=RegistryState,
+    evolve=evolve,
+)
+
+
+def available(state: RegistryState) -> list[WorkerRecord]:
+    """Workers that take new work (not cordoned, lost or deregistered), by worker id."""
+    return [state.workers[w] for w in sorted(state.workers) if state.workers[w].state == "available"]
+
+
+def downtime(record: WorkerRecord, now_ns: int) -> int:
+    """Nanoseconds the worker was lost, the open interval up to ``now_ns`` included."""
+    open_ns = 0 if record.lost_since_ns is None else max(0, now_ns - record.lost_since_ns)
+    return record.downtime_ns + open_ns
+
+
+def uptime(record: WorkerRecord, now_ns: int) -> float:
+    """The fraction of observed time (first registration to ``now_ns``, deregistered time excluded)
+    the worker was not lost; 1.0 before any time was observed."""
+    end = record.deregistered_ns if record.deregistered_ns is not None else now_ns
+    observed = end - record.since_ns - record.excluded_ns
+    if observed <= 0:
+        return 1.0
+    return max(0.0, 1.0 - downtime(record, end) / observed)

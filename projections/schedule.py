@@ -1,0 +1,374 @@
+"""The schedule: the JOBS stream (``job.<tenant>.<job_id>.<event>``) folded into one record per job.
+
+Rules, in the order the coordinator relies on them:
+
+* Fencing. Every placement decision takes epochs above every epoch the job has seen: an assignment
+  in a ``job.placed`` at or below the job's ``epoch`` is stale and ignored. An event about a slot
+  (started, progress, checkpointed, failed, rejected) counts only if it comes from the slot's
+  *current* assignment: the same epoch (and the same assignment id where the event carries one).
+  Anything else is from a revoked or superseded placement (a zombie) and is ignored. A job-wide
+  event (``slot`` is ``None``) with an epoch counts when that epoch lies between the lowest current
+  assignment epoch and the job's epoch; with no current assignment it is ignored.
+* A revocation removes the slot's assignment only if the assignment id matches (a revocation of an
+  already superseded assignment is ignored).
+* State is derived after every change: a job with any slot lacking an assignment is ``queued`` (it
+  needs capacity, even if some shards still hold theirs: :func:`missing_slots` says which); with
+  every slot assigned it is ``running`` once a current assignment has started, else ``placed``.
+  So a revoked shard sends a running job back to ``queued``, keeping the surviving assignments, and
+  :func:`pending` offers it to the coordinator, which re-places only the missing slots.
+* ``completed``, ``cancelled`` and a non-retryable job-wide ``failed`` are terminal and sticky: later
+  events change nothing but ``last_seq``. A shard failure or a retryable failure is counted
+  (``failures``) and recorded; the coordinator's revocation that follows re-queues the shard.
+* ``last_seq`` is the JOBS sequence of the job's latest event, ignored events included: it is the
+  expected last sequence of ``job.<tenant>.<job_id>.>`` for the coordinator's next append.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from projections.base import Projection
+from schemas.envelope import Recorded
+from schemas.jobs import (
+    JobAssignmentRevoked,
+    JobCancelled,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobKind,
+    JobPlaced,
+    JobProgress,
+    JobQueued,
+    JobRejected,
+    JobResources,
+    JobRoundCompleted,
+    JobStarted,
+    JobSubmitted,
+)
+from schemas.values import Assignment, Pool
+
+JobState = Literal["queued", "placed", "running", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+_replace = msgspec.structs.replace
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """The latest accepted checkpoint: where recovery resumes from (``seq`` is its JOBS sequence)."""
+
+    object_key: str
+    seq: int
+    epoch: int
+    round: int | None = None
+    step: int | None = None
+    slot: int | None = None
+
+
+class Progress(msgspec.Struct, frozen=True, kw_only=True):
+    """The latest training progress; a value an event leaves ``None`` keeps the previous one.
+
+    Attributes:
+        seq / slot / epoch: of the latest accepted progress event.
+    """
+
+    seq: int = 0
+    slot: int | None = None
+    epoch: int = 0
+    round: int | None = None
+    train_epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    gpu_util_pct: float | None = None
+    metrics: dict[str, float] = {}
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One job. The submission's fields are copied as submitted.
+
+    Attributes:
+        state: see the module docstring.
+        submitted_seq / submitted_ns: the JOBS sequence and envelope time (Unix ns) of the submission.
+        queue_reason: while queued, why it waits (the latest ``job.queued`` reason, or the
+            latest revocation's); cleared once every slot is placed.
+        assignments: the current assignment of each slot, by ``str(slot)``.
+        started: ``str(slot) -> epoch`` for current assignments that started.
+        epoch: the highest assignment epoch placed for this job.
+        round: the highest federated round completed.
+        failures / revocations: counts of accepted ``failed`` and ``assignment_revoked`` events.
+        rejected_by: ``worker_id -> reason`` for workers whose policy refused this job.
+        failure_reason / log_tail: of the latest accepted failure.
+        ended_ns: envelope time of the terminal event.
+        last_seq: JOBS sequence of the job's latest event (the expected sequence for its subjects).
+    """
+
+    tenant: str
+    job_id: str
+    name: str
+    kind: JobKind
+    shards: int
+    resources: JobResources = JobResources()
+    pool: Pool = "shared"
+    priority: int = 0
+    region: str | None = None
+    rounds: int | None = None
+    local_epochs: int | None = None
+    command: list[str] = []
+    env: dict[str, str] = {}
+    inputs: list[str] = []
+    max_price_micros_per_gpu_hour: int | None = None
+    submitted_by: str = ""
+    state: JobState = "queued"
+    submitted_seq: int = 0
+    submitted_ns: int = 0
+    queue_reason: str = ""
+    assignments: dict[str, Assignment] = {}
+    started: dict[str, int] = {}
+    epoch: int = 0
+    last_checkpoint: Checkpoint | None = None
+    round: int = 0
+    progress: Progress | None = None
+    failures: int = 0
+    revocations: int = 0
+    rejected_by: dict[str, str] = {}
+    outputs: list[str] = []
+    failure_reason: str = ""
+    log_tail: str = ""
+    cancelled_by: str = ""
+    cancel_reason: str = ""
+    ended_ns: int | None = None
+    last_seq: int = 0
+
+
+class ScheduleState(msgspec.Struct, kw_only=True):
+    """Every job, by :func:`job_key`; ``seq`` is the last JOBS sequence applied."""
+
+    seq: int = 0
+    jobs: dict[str, JobRecord] = {}
+
+
+def job_key(tenant: str, job_id: str) -> str:
+    """The key of a job in :attr:`ScheduleState.jobs`: ``tenant/job_id``."""
+    return f"{tenant}/{job_id}"
+
+
+def _submitted(tenant: str, job_id: str, e: JobSubmitted, seq: int, t: int) -> JobRecord:
+    return JobRecord(
+        tenant=tenant,
+        job_id=job_id,
+        name=e.name,
+        kind=e.kind,
+        shards=e.shards,
+        resources=e.resources,
+        pool=e.pool,
+        priority=e.priority,
+        region=e.region,
+        rounds=e.rounds,
+        local_epochs=e.local_epochs,
+        command=e.command,
+        env=e.env,
+        inputs=e.inputs,
+        max_price_micros_per_gpu_hour=e.max_price_micros_per_gpu_hour,
+        submitted_by=e.submitted_by,
+        submitted_seq=seq,
+        submitted_ns=t,
+        last_seq=seq,
+    )
+
+
+def _slot_current(job: JobRecord, slot: int, epoch: int | None, assignment_id: str | None = None) -> bool:
+    """True if an event about ``slot`` comes from the slot's current assignment."""
+    current = job.assignments.get(str(slot))
+    if current is None:
+        return False
+    if epoch is not None and epoch != current.epoch:
+        return False
+    return assignment_id is None or assignment_id == current.assignment_id
+
+
+def _job_current(job: JobRecord, epoch: int) -> bool:
+    """True if a job-wide event of ``epoch`` belongs to a placement that still has assignments."""
+    if not job.assignments:
+        return False
+    return min(a.epoch for a in job.assignments.values()) <= epoch <= job.epoch
+
+
+def _derive(job: JobRecord) -> JobRecord:
+    if job.state in TERMINAL:
+        return job
+    state: JobState
+    if len(job.assignments) < job.shards:
+        state = "queued"
+    elif job.started:
+        state = "running"
+    else:
+        state = "placed"
+    if job.state == state and (state == "queued" or not job.queue_reason):
+        return job
+    return _replace(job, state=state, queue_reason=job.queue_reason if state == "queued" else "")
+
+
+def _placed(job: JobRecord, event: JobPlaced) -> JobRecord | None:
+    assignments = dict(job.assignments)
+    started = dict(job.started)
+    epoch = job.epoch
+    for a in event.assignments:
+        if a.epoch <= job.epoch or not 0 <= a.slot < job.shards:
+            continue
+        assignments[str(a.slot)] = a
+        started.pop(str(a.slot), None)
+        epoch = max(epoch, a.epoch)
+    if epoch == job.epoch:
+        return None
+    return _replace(job, assignments=assignments, started=started, epoch=epoch)
+
+
+def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
+    slot = str(event.slot)
+    current = job.assignments.get(slot)
+    if current is None or current.assignment_id != event.assignment_id:
+        return None
+    assignments = {k: a for k, a in job.assignments.items() if k != slot}
+    started = {k: e for k, e in job.started.items() if k != slot}
+    return _replace(
+        job,
+        assignments=assignments,
+        started=started,
+        revocations=job.revocations + 1,
+        queue_reason=event.reason,
+    )
+
+
+def _rejected(job: JobRecord, event: JobRejected) -> JobRecord | None:
+    for a in job.assignments.values():
+        if a.assignment_id == event.assignment_id and a.epoch == event.epoch:
+            return _replace(job, rejected_by={**job.rejected_by, event.worker_id: event.reason})
+    return None
+
+
+def _progress(job: JobRecord, e: JobProgress, seq: int) -> JobRecord:
+    p = job.progress or Progress()
+    progress = Progress(
+        seq=seq,
+        slot=e.slot,
+        epoch=e.epoch,
+        round=p.round if e.round is None else e.round,
+        train_epoch=p.train_epoch if e.train_epoch is None else e.train_epoch,
+        step=p.step if e.step is None else e.step,
+        loss=p.loss if e.loss is None else e.loss,
+        gpu_util_pct=p.gpu_util_pct if e.gpu_util_pct is None else e.gpu_util_pct,
+        metrics=e.metrics or p.metrics,
+    )
+    return _replace(job, progress=progress)
+
+
+def _fenced(job: JobRecord, slot: int | None, epoch: int | None) -> bool:
+    """True if a slot or job-wide event of ``epoch`` is stale (a job-wide event without an epoch
+    is the kernel's own and is never stale)."""
+    if slot is not None:
+        return not _slot_current(job, slot, epoch)
+    return epoch is not None and not _job_current(job, epoch)
+
+
+def _failed(job: JobRecord, e: JobFailed, t: int) -> JobRecord | None:
+    if _fenced(job, e.slot, e.epoch):
+        return None
+    job = _replace(job, failures=job.failures + 1, failure_reason=e.reason, log_tail=e.log_tail)
+    if e.slot is None and not e.retryable:
+        job = _replace(job, state="failed", ended_ns=t)
+    return job
+
+
+def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
+    """The job after ``event``, or ``None`` when the event changes nothing (or is stale)."""
+    match event:
+        case JobQueued(reason=reason):
+            return _replace(job, queue_reason=reason)
+        case JobPlaced():
+            return _placed(job, event)
+        case JobAssignmentRevoked():
+            return _revoked(job, event)
+        case JobRejected():
+            return _rejected(job, event)
+        case JobStarted(assignment_id=assignment_id, slot=slot, epoch=epoch):
+            if not _slot_current(job, slot, epoch, assignment_id) or str(slot) in job.started:
+                return None
+            return _replace(job, started={**job.started, str(slot): epoch})
+        case JobProgress():
+            return None if _fenced(job, event.slot, event.epoch) else _progress(job, event, seq)
+        case JobCheckpointed(object_key=key, epoch=epoch, slot=slot):
+            if _fenced(job, slot, epoch):
+                return None
+            checkpoint = Checkpoint(
+                object_key=key, seq=seq, epoch=epoch, round=event.round, step=event.step, slot=slot
+            )
+            return _replace(job, last_checkpoint=checkpoint)
+        case JobRoundCompleted(round=done):
+            return _replace(job, round=done) if done > job.round else None
+        case JobCompleted(outputs=outputs):
+            return _replace(job, state="completed", outputs=outputs, ended_ns=t)
+        case JobFailed():
+            return _failed(job, event, t)
+        case JobCancelled(by=by, reason=reason):
+            return _replace(job, state="cancelled", cancelled_by=by, cancel_reason=reason, ended_ns=t)
+    return None
+
+
+def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
+    """Apply one JOBS event; records at or below ``state.seq`` are already applied and ignored;
+    events of a job never submitted are ignored."""
+    seq = recorded.seq
+    if seq <= state.seq:
+        return state
+    state.seq = seq
+    tenant, job_id = recorded.token(1), recorded.token(2)
+    key = job_key(tenant, job_id)
+    job = state.jobs.get(key)
+    event = recorded.event
+    if job is None:
+        if isinstance(event, JobSubmitted):
+            state.jobs[key] = _submitted(tenant, job_id, event, seq, recorded.time_ns)
+        return state
+    changed = None if job.state in TERMINAL else _changed(job, event, seq, recorded.time_ns)
+    state.jobs[key] = _replace(job if changed is None else _derive(changed), last_seq=seq)
+    return state
+
+
+SCHEDULE: Projection[ScheduleState] = Projection(
+    name="schedule",
+    stream="JOBS",
+    version=1,
+    state_type=ScheduleState,
+    initial=ScheduleState,
+    evolve=evolve,
+)
+
+
+def pending(state: ScheduleState) -> list[JobRecord]:
+    """Queued jobs in the order the coordinator places them: priority (highest first), then
+    submission order."""
+    queued = [job for job in state.jobs.values() if job.state == "queued"]
+    queued.sort(key=lambda job: (-job.priority, job.submitted_seq))
+    return queued
+
+
+def missing_slots(job: JobRecord) -> list[int]:
+    """The slots of a live job that have no current assignment (empty for a terminal job)."""
+    if job.state in TERMINAL:
+        return []
+    return [slot for slot in range(job.shards) if str(slot) not in job.assignments]
+
+
+def active_assignments(state: ScheduleState, worker_id: str) -> list[tuple[JobRecord, Assignment]]:
+    """The current assignments of live jobs on ``worker_id``, by job key then slot: what to revoke
+    when the worker is lost, and its load."""
+    found = []
+    for key in sorted(state.jobs):
+        job = state.jobs[key]
+        if job.state in TERMINAL:
+            continue
+        for a in sorted(job.assignments.values(), key=lambda a: a.slot):
+            if a.worker_id == worker_id:
+                found.append((job, a))
+    return found

@@ -1,0 +1,763 @@
+"""Unit tests of the pure reducers and of pricing: each rule the services rely on, one at a time."""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+from typing import Any
+
+import msgspec
+import pytest
+
+from core.pricing import PRICE_TABLES, PriceTable, gpu_family, price, round_half_up, table_at
+from core.streams import (
+    endpoint_subject,
+    heartbeat_subject,
+    job_subject,
+    metering_subject,
+    stream_for_subject,
+    worker_subject,
+)
+from projections import ALL, BY_NAME, ENDPOINTS, LEDGER, LIVENESS, REGISTRY, SCHEDULE
+from projections.base import Projection, canonical_json, state_hash
+from projections.endpoints import EndpointsState, missing_replicas, ready_replicas
+from projections.ledger import LedgerState, charges, invoice, payouts, period_of
+from projections.liveness import LivenessState, overdue, silent_for
+from projections.registry import RegistryState, available, downtime, uptime
+from projections.schedule import ScheduleState, active_assignments, job_key, missing_slots, pending
+from schemas import (
+    Assignment,
+    EndpointDeleted,
+    EndpointDeployed,
+    EndpointReplicaLost,
+    EndpointReplicaPlaced,
+    EndpointReplicaReady,
+    EndpointReplicaRevoked,
+    EndpointReplicaStarting,
+    EndpointScaled,
+    EndpointScaledToZero,
+    Event,
+    Gpu,
+    Heartbeat,
+    JobAssignmentRevoked,
+    JobCancelled,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobProgress,
+    JobQueued,
+    JobRejected,
+    JobRoundCompleted,
+    JobStarted,
+    JobSubmitted,
+    Provenance,
+    UsageTick,
+    WorkerCordoned,
+    WorkerDeregistered,
+    WorkerLost,
+    WorkerPolicy,
+    WorkerPolicySet,
+    WorkerRecovered,
+    WorkerRegistered,
+    WorkerUncordoned,
+)
+from schemas.envelope import Recorded
+
+S = 1_000_000_000
+HOUR_MS = 3_600_000
+APRIL_MS = 1_775_001_600_000  # 2026-04-01T00:00:00Z
+
+
+class Log:
+    """A tiny stand-in for one stream: numbers records and folds them into a projection's state."""
+
+    def __init__(self, projection: Projection[Any]) -> None:
+        self.projection = projection
+        self.state = projection.initial()
+        self.seq = 0
+        self.records: list[Recorded[Any]] = []
+
+    def __call__(self, subject: str, event: Event, t_s: float = 0.0) -> Recorded[Any]:
+        assert stream_for_subject(subject).name == self.projection.stream
+        self.seq += 1
+        record: Recorded[Any] = Recorded(
+            stream=self.projection.stream,
+            seq=self.seq,
+            subject=subject,
+            time_ns=round(t_s * S),
+            msg_id=f"m{self.seq}",
+            event=event,
+        )
+        self.records.append(record)
+        self.state = self.projection.evolve(self.state, record)
+        return record
+
+
+def roundtrips(projection: Projection[Any], state: msgspec.Struct) -> None:
+    decoded = msgspec.json.decode(canonical_json(state), type=projection.state_type)
+    assert decoded == state
+    assert state_hash(decoded) == state_hash(state)
+
+
+def test_projection_table() -> None:
+    assert [p.name for p in ALL] == ["registry", "liveness", "schedule", "endpoints", "ledger"]
+    assert BY_NAME["ledger"] is LEDGER
+    assert {p.stream for p in ALL} == {"WORKERS", "HEARTBEATS", "JOBS", "ENDPOINTS", "METERING"}
+
+
+# --- pricing ------------------------------------------------------------------------------------
+
+
+def _tick(**kw: Any) -> UsageTick:
+    fields: dict[str, Any] = {
+        "work_id": "j1",
+        "work_kind": "job",
+        "assignment_id": "a1",
+        "epoch": 1,
+        "provider": "p1",
+        "gpu_type": "H100",
+        "pool": "shared",
+        "start_ms": APRIL_MS,
+        "end_ms": APRIL_MS + HOUR_MS,
+        "gpu_ms": HOUR_MS,
+        "tier": "platinum",
+    }
+    fields.update(kw)
+    return UsageTick(**fields)
+
+
+def test_round_half_up_is_exact() -> None:
+    assert [round_half_up(n, 2) for n in (-3, -1, 0, 1, 3, 5)] == [-1, 0, 0, 1, 2, 3]
+    assert round_half_up(7, 3) == 2
+    assert round_half_up(8, 3) == 3
+    big = 10**30 + 1
+    assert round_half_up(big * 2 + 1, 2) == big + 1
+
+
+def test_table_at_picks_the_latest_table_in_effect() -> None:
+    v1 = PRICE_TABLES[0]
+    v2 = msgspec.structs.replace(v1, version=2, effective_from_ms=APRIL_MS)
+    tables = (v1, v2)
+    assert table_at(v1.effective_from_ms - 1, tables) is v1  # before the first table: the first
+    assert table_at(APRIL_MS - 1, tables) is v1
+    assert table_at(APRIL_MS, tables) is v2
+    assert table_at(APRIL_MS + 10**12, tables) is v2
+    assert price(_tick(end_ms=APRIL_MS), tables)[2] == 2
+    assert price(_tick(start_ms=0, end_ms=APRIL_MS - 1), tables)[2] == 1
+
+
+def test_version_one_table() -> None:
+    v1 = PRICE_TABLES[0]
+    assert isinstance(v1, PriceTable)
+    assert v1.version == 1 and v1.effective_from_ms == 1_767_225_600_000
+    assert {"H100", "A100", "L40S", "RTX4090", "RTX3090", "T4"} <= set(v1.gpu_hour_micros)
+    assert v1.provider_share_pct_by_tier == {"platinum": 80, "gold": 75, "silver": 70, "unverified": 0}
+    assert v1.pool_multiplier_pct == {"shared": 100, "managed": 125, "private": 0}
+    versions = [t.version for t in PRICE_TABLES]
+    assert versions == sorted(set(versions))
+
+
+def test_price_one_gpu_hour() -> None:
+    assert price(_tick()) == (2_490_000, 1_992_000, 1)
+    assert price(_tick(pool="managed")) == (3_112_500, 2_490_000, 1)
+    assert price(_tick(pool="private")) == (0, 0, 1)
+    assert price(_tick(tier="gold")) == (2_490_000, 1_867_500, 1)
+    assert price(_tick(tier="unverified")) == (2_490_000, 0, 1)
+    assert price(_tick(tier="diamond")) == (2_490_000, 0, 1)
+    assert price(_tick(gpu_type="B200")) == (500_000, 400_000, 1)
+    assert price(_tick(gpu_type="cpu", gpu_ms=0, cpu_ms=8 * HOUR_MS)) == (160_000, 128_000, 1)
+    assert price(_tick(gpu_ms=0)) == (0, 0, 1)
+
+
+def test_price_rounds_half_up_from_milliseconds() -> None:
+    # 60 ms on an H100: 60 * 2_490_000 / 3_600_000 = 41.5 micros exactly -> 42.
+    charge, payout, _ = price(_tick(gpu_ms=60))
+    assert (charge, payout) == (42, 34)  # 42 * 0.8 = 33.6 -> 34
+    assert price(_tick(gpu_ms=59))[0] == 41  # 40.808...
+    assert price(_tick(gpu_ms=1))[0] == 1  # 0.6917 -> 1
+    # one tick of 10 s on two GPUs at +25%: 20_000 * 2_490_000 * 125 / 360_000_000 = 17_291.67 -> 17_292
+    assert price(_tick(gpu_ms=20_000, pool="managed"))[0] == 17_292
+    assert all(type(x) is int for x in price(_tick(gpu_ms=12_345, cpu_ms=6_789)))
+
+
+def test_price_matches_exact_rational_arithmetic() -> None:
+    rng = random.Random(2026)
+    table = PRICE_TABLES[0]
+    for _ in range(2_000):
+        tick = _tick(
+            gpu_ms=rng.randrange(0, 10**9),
+            cpu_ms=rng.randrange(0, 10**9),
+            gpu_type=rng.choice(["H100", "T4", "cpu", "X1"]),
+            pool=rng.choice(["shared", "managed", "private"]),
+            tier=rng.choice(["platinum", "gold", "silver", "unverified"]),
+        )
+        rate = table.gpu_hour_micros.get(tick.gpu_type, table.default_gpu_hour_micros)
+        exact = Fraction(tick.gpu_ms * rate + tick.cpu_ms * table.cpu_hour_micros, HOUR_MS)
+        exact *= Fraction(table.pool_multiplier_pct[tick.pool], 100)
+        charge = math.floor(exact + Fraction(1, 2))
+        payout = math.floor(
+            charge * Fraction(table.provider_share_pct_by_tier[tick.tier], 100) + Fraction(1, 2)
+        )
+        assert price(tick) == (charge, payout, 1)
+
+
+def test_gpu_family() -> None:
+    assert gpu_family("NVIDIA H100 80GB HBM3") == "H100"
+    assert gpu_family("NVIDIA A100-SXM4-80GB") == "A100"
+    assert gpu_family("NVIDIA GeForce RTX 4090") == "RTX4090"
+    assert gpu_family("NVIDIA GeForce RTX 3090") == "RTX3090"
+    assert gpu_family("NVIDIA L40S") == "L40S"
+    assert gpu_family("Tesla T4") == "T4"
+    assert gpu_family("") == "cpu"
+    assert gpu_family("NVIDIA B200") == "B200"
+
+
+# --- registry -----------------------------------------------------------------------------------
+
+
+def _register(log: Log, worker: str, t_s: float = 0.0, **kw: Any) -> None:
+    fields: dict[str, Any] = {"provider": "p1", "hostname": f"{worker}.example", "cpus": 8}
+    fields.update(kw)
+    log(worker_subject(worker, WorkerRegistered), WorkerRegistered(**fields), t_s)
+
+
+def test_registry_register_cordon_and_reregister() -> None:
+    log = Log(REGISTRY)
+    _register(log, "w1", gpus=[Gpu(index=0, model="T4", vram_total_mb=15_000, vram_free_mb=15_000)])
+    _register(log, "w2")
+    state: RegistryState = log.state
+    assert [w.worker_id for w in available(state)] == ["w1", "w2"]
+    assert state.workers["w1"].since_ns == 0 and state.workers["w1"].last_change_seq == 1
+
+    log(worker_subject("w1", WorkerCordoned), WorkerCordoned(reason="bad fan", by="ops"), 5)
+    assert state.workers["w1"].state == "cordoned"
+    assert [w.worker_id for w in available(state)] == ["w2"]
+
+    _register(log, "w1", 7, driver="560.1", cpus=16)  # an agent restart: new hardware facts, same cordon
+    w1 = state.workers["w1"]
+    assert (w1.state, w1.cordon_reason, w1.driver, w1.cpus, w1.gpus) == (
+        "cordoned",
+        "bad fan",
+        "560.1",
+        16,
+        [],
+    )
+    assert w1.since_ns == 0 and w1.registered_ns == 7 * S and w1.last_change_seq == 4
+
+    log(worker_subject("w1", WorkerPolicySet), WorkerPolicySet(policy=WorkerPolicy(allowed_tenants=["acme"])))
+    assert state.workers["w1"].policy.allowed_tenants == ["acme"]
+    log(worker_subject("w1", WorkerUncordoned), WorkerUncordoned(by="ops"))
+    uncordoned = state.workers["w1"]
+    assert (uncordoned.state, uncordoned.cordon_reason) == ("available", "")
+    roundtrips(REGISTRY, state)
+
+
+def test_registry_lost_and_recovered_accumulate_downtime() -> None:
+    log = Log(REGISTRY)
+    _register(log, "w1", 100)
+    log(worker_subject("w1", WorkerCordoned), WorkerCordoned(reason="r", by="ops"), 105)
+    log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 110)
+    log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=9), 115)  # already lost: keeps the first
+    state: RegistryState = log.state
+    w1 = state.workers["w1"]
+    assert (w1.state, w1.lost_since_ns, w1.lost_count) == ("lost", 110 * S, 1)
+    assert downtime(w1, 130 * S) == 20 * S
+
+    log(worker_subject("w1", WorkerRecovered), WorkerRecovered(down_s=999), 140)  # time from the envelope
+    w1 = state.workers["w1"]
+    assert (w1.state, w1.lost_since_ns, w1.downtime_ns) == ("cordoned", None, 30 * S)
+    log(worker_subject("w1", WorkerRecovered), WorkerRecovered(), 150)  # not lost: no change
+    assert state.workers["w1"] == w1
+
+    log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 160)
+    log(worker_subject("w1", WorkerRecovered), WorkerRecovered(), 170)
+    w1 = state.workers["w1"]
+    assert (w1.downtime_ns, w1.lost_count) == (40 * S, 2)
+    assert uptime(w1, 200 * S) == pytest.approx(1 - 40 / 100)
+    assert uptime(w1, 100 * S) == 1.0
+
+
+def test_registry_deregistration_closes_downtime_and_excludes_its_interval() -> None:
+    log = Log(REGISTRY)
+    _register(log, "w1", 0)
+    log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 50)
+    log(worker_subject("w1", WorkerDeregistered), WorkerDeregistered(reason="sold"), 60)
+    state: RegistryState = log.state
+    w1 = state.workers["w1"]
+    assert (w1.state, w1.downtime_ns, w1.lost, w1.deregistered_ns) == ("deregistered", 10 * S, False, 60 * S)
+    assert uptime(w1, 10_000 * S) == pytest.approx(50 / 60)
+    log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 70)  # deregistered: not lost
+    assert state.workers["w1"] == w1
+    assert available(state) == []
+
+    _register(log, "w1", 100)
+    w1 = state.workers["w1"]
+    assert (w1.state, w1.excluded_ns, w1.deregistered_ns, w1.since_ns) == ("available", 40 * S, None, 0)
+    assert uptime(w1, 160 * S) == pytest.approx(1 - 10 / 120)
+    roundtrips(REGISTRY, state)
+
+
+def test_registry_ignores_unknown_workers_and_applied_sequences() -> None:
+    log = Log(REGISTRY)
+    log(worker_subject("ghost", WorkerCordoned), WorkerCordoned(reason="r", by="ops"))
+    log(worker_subject("ghost", WorkerLost), WorkerLost(silent_s=3))
+    state: RegistryState = log.state
+    assert state.workers == {} and state.seq == 2
+    record = log(worker_subject("w1", WorkerRegistered), WorkerRegistered(provider="p", hostname="h"))
+    before = state_hash(state)
+    cordon = msgspec.structs.replace(record, event=WorkerCordoned(reason="late", by="x"))
+    assert state_hash(REGISTRY.evolve(state, cordon)) == before  # seq 3 was applied already
+
+
+# --- liveness -----------------------------------------------------------------------------------
+
+
+def test_liveness_keeps_the_latest_beat() -> None:
+    log = Log(LIVENESS)
+    log(heartbeat_subject("w1"), Heartbeat(interval_s=2.0, cpu_pct=10.0, running=["a1"]), 100)
+    log(heartbeat_subject("w2"), Heartbeat(interval_s=1.0), 101)
+    log(heartbeat_subject("w1"), Heartbeat(interval_s=2.0, cpu_pct=55.5, memory_used_mb=900), 104)
+    state: LivenessState = log.state
+    beat = state.beats["w1"]
+    assert (beat.seq, beat.time_ns, beat.cpu_pct, beat.memory_used_mb, beat.running) == (
+        3,
+        104 * S,
+        55.5,
+        900,
+        [],
+    )
+    assert silent_for(state, "w1", 110 * S) == 6.0
+    assert silent_for(state, "w1", 100 * S) == 0.0
+    assert silent_for(state, "nobody", 110 * S) is None
+    assert overdue(state, 105 * S) == ["w2"]  # w2: 4 s > 3 x 1 s; w1: 1 s < 3 x 2 s
+    assert overdue(state, 111 * S) == ["w1", "w2"]
+    roundtrips(LIVENESS, state)
+
+
+# --- schedule -----------------------------------------------------------------------------------
+
+
+def _asg(slot: int, epoch: int, worker: str = "w1", work: str = "j1") -> Assignment:
+    return Assignment(
+        assignment_id=f"{work}-{slot}-{epoch}", worker_id=worker, slot=slot, epoch=epoch, gpus=1
+    )
+
+
+PROV = Provenance(candidates=1)
+
+
+class Job:
+    """One job's subject tree on a :class:`Log` of JOBS."""
+
+    def __init__(self, log: Log, job_id: str = "j1", tenant: str = "acme") -> None:
+        self.log, self.tenant, self.job_id = log, tenant, job_id
+
+    def __call__(self, event: Event, t_s: float = 0.0) -> Recorded[Any]:
+        return self.log(job_subject(self.tenant, self.job_id, event), event, t_s)
+
+    def submit(self, shards: int = 2, priority: int = 0) -> None:
+        self(JobSubmitted(name=self.job_id, kind="ddp", shards=shards, priority=priority))
+
+    def place(self, *assignments: Assignment) -> None:
+        self(JobPlaced(assignments=list(assignments), provenance=PROV))
+
+    def start(self, a: Assignment) -> None:
+        self(JobStarted(assignment_id=a.assignment_id, worker_id=a.worker_id, slot=a.slot, epoch=a.epoch))
+
+    def revoke(self, a: Assignment, reason: str = "worker lost") -> None:
+        self(
+            JobAssignmentRevoked(
+                assignment_id=a.assignment_id,
+                worker_id=a.worker_id,
+                slot=a.slot,
+                epoch=a.epoch,
+                reason=reason,
+            )
+        )
+
+    @property
+    def record(self) -> Any:
+        state: ScheduleState = self.log.state
+        return state.jobs[job_key(self.tenant, self.job_id)]
+
+
+def test_schedule_lifecycle_to_running() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit()
+    assert (job.record.state, job.record.submitted_seq, job.record.last_seq) == ("queued", 1, 1)
+    job(JobQueued(reason="no H100 free"))
+    assert job.record.queue_reason == "no H100 free"
+    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    assert (job.record.state, job.record.epoch, sorted(job.record.assignments)) == ("placed", 1, ["0", "1"])
+    assert job.record.queue_reason == ""
+    job.start(_asg(0, 1))
+    assert job.record.state == "running" and job.record.started == {"0": 1}
+    job.start(_asg(1, 1, "w2"))
+    assert missing_slots(job.record) == []
+    assert [a.assignment_id for _, a in active_assignments(log.state, "w2")] == ["j1-1-1"]
+    roundtrips(SCHEDULE, log.state)
+
+
+def test_schedule_revocation_requeues_and_replacement_supersedes() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit()
+    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job.start(_asg(0, 1))
+    job.start(_asg(1, 1, "w2"))
+
+    job.revoke(_asg(1, 1, "w2"))
+    record = job.record
+    assert (record.state, sorted(record.assignments), record.started) == ("queued", ["0"], {"0": 1})
+    assert (missing_slots(record), record.revocations, record.queue_reason) == ([1], 1, "worker lost")
+    assert [j.job_id for j in pending(log.state)] == ["j1"]
+
+    job.revoke(_asg(1, 1, "w2"))  # a repeated revocation: no assignment to take back
+    assert job.record.revocations == 1
+    job.place(_asg(1, 1, "w3"))  # an epoch the job has already seen: stale placement
+    assert missing_slots(job.record) == [1]
+
+    job.place(_asg(1, 2, "w3"))
+    record = job.record
+    assert (record.state, record.epoch, record.assignments["1"].worker_id) == ("running", 2, "w3")
+    job.revoke(_asg(1, 1, "w2"))  # the old assignment of slot 1 again: the new one survives
+    assert job.record.assignments["1"].epoch == 2 and job.record.state == "running"
+    assert pending(log.state) == []
+
+
+def test_schedule_ignores_events_of_a_stale_epoch() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=1)
+    job.place(_asg(0, 1))
+    job.start(_asg(0, 1))
+    job(JobProgress(epoch=1, slot=0, step=10, loss=2.0))
+    job.revoke(_asg(0, 1))
+    job(JobProgress(epoch=1, slot=0, step=11, loss=1.9))  # revoked: nobody's progress
+    assert job.record.progress.step == 10
+    job.place(_asg(0, 2, "w2"))
+    job.start(_asg(0, 1))  # the zombie starts again: stale
+    assert job.record.state == "placed" and job.record.started == {}
+    job.start(_asg(0, 2, "w2"))
+    before = job.record
+
+    job(JobProgress(epoch=1, slot=0, step=99, loss=9.9))
+    job(JobProgress(epoch=1, step=99, loss=9.9))  # job-wide, below every current epoch
+    job(JobCheckpointed(epoch=1, slot=0, object_key="ckpt/zombie.pt"))
+    job(JobFailed(reason="zombie died", epoch=1, slot=0))
+    job(JobFailed(reason="zombie job-wide", epoch=1))
+    job(JobRejected(assignment_id="j1-0-1", worker_id="w1", epoch=1, reason="policy"))
+    job(JobProgress(epoch=3, slot=0, step=99))  # from an epoch never placed
+    record = job.record
+    assert msgspec.structs.replace(record, last_seq=before.last_seq) == before
+    assert record.last_seq == log.seq  # ignored events still move the expected sequence
+
+    job(JobProgress(epoch=2, slot=0, step=12, loss=1.5, metrics={"acc": 0.5}))
+    job(JobProgress(epoch=2, round=3))  # job-wide, current: merges, keeping the loss
+    job(JobCheckpointed(epoch=2, slot=0, step=12, object_key="ckpt/12.pt"))
+    record = job.record
+    assert record.progress is not None and record.last_checkpoint is not None
+    assert (record.progress.step, record.progress.loss, record.progress.round) == (12, 1.5, 3)
+    assert record.progress.metrics == {"acc": 0.5}
+    assert (record.last_checkpoint.object_key, record.last_checkpoint.seq) == ("ckpt/12.pt", log.seq)
+    assert record.state == "running"
+
+
+def test_schedule_failures_and_rejections() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=1)
+    job.place(_asg(0, 1))
+    job(JobRejected(assignment_id="j1-0-1", worker_id="w1", epoch=1, reason="tenant not allowed"))
+    assert job.record.rejected_by == {"w1": "tenant not allowed"}
+    job.start(_asg(0, 1))
+    job(JobFailed(reason="OOM", epoch=1, slot=0, log_tail="killed"))  # a shard failure: counted
+    assert (job.record.state, job.record.failures, job.record.log_tail) == ("running", 1, "killed")
+    job(JobFailed(reason="flaky", epoch=1, retryable=True))  # retryable: counted, not terminal
+    assert (job.record.state, job.record.failures) == ("running", 2)
+    job(JobFailed(reason="bad config"), t_s=42)  # the kernel's own verdict: terminal
+    record = job.record
+    assert (record.state, record.failures, record.failure_reason, record.ended_ns) == (
+        "failed",
+        3,
+        "bad config",
+        42 * S,
+    )
+    assert missing_slots(record) == []
+    assert active_assignments(log.state, "w1") == []
+
+
+@pytest.mark.parametrize(
+    "terminal",
+    [
+        JobCompleted(outputs=["model_out/m.pt"]),
+        JobCancelled(by="alice", reason="x"),
+        JobFailed(reason="fatal"),
+    ],
+    ids=["completed", "cancelled", "failed"],
+)
+def test_schedule_terminal_states_are_sticky(terminal: Event) -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=1)
+    job.place(_asg(0, 1))
+    job.start(_asg(0, 1))
+    job(terminal, t_s=9)
+    ended = job.record
+    assert ended.state in {"completed", "cancelled", "failed"} and ended.ended_ns == 9 * S
+    job.revoke(_asg(0, 1))
+    job.place(_asg(0, 2))
+    job(JobProgress(epoch=1, slot=0, step=5))
+    job(JobRoundCompleted(round=7))
+    job(JobCompleted(outputs=["other"]))
+    job(JobCancelled(by="bob"))
+    job(JobFailed(reason="late"))
+    job(JobQueued(reason="again"))
+    assert msgspec.structs.replace(job.record, last_seq=ended.last_seq) == ended
+    assert job.record.last_seq == log.seq
+    assert pending(log.state) == []
+
+
+def test_schedule_pending_order_and_unknown_jobs() -> None:
+    log = Log(SCHEDULE)
+    Job(log, "ghost")(JobProgress(epoch=1, slot=0))  # never submitted: ignored
+    Job(log, "low").submit(priority=0)
+    Job(log, "high", tenant="globex").submit(priority=5)
+    Job(log, "low2").submit(priority=0)
+    Job(log, "mid").submit(priority=3)
+    placed = Job(log, "placed")
+    placed.submit(priority=9, shards=1)
+    placed.place(_asg(0, 1, work="placed"))
+    Job(log, "low").submit(priority=99)  # a duplicate submission changes nothing
+    state: ScheduleState = log.state
+    assert "acme/ghost" not in state.jobs
+    assert [j.job_id for j in pending(state)] == ["high", "mid", "low", "low2"]
+    assert state.jobs["acme/low"].priority == 0 and state.jobs["acme/low"].last_seq == log.seq
+    assert job_key("globex", "high") in state.jobs
+
+
+def test_schedule_round_completed_only_moves_forward() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=1)
+    job(JobRoundCompleted(round=2))
+    job(JobRoundCompleted(round=1))
+    assert job.record.round == 2
+
+
+# --- endpoints ----------------------------------------------------------------------------------
+
+
+class Endpoint:
+    def __init__(self, log: Log, endpoint_id: str = "e1") -> None:
+        self.log, self.endpoint_id = log, endpoint_id
+
+    def __call__(self, event: Event, t_s: float = 0.0) -> None:
+        self.log(endpoint_subject("acme", self.endpoint_id, event), event, t_s)
+
+    @property
+    def record(self) -> Any:
+        state: EndpointsState = self.log.state
+        return state.endpoints[f"acme/{self.endpoint_id}"]
+
+    def up(self, a: Assignment, address: str) -> None:
+        self(EndpointReplicaPlaced(assignments=[a], provenance=PROV))
+        self(EndpointReplicaStarting(assignment_id=a.assignment_id, worker_id=a.worker_id, epoch=a.epoch))
+        self(EndpointReplicaReady(assignment_id=a.assignment_id, epoch=a.epoch, address=address))
+
+
+def test_endpoint_lifecycle_and_fencing() -> None:
+    log = Log(ENDPOINTS)
+    ep = Endpoint(log)
+    ep(EndpointDeployed(name="chat", model="m", min_replicas=0, max_replicas=3, scale_to_zero_after_s=60))
+    assert (ep.record.state, ep.record.desired_replicas, missing_replicas(ep.record)) == ("deploying", 1, [0])
+
+    r0, r1 = _asg(0, 1, "w1", "e1"), _asg(1, 2, "w2", "e1")
+    ep(EndpointReplicaPlaced(assignments=[r0], provenance=PROV))
+    assert ep.record.replicas["0"].state == "placed" and ep.record.state == "deploying"
+    ep(EndpointReplicaStarting(assignment_id=r0.assignment_id, worker_id="w1", epoch=1))
+    ep(EndpointReplicaReady(assignment_id=r0.assignment_id, epoch=1, address="http://a:1"))
+    assert ep.record.state == "serving"
+    ep(EndpointScaled(replicas=2, reason="rps"))
+    assert missing_replicas(ep.record) == [1]
+    ep.up(r1, "http://b:2")
+    assert [r.address for r in ready_replicas(ep.record)] == ["http://a:1", "http://b:2"]
+
+    ep(EndpointReplicaLost(assignment_id=r0.assignment_id, epoch=1, reason="worker lost"))
+    ep(EndpointReplicaReady(assignment_id=r0.assignment_id, epoch=1, address="http://a:1"))  # lost is final
+    assert (ep.record.replicas["0"].state, ep.record.replicas["0"].reason) == ("lost", "worker lost")
+    assert [r.slot for r in ready_replicas(ep.record)] == [1] and ep.record.state == "serving"
+
+    ep(EndpointReplicaPlaced(assignments=[_asg(0, 2, "w3", "e1")], provenance=PROV))  # stale epoch
+    assert ep.record.replicas["0"].assignment_id == r0.assignment_id
+    ep(
+        EndpointReplicaRevoked(assignment_id="e1-1-2", worker_id="w2", slot=0, epoch=2, reason="x")
+    )  # wrong id
+    assert "0" in ep.record.replicas
+    ep(EndpointReplicaRevoked(assignment_id=r0.assignment_id, worker_id="w1", slot=0, epoch=1, reason="lost"))
+    assert missing_replicas(ep.record) == [0]
+    r0b = _asg(0, 3, "w3", "e1")
+    ep(EndpointReplicaPlaced(assignments=[r0b], provenance=PROV))
+    ep(EndpointReplicaReady(assignment_id=r0b.assignment_id, epoch=2, address="http://zombie"))  # wrong epoch
+    ep(EndpointReplicaReady(assignment_id=r0.assignment_id, epoch=1, address="http://zombie"))  # revoked
+    assert ep.record.replicas["0"].state == "placed" and ep.record.epoch == 3
+    roundtrips(ENDPOINTS, log.state)
+
+
+def test_endpoint_scale_to_zero_and_back_and_delete() -> None:
+    log = Log(ENDPOINTS)
+    ep = Endpoint(log)
+    ep(EndpointDeployed(name="chat", model="m", min_replicas=1, max_replicas=2))
+    a = _asg(0, 1, "w1", "e1")
+    ep.up(a, "http://a:1")
+    ep(EndpointScaledToZero(idle_s=300.0))
+    record = ep.record
+    assert (record.state, record.replicas, record.desired_replicas) == ("scaled_to_zero", {}, 0)
+    ep(EndpointReplicaReady(assignment_id=a.assignment_id, epoch=1, address="http://a:1"))
+    assert ep.record.replicas == {}
+    ep(EndpointScaled(replicas=1, reason="request at zero"))
+    assert (ep.record.state, missing_replicas(ep.record)) == ("deploying", [0])
+    ep.up(_asg(0, 2, "w2", "e1"), "http://b:2")
+    assert ep.record.state == "serving"
+    ep(EndpointDeleted(by="alice"), t_s=50)
+    deleted = ep.record
+    assert (deleted.state, deleted.deleted_ns, ready_replicas(deleted), missing_replicas(deleted)) == (
+        "deleted",
+        50 * S,
+        [],
+        [],
+    )
+    ep(EndpointScaled(replicas=2, reason="late"))
+    ep(EndpointReplicaLost(assignment_id="e1-0-2", epoch=2, reason="late"))
+    assert msgspec.structs.replace(ep.record, last_seq=deleted.last_seq) == deleted
+    assert ep.record.last_seq == log.seq
+
+
+def test_endpoint_events_before_deploy_are_ignored() -> None:
+    log = Log(ENDPOINTS)
+    Endpoint(log, "ghost")(EndpointScaled(replicas=3, reason="x"))
+    state: EndpointsState = log.state
+    assert state.endpoints == {} and state.seq == 1
+
+
+# --- ledger -------------------------------------------------------------------------------------
+
+
+def _meter(log: Log, tenant: str = "acme", worker: str = "w1", **kw: Any) -> Recorded[Any]:
+    return log(metering_subject(tenant, worker), _tick(**kw))
+
+
+def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
+    log = Log(LEDGER)
+    ten_s = 10_000
+    start = APRIL_MS - 2 * ten_s - 1  # the second tick ends 1 ms before midnight
+    for i in range(4):  # two ticks end in March, two in April
+        t0 = start + i * ten_s
+        _meter(log, start_ms=t0, end_ms=t0 + ten_s, gpu_ms=ten_s, tokens=5)
+        _meter(
+            log, "globex", "w2", assignment_id="b1", work_id="j9", start_ms=t0, end_ms=t0 + ten_s, gpu_ms=60
+        )
+    state: LedgerState = log.state
+    assert sorted(state.lines) == [
+        "acme/2026-03/j1/H100/shared/v1",
+        "acme/2026-04/j1/H100/shared/v1",
+        "globex/2026-03/j9/H100/shared/v1",
+        "globex/2026-04/j9/H100/shared/v1",
+    ]
+    march = state.lines["acme/2026-03/j1/H100/shared/v1"]
+    assert (march.ticks, march.gpu_ms, march.tokens, march.source_seqs) == (2, 20_000, 10, [1, 3])
+    assert march.charge_micros == 2 * 6_917  # 6_916.67 per tick, each rounded on its own
+    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_seqs == [5, 7]
+    assert state.lines["globex/2026-04/j9/H100/shared/v1"].charge_micros == 2 * 42
+    assert charges(state, "acme") == 4 * 6_917
+    assert charges(state, "acme", "2026-04") == 2 * 6_917
+    assert charges(state, "globex") == 4 * 42
+    assert charges(state, "nobody") == 0
+    (p_march, p_april) = payouts(state, "p1")
+    assert (p_march.period, p_march.tier, p_march.ticks, p_march.gpu_ms) == ("2026-03", "platinum", 4, 20_120)
+    assert p_march.payout_micros == 2 * 5_534 + 2 * 34  # 80% of each tick's charge, rounded half up
+    assert p_april.period == "2026-04"
+    money = [line.charge_micros for line in state.lines.values()] + [
+        p.payout_micros for p in state.payouts.values()
+    ]
+    assert all(type(m) is int for m in money)
+    roundtrips(LEDGER, state)
+
+
+def test_ledger_counts_a_retried_tick_once() -> None:
+    log = Log(LEDGER)
+    first = _meter(log, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)
+    _meter(log, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)  # agent retry, new event id
+    _meter(log, start_ms=APRIL_MS, end_ms=APRIL_MS + 9_000, gpu_ms=9_000)  # same interval, other numbers
+    _meter(log, assignment_id="a2", start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)
+    state: LedgerState = log.state
+    (line,) = state.lines.values()
+    assert (line.ticks, line.gpu_ms, line.source_seqs) == (2, 20_000, [1, 4])
+    assert (state.duplicates, state.seen) == (2, {f"a1:{APRIL_MS}": 1, f"a2:{APRIL_MS}": 4})
+    before = state_hash(state)
+    assert state_hash(LEDGER.evolve(state, first)) == before  # redelivery of seq 1: no-op
+
+
+def test_ledger_tiers_pools_versions_and_invalid_ticks() -> None:
+    log = Log(LEDGER)
+    _meter(log, provider="p2", tier="unverified", assignment_id="u")
+    _meter(log, pool="private", assignment_id="v")
+    _meter(log, pool="managed", assignment_id="w")
+    _meter(log, gpu_ms=-1, assignment_id="x")
+    _meter(log, start_ms=APRIL_MS + 5, end_ms=APRIL_MS, assignment_id="y")
+    _meter(log, start_ms=-5, end_ms=10, assignment_id="z")  # before 1970: a broken agent clock
+    _meter(log, end_ms=10**15, assignment_id="z")  # beyond 2199
+    state: LedgerState = log.state
+    assert state.invalid == 4 and len(state.seen) == 3
+    assert payouts(state, "p2")[0].payout_micros == 0
+    assert state.lines["acme/2026-04/j1/H100/private/v1"].charge_micros == 0
+    assert state.lines["acme/2026-04/j1/H100/private/v1"].gpu_ms == HOUR_MS  # metered all the same
+    assert state.lines["acme/2026-04/j1/H100/managed/v1"].charge_micros == 3_112_500
+    assert charges(state, "acme") == 2_490_000 + 3_112_500
+
+
+def test_ledger_invoice_returns_copies() -> None:
+    log = Log(LEDGER)
+    _meter(log)
+    state: LedgerState = log.state
+    (line,) = invoice(state, "acme", "2026-04")
+    line.source_seqs.append(99)
+    line.charge_micros = 0
+    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_seqs == [1]
+    assert invoice(state, "acme", "2026-04")[0].charge_micros == 2_490_000
+    assert invoice(state, "acme", "2026-03") == [] and invoice(state, "globex", "2026-04") == []
+
+
+def test_period_of_is_the_utc_month() -> None:
+    assert period_of(APRIL_MS) == "2026-04"
+    assert period_of(APRIL_MS - 1) == "2026-03"
+    assert period_of(0) == "1970-01"
+    assert period_of(7_258_118_399_999) == "2199-12"
+    with pytest.raises(ValueError):
+        period_of(-1)
+    with pytest.raises(ValueError):
+        period_of(7_258_118_400_000)
+    assert period_of(1_767_225_599_999) == "2025-12"
+
+
+# --- every reducer ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("projection", ALL, ids=[p.name for p in ALL])
+def test_every_reducer_ignores_foreign_events_and_keeps_its_sequence(projection: Projection[Any]) -> None:
+    subject = {
+        "WORKERS": worker_subject("w1", WorkerUncordoned),
+        "HEARTBEATS": heartbeat_subject("w1"),
+        "JOBS": job_subject("acme", "j1", JobQueued),
+        "ENDPOINTS": endpoint_subject("acme", "e1", EndpointScaled),
+        "METERING": metering_subject("acme", "w1"),
+    }[projection.stream]
+    foreign = JobQueued(reason="x") if projection.stream != "JOBS" else WorkerUncordoned(by="x")
+    record: Recorded[Any] = Recorded(
+        stream=projection.stream, seq=7, subject=subject, time_ns=1, msg_id="m", event=foreign
+    )
+    state = projection.evolve(projection.initial(), record)
+    assert state_hash(state) == state_hash(msgspec.structs.replace(projection.initial(), seq=7))
