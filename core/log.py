@@ -31,6 +31,7 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
@@ -213,7 +214,7 @@ class EventLog:
     the deployment (the dev stack, tests, ``resontech streams``).
     """
 
-    def __init__(self, nc: nats.NATS, settings: Settings) -> None:
+    def __init__(self, nc: NATS, settings: Settings) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=settings.ack_timeout_s)
         self.settings = settings
@@ -398,7 +399,7 @@ class EventLog:
         publish = self._publish
         try:
             for item in items:
-                event_id = item[2] if len(item) == 3 else new_event_id()  # type: ignore[misc]
+                event_id = item[2] if len(item) == 3 else new_event_id()
                 future = await publish(item[0], encode(item[1]), {MSG_ID: event_id})
                 futures.append(future)
                 window.append(future)
@@ -458,7 +459,9 @@ class EventLog:
                 return
             headers = msg.headers
             try:
-                result = on_message(msg.subject, seq, time_ns, headers.get(MSG_ID, "") if headers else "", msg.data)
+                result = on_message(
+                    msg.subject, seq, time_ns, headers.get(MSG_ID, "") if headers else "", msg.data
+                )
                 if result is not None:
                     await result
             except Exception as exc:  # nats-py would swallow it: end the scan and raise it to the caller
@@ -471,7 +474,7 @@ class EventLog:
         config = api.ConsumerConfig(filter_subject=subjects or None)
         if start_time is not None:
             config.deliver_policy = api.DeliverPolicy.BY_START_TIME
-            config.opt_start_time = start_time.astimezone(UTC).isoformat().replace("+00:00", "Z")
+            config.opt_start_time = start_time.astimezone(UTC)
         elif start_seq > 1:
             config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = start_seq
@@ -513,8 +516,12 @@ class EventLog:
                 raw = await self._js.get_msg(stream, seq=seq, direct=True)
             except nats.js.errors.NotFoundError:
                 continue  # acknowledged by its worker and removed
-            time_ns = int(raw.time.timestamp()) * 1_000_000_000 + raw.time.microsecond * 1000 if raw.time else 0
-            result = on_message(raw.subject or "", seq, time_ns, (raw.headers or {}).get(MSG_ID, ""), raw.data or b"")
+            time_ns = (
+                int(raw.time.timestamp()) * 1_000_000_000 + raw.time.microsecond * 1000 if raw.time else 0
+            )
+            result = on_message(
+                raw.subject or "", seq, time_ns, (raw.headers or {}).get(MSG_ID, ""), raw.data or b""
+            )
             if result is not None:
                 await result
             count += 1

@@ -43,28 +43,75 @@ class StreamSpec:
 
 
 STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec("TENANTS", ("tenant.>",), "tenant", "tenant.<tenant>.<event>",
-               "created, api_key_issued, api_key_revoked, quota_set"),
-    StreamSpec("WORKERS", ("worker.>",), "worker", "worker.<worker_id>.<event>",
-               "registered, policy_set, cordoned, uncordoned, lost, recovered, deregistered"),
-    StreamSpec("HEARTBEATS", ("hb.>",), "hb", "hb.<worker_id>",
-               "heartbeats with telemetry, kept 7 days", max_age_s=7 * DAY_S),
-    StreamSpec("HEARTBEATS_LATEST", (), "hb", "hb.<worker_id>",
-               "the latest heartbeat of every worker, kept forever (sourced from HEARTBEATS)",
-               max_msgs_per_subject=1, sources=("HEARTBEATS",)),
-    StreamSpec("JOBS", ("job.>",), "job", "job.<tenant>.<job_id>.<event>",
-               "submitted, queued, placed, assignment_revoked, rejected, started, progress, "
-               "checkpointed, round_completed, completed, failed, cancelled"),
-    StreamSpec("ENDPOINTS", ("endpoint.>",), "endpoint", "endpoint.<tenant>.<endpoint_id>.<event>",
-               "deployed, scaled, replica_placed, replica_revoked, replica_starting, replica_ready, "
-               "replica_lost, scaled_to_zero, deleted"),
-    StreamSpec("METERING", ("meter.>",), "meter", "meter.<tenant>.<worker_id>",
-               "usage ticks (GPU- and CPU-milliseconds per assignment per interval)"),
-    StreamSpec("COMMANDS", ("cmd.>",), "cmd", "cmd.<worker_id>",
-               "start_work, stop_work: what the kernel tells an agent (work queue)",
-               retention="workqueue"),
-    StreamSpec("QUARANTINE", ("quarantine.>",), None, "quarantine.<stream>",
-               "stored messages that failed to decode, with the reason in headers"),
+    StreamSpec(
+        "TENANTS",
+        ("tenant.>",),
+        "tenant",
+        "tenant.<tenant>.<event>",
+        "created, api_key_issued, api_key_revoked, quota_set",
+    ),
+    StreamSpec(
+        "WORKERS",
+        ("worker.>",),
+        "worker",
+        "worker.<worker_id>.<event>",
+        "registered, policy_set, cordoned, uncordoned, lost, recovered, deregistered",
+    ),
+    StreamSpec(
+        "HEARTBEATS",
+        ("hb.>",),
+        "hb",
+        "hb.<worker_id>",
+        "heartbeats with telemetry, kept 7 days",
+        max_age_s=7 * DAY_S,
+    ),
+    StreamSpec(
+        "HEARTBEATS_LATEST",
+        (),
+        "hb",
+        "hb.<worker_id>",
+        "the latest heartbeat of every worker, kept forever (sourced from HEARTBEATS)",
+        max_msgs_per_subject=1,
+        sources=("HEARTBEATS",),
+    ),
+    StreamSpec(
+        "JOBS",
+        ("job.>",),
+        "job",
+        "job.<tenant>.<job_id>.<event>",
+        "submitted, queued, placed, assignment_revoked, rejected, started, progress, "
+        "checkpointed, round_completed, completed, failed, cancelled",
+    ),
+    StreamSpec(
+        "ENDPOINTS",
+        ("endpoint.>",),
+        "endpoint",
+        "endpoint.<tenant>.<endpoint_id>.<event>",
+        "deployed, scaled, replica_placed, replica_revoked, replica_starting, replica_ready, "
+        "replica_lost, scaled_to_zero, deleted",
+    ),
+    StreamSpec(
+        "METERING",
+        ("meter.>",),
+        "meter",
+        "meter.<tenant>.<worker_id>",
+        "usage ticks (GPU- and CPU-milliseconds per assignment per interval)",
+    ),
+    StreamSpec(
+        "COMMANDS",
+        ("cmd.>",),
+        "cmd",
+        "cmd.<worker_id>",
+        "start_work, stop_work: what the kernel tells an agent (work queue)",
+        retention="workqueue",
+    ),
+    StreamSpec(
+        "QUARANTINE",
+        ("quarantine.>",),
+        None,
+        "quarantine.<stream>",
+        "stored messages that failed to decode, with the reason in headers",
+    ),
 )
 
 BY_NAME: dict[str, StreamSpec] = {s.name: s for s in STREAMS}

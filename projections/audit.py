@@ -49,7 +49,6 @@ _TZ_TYPE = "TIMESTAMP WITH TIME ZONE"
 """JetStream's error code for an ack-none consumer on a work-queue stream."""
 
 
-
 # -- export ------------------------------------------------------------------------------------
 
 

@@ -29,7 +29,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field=TAG_FIELD):
     """Base of every event, command and stored record on a stream.
 
     msgspec applies ``kw_only`` to the fields a class itself defines, so every subclass repeats
-    ``kw_only=True`` (a test checks that none forgets).
+    ``kw_only=True`` (a test checks that none forgets), and ``frozen=True`` so that type checkers
+    see what msgspec already enforces.
     """
 
     @classmethod

@@ -11,7 +11,7 @@ from schemas._base import Event, Value
 from schemas.values import WorkKind
 
 
-class WorkSpec(Value, kw_only=True):
+class WorkSpec(Value, frozen=True, kw_only=True):
     """What to run and with which inputs.
 
     Attributes:
@@ -32,7 +32,7 @@ class WorkSpec(Value, kw_only=True):
     options: dict[str, str] = {}
 
 
-class StartWork(Event, tag="cmd.start_work", kw_only=True):
+class StartWork(Event, tag="cmd.start_work", frozen=True, kw_only=True):
     """Start an assignment on this worker."""
 
     tenant: str
@@ -45,7 +45,7 @@ class StartWork(Event, tag="cmd.start_work", kw_only=True):
     price_micros_per_gpu_hour: int = 0
 
 
-class StopWork(Event, tag="cmd.stop_work", kw_only=True):
+class StopWork(Event, tag="cmd.stop_work", frozen=True, kw_only=True):
     """Stop an assignment. With ``checkpoint`` the workload checkpoints first (preemption)."""
 
     work_id: str

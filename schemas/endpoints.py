@@ -10,7 +10,7 @@ from schemas.values import Assignment, Pool, Provenance
 Engine = Literal["vllm", "cpu"]
 
 
-class EndpointDeployed(Event, tag="endpoint.deployed", kw_only=True):
+class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True):
     """A tenant deployed an inference endpoint.
 
     Attributes:
@@ -34,7 +34,7 @@ class EndpointDeployed(Event, tag="endpoint.deployed", kw_only=True):
     deployed_by: str = ""
 
 
-class EndpointScaled(Event, tag="endpoint.scaled", kw_only=True):
+class EndpointScaled(Event, tag="endpoint.scaled", frozen=True, kw_only=True):
     """The desired replica count changed; ``inputs`` are what the decision saw (rps, util...)."""
 
     replicas: int
@@ -42,14 +42,14 @@ class EndpointScaled(Event, tag="endpoint.scaled", kw_only=True):
     inputs: dict[str, float] = {}
 
 
-class EndpointReplicaPlaced(Event, tag="endpoint.replica_placed", kw_only=True):
+class EndpointReplicaPlaced(Event, tag="endpoint.replica_placed", frozen=True, kw_only=True):
     """Replicas were assigned to workers."""
 
     assignments: list[Assignment]
     provenance: Provenance
 
 
-class EndpointReplicaRevoked(Event, tag="endpoint.replica_revoked", kw_only=True):
+class EndpointReplicaRevoked(Event, tag="endpoint.replica_revoked", frozen=True, kw_only=True):
     """A replica's assignment was taken back."""
 
     assignment_id: str
@@ -59,7 +59,7 @@ class EndpointReplicaRevoked(Event, tag="endpoint.replica_revoked", kw_only=True
     reason: str
 
 
-class EndpointReplicaStarting(Event, tag="endpoint.replica_starting", kw_only=True):
+class EndpointReplicaStarting(Event, tag="endpoint.replica_starting", frozen=True, kw_only=True):
     """An agent is starting the engine for a replica."""
 
     assignment_id: str
@@ -67,7 +67,7 @@ class EndpointReplicaStarting(Event, tag="endpoint.replica_starting", kw_only=Tr
     epoch: int
 
 
-class EndpointReplicaReady(Event, tag="endpoint.replica_ready", kw_only=True):
+class EndpointReplicaReady(Event, tag="endpoint.replica_ready", frozen=True, kw_only=True):
     """A replica passed its health check and serves at ``address`` (``http://host:port``)."""
 
     assignment_id: str
@@ -75,7 +75,7 @@ class EndpointReplicaReady(Event, tag="endpoint.replica_ready", kw_only=True):
     address: str
 
 
-class EndpointReplicaLost(Event, tag="endpoint.replica_lost", kw_only=True):
+class EndpointReplicaLost(Event, tag="endpoint.replica_lost", frozen=True, kw_only=True):
     """A replica stopped serving (worker lost, engine died, failed to start)."""
 
     assignment_id: str
@@ -84,13 +84,13 @@ class EndpointReplicaLost(Event, tag="endpoint.replica_lost", kw_only=True):
     log_tail: str = ""
 
 
-class EndpointScaledToZero(Event, tag="endpoint.scaled_to_zero", kw_only=True):
+class EndpointScaledToZero(Event, tag="endpoint.scaled_to_zero", frozen=True, kw_only=True):
     """Every replica was removed after ``idle_s`` seconds without a request; billing stops."""
 
     idle_s: float
 
 
-class EndpointDeleted(Event, tag="endpoint.deleted", kw_only=True):
+class EndpointDeleted(Event, tag="endpoint.deleted", frozen=True, kw_only=True):
     """The endpoint was deleted."""
 
     by: str

@@ -14,7 +14,7 @@ from schemas.values import Assignment, Pool, Provenance
 JobKind = Literal["federated", "ddp", "process"]
 
 
-class JobResources(Value, kw_only=True):
+class JobResources(Value, frozen=True, kw_only=True):
     """What each shard of a job needs from a worker.
 
     Attributes:
@@ -32,7 +32,7 @@ class JobResources(Value, kw_only=True):
     memory_mb: int = 1024
 
 
-class JobSubmitted(Event, tag="job.submitted", kw_only=True):
+class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     """A tenant submitted a job. Validated at the edge: every referenced object existed."""
 
     name: str
@@ -51,20 +51,20 @@ class JobSubmitted(Event, tag="job.submitted", kw_only=True):
     submitted_by: str = ""
 
 
-class JobQueued(Event, tag="job.queued", kw_only=True):
+class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):
     """The job waits for capacity; ``reason`` says what it waits for."""
 
     reason: str
 
 
-class JobPlaced(Event, tag="job.placed", kw_only=True):
+class JobPlaced(Event, tag="job.placed", frozen=True, kw_only=True):
     """A gang placement: every listed shard was assigned at once (all N or none)."""
 
     assignments: list[Assignment]
     provenance: Provenance
 
 
-class JobAssignmentRevoked(Event, tag="job.assignment_revoked", kw_only=True):
+class JobAssignmentRevoked(Event, tag="job.assignment_revoked", frozen=True, kw_only=True):
     """A shard's assignment was taken back (worker lost, preempted, rejected, failed)."""
 
     assignment_id: str
@@ -74,7 +74,7 @@ class JobAssignmentRevoked(Event, tag="job.assignment_revoked", kw_only=True):
     reason: str
 
 
-class JobRejected(Event, tag="job.rejected", kw_only=True):
+class JobRejected(Event, tag="job.rejected", frozen=True, kw_only=True):
     """An agent refused an assignment; the reason comes from its provider policy."""
 
     assignment_id: str
@@ -83,7 +83,7 @@ class JobRejected(Event, tag="job.rejected", kw_only=True):
     reason: str
 
 
-class JobStarted(Event, tag="job.started", kw_only=True):
+class JobStarted(Event, tag="job.started", frozen=True, kw_only=True):
     """An agent started a shard's workload."""
 
     assignment_id: str
@@ -92,7 +92,7 @@ class JobStarted(Event, tag="job.started", kw_only=True):
     epoch: int
 
 
-class JobProgress(Event, tag="job.progress", kw_only=True):
+class JobProgress(Event, tag="job.progress", frozen=True, kw_only=True):
     """Training progress of one shard (or of the whole job when ``slot`` is ``None``)."""
 
     epoch: int
@@ -105,7 +105,7 @@ class JobProgress(Event, tag="job.progress", kw_only=True):
     gpu_util_pct: float | None = None
 
 
-class JobCheckpointed(Event, tag="job.checkpointed", kw_only=True):
+class JobCheckpointed(Event, tag="job.checkpointed", frozen=True, kw_only=True):
     """A checkpoint was written to the tenant's workspace; recovery resumes from the latest one."""
 
     epoch: int
@@ -115,20 +115,20 @@ class JobCheckpointed(Event, tag="job.checkpointed", kw_only=True):
     step: int | None = None
 
 
-class JobRoundCompleted(Event, tag="job.round_completed", kw_only=True):
+class JobRoundCompleted(Event, tag="job.round_completed", frozen=True, kw_only=True):
     """A federated round finished (aggregation done)."""
 
     round: int
     metrics: dict[str, float] = {}
 
 
-class JobCompleted(Event, tag="job.completed", kw_only=True):
+class JobCompleted(Event, tag="job.completed", frozen=True, kw_only=True):
     """The job finished; ``outputs`` are the object keys it produced (``model_out/``, ``files_out/``)."""
 
     outputs: list[str] = []
 
 
-class JobFailed(Event, tag="job.failed", kw_only=True):
+class JobFailed(Event, tag="job.failed", frozen=True, kw_only=True):
     """A shard or the whole job failed. ``log_tail`` is the end of the workload's log."""
 
     reason: str
@@ -138,7 +138,7 @@ class JobFailed(Event, tag="job.failed", kw_only=True):
     retryable: bool = False
 
 
-class JobCancelled(Event, tag="job.cancelled", kw_only=True):
+class JobCancelled(Event, tag="job.cancelled", frozen=True, kw_only=True):
     """The tenant (or an operator) cancelled the job."""
 
     by: str

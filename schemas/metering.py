@@ -6,7 +6,7 @@ from schemas._base import Event
 from schemas.values import Pool, WorkKind
 
 
-class UsageTick(Event, tag="meter.tick", kw_only=True):
+class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
     """Usage of one running assignment over one interval (every 10 s by default).
 
     The interval is the time the usage happened (Unix milliseconds, from the agent); billing periods

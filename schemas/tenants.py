@@ -9,7 +9,7 @@ from schemas._base import Event
 Role = Literal["admin", "member", "viewer"]
 
 
-class TenantCreated(Event, tag="tenant.created", kw_only=True):
+class TenantCreated(Event, tag="tenant.created", frozen=True, kw_only=True):
     """An organisation was created; its private bucket was provisioned."""
 
     display_name: str
@@ -18,7 +18,7 @@ class TenantCreated(Event, tag="tenant.created", kw_only=True):
     created_by: str = ""
 
 
-class ApiKeyIssued(Event, tag="tenant.api_key_issued", kw_only=True):
+class ApiKeyIssued(Event, tag="tenant.api_key_issued", frozen=True, kw_only=True):
     """An API key was issued. Only its SHA-256 is stored; the key itself is shown once."""
 
     key_id: str
@@ -28,14 +28,14 @@ class ApiKeyIssued(Event, tag="tenant.api_key_issued", kw_only=True):
     issued_by: str = ""
 
 
-class ApiKeyRevoked(Event, tag="tenant.api_key_revoked", kw_only=True):
+class ApiKeyRevoked(Event, tag="tenant.api_key_revoked", frozen=True, kw_only=True):
     """An API key stops working."""
 
     key_id: str
     revoked_by: str = ""
 
 
-class QuotaSet(Event, tag="tenant.quota_set", kw_only=True):
+class QuotaSet(Event, tag="tenant.quota_set", frozen=True, kw_only=True):
     """The tenant's GPU quota (concurrent GPUs) per pool; ``None`` removes the limit."""
 
     pool: str

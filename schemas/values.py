@@ -13,7 +13,7 @@ WorkKind = Literal["job", "endpoint"]
 """What a piece of placed work belongs to."""
 
 
-class Gpu(Value, kw_only=True):
+class Gpu(Value, frozen=True, kw_only=True):
     """One GPU of a worker, as NVML reports it at registration."""
 
     index: int
@@ -23,7 +23,7 @@ class Gpu(Value, kw_only=True):
     uuid: str = ""
 
 
-class GpuTelemetry(Value, kw_only=True):
+class GpuTelemetry(Value, frozen=True, kw_only=True):
     """One GPU's readings in a heartbeat. ``None`` where NVML does not report a value."""
 
     index: int
@@ -35,7 +35,7 @@ class GpuTelemetry(Value, kw_only=True):
     xid_errors: int | None = None
 
 
-class ScoreCard(Value, kw_only=True):
+class ScoreCard(Value, frozen=True, kw_only=True):
     """The ranking of one candidate worker: the total score and the terms it is the product of."""
 
     worker_id: str
@@ -43,7 +43,7 @@ class ScoreCard(Value, kw_only=True):
     terms: dict[str, float] = {}
 
 
-class Provenance(Value, kw_only=True):
+class Provenance(Value, frozen=True, kw_only=True):
     """Why a placement chose what it chose: the audit trail on every assignment.
 
     Attributes:
@@ -59,7 +59,7 @@ class Provenance(Value, kw_only=True):
     policy: str = "rank-v1"
 
 
-class Assignment(Value, kw_only=True):
+class Assignment(Value, frozen=True, kw_only=True):
     """One unit of placed work: a shard of a job or a replica of an endpoint on one worker.
 
     Attributes:

@@ -7,7 +7,7 @@ from schemas._base import Event, Value
 from schemas.values import Gpu, GpuTelemetry, Pool
 
 
-class MaintenanceWindow(Value, kw_only=True):
+class MaintenanceWindow(Value, frozen=True, kw_only=True):
     """A weekly window in which the worker takes no new work (UTC).
 
     Attributes:
@@ -20,7 +20,7 @@ class MaintenanceWindow(Value, kw_only=True):
     end_minute: int
 
 
-class WorkerPolicy(Value, kw_only=True):
+class WorkerPolicy(Value, frozen=True, kw_only=True):
     """A provider's accept/reject policy for one worker. ``None`` / empty means no restriction."""
 
     allowed_tenants: list[str] = []
@@ -31,7 +31,7 @@ class WorkerPolicy(Value, kw_only=True):
     maintenance: list[MaintenanceWindow] = []
 
 
-class WorkerRegistered(Event, tag="worker.registered", kw_only=True):
+class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True):
     """An agent registered (or re-registered after a restart with the same worker id)."""
 
     provider: str
@@ -47,39 +47,39 @@ class WorkerRegistered(Event, tag="worker.registered", kw_only=True):
     labels: dict[str, str] = {}
 
 
-class WorkerPolicySet(Event, tag="worker.policy_set", kw_only=True):
+class WorkerPolicySet(Event, tag="worker.policy_set", frozen=True, kw_only=True):
     """The provider's policy for this worker changed."""
 
     policy: WorkerPolicy
 
 
-class WorkerCordoned(Event, tag="worker.cordoned", kw_only=True):
+class WorkerCordoned(Event, tag="worker.cordoned", frozen=True, kw_only=True):
     """The worker takes no new work (health controller or an operator)."""
 
     reason: str
     by: str
 
 
-class WorkerUncordoned(Event, tag="worker.uncordoned", kw_only=True):
+class WorkerUncordoned(Event, tag="worker.uncordoned", frozen=True, kw_only=True):
     """The worker takes work again."""
 
     by: str
 
 
-class WorkerLost(Event, tag="worker.lost", kw_only=True):
+class WorkerLost(Event, tag="worker.lost", frozen=True, kw_only=True):
     """No heartbeat for ``silent_s`` seconds; its assignments are revoked and re-placed."""
 
     silent_s: float
     last_heartbeat_seq: int = 0
 
 
-class WorkerRecovered(Event, tag="worker.recovered", kw_only=True):
+class WorkerRecovered(Event, tag="worker.recovered", frozen=True, kw_only=True):
     """A lost worker heartbeats again; its old assignments stay fenced."""
 
     down_s: float = 0.0
 
 
-class WorkerDeregistered(Event, tag="worker.deregistered", kw_only=True):
+class WorkerDeregistered(Event, tag="worker.deregistered", frozen=True, kw_only=True):
     """The provider removed the worker."""
 
     reason: str = ""
@@ -96,7 +96,7 @@ WorkerEvent = (
 )
 
 
-class Heartbeat(Event, tag="hb.beat", kw_only=True):
+class Heartbeat(Event, tag="hb.beat", frozen=True, kw_only=True):
     """A worker is alive, with its telemetry.
 
     Attributes:

@@ -37,7 +37,10 @@ def tick(i: int, tenant_ms: int = 1_795_000_000_000) -> UsageTick:
 
 async def append_jobs(log: EventLog, count: int, prefix: str = "j") -> None:
     await log.append_many(
-        (job_subject("acme", f"{prefix}{i}", JobSubmitted), JobSubmitted(name=f"n{i}", kind="process", shards=1))
+        (
+            job_subject("acme", f"{prefix}{i}", JobSubmitted),
+            JobSubmitted(name=f"n{i}", kind="process", shards=1),
+        )
         for i in range(count)
     )
 
@@ -65,7 +68,9 @@ async def test_snapshot_of_another_version_or_with_a_bad_hash_is_ignored(log: Ev
     await runner.catch_up()
     data, header = encode_snapshot(SCHEDULE, runner.state, runner.seq)
     newer = msgspec.structs.replace(header, version=SCHEDULE.version + 1)
-    await log.put_snapshot(snapshot_name(SCHEDULE), msgspec.json.encode(newer) + b"\n" + data.partition(b"\n")[2])
+    await log.put_snapshot(
+        snapshot_name(SCHEDULE), msgspec.json.encode(newer) + b"\n" + data.partition(b"\n")[2]
+    )
     assert await read_snapshot(log, SCHEDULE) is None
     tampered = data.replace(b'"n1"', b'"evil"')
     await log.put_snapshot(snapshot_name(SCHEDULE), tampered)
@@ -81,7 +86,9 @@ async def test_time_travel_by_sequence_and_by_time(log: EventLog) -> None:
     assert seq == 10
     assert state_hash(at_ten) == state_hash(LEDGER.fold(records[:10]))
     ns = records[19].time_ns
-    cut = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(microseconds=ns % 1_000_000_000 // 1000)
+    cut = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC) + timedelta(
+        microseconds=ns % 1_000_000_000 // 1000
+    )
     as_of, seq = await rebuild(log, LEDGER, until_time=cut)
     assert 0 < seq <= 20
     assert state_hash(as_of) == state_hash(LEDGER.fold(records[:seq]))
@@ -95,7 +102,9 @@ async def test_live_run_follows_new_events_and_snapshots_on_stop(log: EventLog) 
     runner = ProjectionRunner(log, SCHEDULE, snapshot_interval_s=0.2)
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
-    position = await log.append(job_subject("acme", "j1", JobCompleted), JobCompleted(outputs=["model_out/m.pt"]))
+    position = await log.append(
+        job_subject("acme", "j1", JobCompleted), JobCompleted(outputs=["model_out/m.pt"])
+    )
     await runner.wait_for(position.seq, timeout=10)
     assert runner.state.jobs[job_key("acme", "j1")].state == "completed"
     more = await log.append(job_subject("acme", "j2", JobQueued), JobQueued(reason="waiting for an A100"))

@@ -210,7 +210,8 @@ def main() -> None:
         )
     )
     print(
-        f"rebuild over {figures['replay_events']:,} usage ticks into {figures['ledger_lines']:,} invoice lines; "
+        f"rebuild over {figures['replay_events']:,} usage ticks "
+        f"into {figures['ledger_lines']:,} invoice lines; "
         f"peak RSS: bench {figures['peak_rss_mb']} MB, nats-server {figures['nats_server_peak_rss_mb']} MB"
     )
     emit(figures)
