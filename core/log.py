@@ -39,7 +39,8 @@ from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict, LogU
 from core.settings import Settings
 from core.streams import BY_NAME, DUPLICATE_WINDOW_S, STREAMS, StreamSpec, quarantine_subject
 from schemas import Event
-from schemas.catalog import decode, encode
+from schemas._base import UPCASTERS, upcast
+from schemas.catalog import decode, decoder, encode
 from schemas.envelope import Recorded
 
 MSG_ID = "Nats-Msg-Id"
@@ -55,6 +56,7 @@ WRONG_LAST_SEQUENCE = 10071
 
 SNAPSHOT_BUCKET = "snapshots"
 DEFAULT_MAX_IN_FLIGHT = 8192
+CONNECT_TIMEOUT_S = 5.0
 _IDLE_CHECK_S = 0.5
 
 
@@ -248,9 +250,12 @@ class EventLog:
             return None
 
         try:
-            nc = await nats.connect(**options, error_cb=_quiet)
-        except (OSError, nats.errors.Error) as exc:
-            raise LogUnavailable(f"cannot reach NATS at {settings.nats_url}: {exc}") from None
+            # Reconnects are unlimited once connected; the first connection gets a deadline, or
+            # nats-py would retry an unreachable server forever.
+            nc = await asyncio.wait_for(nats.connect(**options, error_cb=_quiet), timeout=CONNECT_TIMEOUT_S)
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            reason = str(exc) or "no answer"
+            raise LogUnavailable(f"cannot reach NATS at {settings.nats_url}: {reason}") from None
         log = cls(nc, settings)
         log._inbox = nc.new_inbox() + "."
         await nc.subscribe(log._inbox + "*", cb=log._on_ack)
@@ -643,14 +648,19 @@ class EventLog:
         if family is None:
             raise ValueError(f"stream {stream} holds raw records; use replay_raw")
 
+        # The hot path of every rebuild: the family's decoder bound once, upcasting only if needed.
+        decode_event = decoder(family).decode
+
         def decode_record(
             subject: str, seq: int, time_ns: int, msg_id: str, data: bytes
         ) -> Recorded[Any] | None:
             try:
-                event = decode(family, data)
+                event = decode_event(data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self.quarantine(stream, seq, subject, data, str(exc))
                 return None
+            if UPCASTERS:
+                event = upcast(event)
             return Recorded(
                 stream=stream, seq=seq, subject=subject, time_ns=time_ns, msg_id=msg_id, event=event
             )

@@ -175,6 +175,13 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _common(parser: argparse.ArgumentParser) -> None:
+    """Options every command takes, after the command name as well as before it."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--data-dir", default=argparse.SUPPRESS, help="local state directory")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resontech", description="An event-sourced control plane for GPU compute."
@@ -187,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+        _common(p)
         p.set_defaults(handler=handler)
         return p
 
@@ -215,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("queries", cmd_audit_queries, "print example audit queries"),
     ):
         p = audit_sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+        _common(p)
         p.set_defaults(handler=handler)
         if name == "export":
             p.add_argument("dir")
@@ -225,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     schemas = sub.add_parser("schemas", help="event catalog tools")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True, metavar="SCHEMAS_COMMAND")
     p = schemas_sub.add_parser("export", help="write a JSON Schema per event to DIR")
+    _common(p)
     p.add_argument("dir")
-    p.set_defaults(handler=cmd_schemas_export, json=False)
+    p.set_defaults(handler=cmd_schemas_export)
     p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
     p.add_argument("--tenant", default="demo")
     return parser

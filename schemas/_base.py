@@ -65,7 +65,8 @@ class Value(msgspec.Struct, frozen=True, kw_only=True):
 E = TypeVar("E", bound=Event)
 Upcaster = Callable[[Any], Event]
 
-_UPCASTERS: dict[type[Event], Upcaster] = {}
+UPCASTERS: dict[type[Event], Upcaster] = {}
+"""Old event version -> its upcaster. Read it; register with :func:`upcaster`."""
 
 
 def upcaster(old: type[E]) -> Callable[[Callable[[E], Event]], Callable[[E], Event]]:
@@ -79,9 +80,9 @@ def upcaster(old: type[E]) -> Callable[[Callable[[E], Event]], Callable[[E], Eve
     """
 
     def register(fn: Callable[[E], Event]) -> Callable[[E], Event]:
-        if old in _UPCASTERS:
+        if old in UPCASTERS:
             raise ValueError(f"an upcaster for {old.event_tag()} is already registered")
-        _UPCASTERS[old] = fn
+        UPCASTERS[old] = fn
         return fn
 
     return register
@@ -89,11 +90,11 @@ def upcaster(old: type[E]) -> Callable[[Callable[[E], Event]], Callable[[E], Eve
 
 def upcast(event: Event) -> Event:
     """Apply registered upcasters until the event is at its newest version."""
-    while (fn := _UPCASTERS.get(type(event))) is not None:
+    while (fn := UPCASTERS.get(type(event))) is not None:
         event = fn(event)
     return event
 
 
 def is_superseded(cls: type[Event]) -> bool:
     """True for an old event version that readers never see (it has an upcaster)."""
-    return cls in _UPCASTERS
+    return cls in UPCASTERS
