@@ -5,14 +5,13 @@ this module reads back. It owns the wire details: the ``Nats-Msg-Id`` that makes
 idempotent, the expected-sequence headers that turn a lost race into :class:`ConcurrencyConflict`,
 acknowledgement time-outs, ordered replay, and the quarantine of stored bytes that no longer decode.
 
-Appends do not use nats-py's ``publish_async``: in nats-py 2.16 its future never resolves when the
-server rejects a message (the reply handler raises instead of setting the exception), and its
-in-flight slot is then never released. This module keeps its own reply inbox, decodes each
-acknowledgement with msgspec, and fails every append that is not acknowledged within
-``ack_timeout_s`` with :class:`AppendTimeout`.
+Appends use the log's own reply inbox and :class:`core.wire.AckTracker` rather than nats-py's
+``publish_async`` (see :mod:`core.wire` for why): every append not acknowledged within
+``ack_timeout_s`` fails with :class:`AppendTimeout`.
 
-The module is longer than most (~500 lines) because splitting the connection, the append path and
-the read path would spread one protocol over three files.
+The module is longer than most (~550 lines): it is the one place that speaks JetStream, and
+splitting its append and read halves would spread one protocol over two files that must change
+together.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import nats
@@ -35,178 +32,34 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict, LogUnavailable
+from core.errors import LogUnavailable
 from core.settings import Settings
 from core.streams import BY_NAME, DUPLICATE_WINDOW_S, STREAMS, StreamSpec, quarantine_subject
+from core.wire import (
+    EXPECTED_LAST_SUBJECT_SEQ,
+    EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    MSG_ID,
+    QUARANTINE_REASON,
+    QUARANTINE_SEQ,
+    QUARANTINE_STREAM,
+    QUARANTINE_SUBJECT,
+    AckTracker,
+    Position,
+    RawRecord,
+    new_event_id,
+    parse_reply,
+)
 from schemas import Event
 from schemas._base import UPCASTERS, upcast
 from schemas.catalog import decode, decoder, encode
 from schemas.envelope import Recorded
 
-MSG_ID = "Nats-Msg-Id"
-EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
-QUARANTINE_REASON = "Resontech-Quarantine-Reason"
-QUARANTINE_STREAM = "Resontech-Quarantine-Stream"
-QUARANTINE_SEQ = "Resontech-Quarantine-Seq"
-QUARANTINE_SUBJECT = "Resontech-Quarantine-Subject"
-
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code for a failed expected-sequence check."""
+__all__ = ["EventLog", "Position", "RawRecord", "Watch", "new_event_id"]
 
 SNAPSHOT_BUCKET = "snapshots"
 DEFAULT_MAX_IN_FLIGHT = 8192
 CONNECT_TIMEOUT_S = 5.0
 _IDLE_CHECK_S = 0.5
-
-
-class Position(NamedTuple):
-    """Where an append landed. ``duplicate`` is true when the event id was already stored."""
-
-    stream: str
-    seq: int
-    duplicate: bool = False
-
-
-class RawRecord(NamedTuple):
-    """A stored message before decoding (audit export reads these)."""
-
-    stream: str
-    seq: int
-    subject: str
-    time_ns: int
-    msg_id: str
-    data: bytes
-
-
-class _AckError(msgspec.Struct):
-    code: int = 0
-    err_code: int = 0
-    description: str = ""
-
-
-class _Ack(msgspec.Struct):
-    stream: str = ""
-    seq: int = 0
-    duplicate: bool = False
-    error: _AckError | None = None
-
-
-_ACK_DECODER = msgspec.json.Decoder(_Ack)
-
-
-class _Ids:
-    """Unique ids, cheaply: a random 80-bit prefix per process plus a counter.
-
-    ``uuid4`` costs ~5 us, a third of an append's budget. The prefix is drawn again in a forked
-    child, so parent and child never hand out the same id (a repeated id would be dropped as a
-    duplicate by the server).
-    """
-
-    def __init__(self) -> None:
-        self.reset()
-        os.register_at_fork(after_in_child=self.reset)
-
-    def reset(self) -> None:
-        self.prefix = os.urandom(10).hex()
-        self.counter = itertools.count(1)
-
-    def next(self) -> str:
-        return f"{self.prefix}{next(self.counter):010x}"
-
-
-_IDS = _Ids()
-
-
-def new_event_id() -> str:
-    """A fresh, unique event id (30 hex characters)."""
-    return _IDS.next()
-
-
-def _parse_reply(reply: str) -> tuple[int, int, int]:
-    """(stream seq, store time ns, pending) from a JetStream delivery reply subject.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>`` or the v2 form with a
-    domain and account hash after ``ACK`` and a random token at the end.
-    """
-    tokens = reply.split(".")
-    if len(tokens) == 9:
-        return int(tokens[5]), int(tokens[7]), int(tokens[8])
-    return int(tokens[7]), int(tokens[9]), int(tokens[10])
-
-
-def _conflict_or_rejection(subject: str, expected: int | None, error: _AckError) -> Exception:
-    if error.err_code == WRONG_LAST_SEQUENCE:
-        return ConcurrencyConflict(
-            f"append to {subject} expected last sequence {expected}: {error.description}",
-            subject=subject,
-            expected=expected or 0,
-        )
-    return AppendRejected(f"append to {subject} rejected: {error.description} (code {error.err_code})")
-
-
-class _AckTracker:
-    """Outstanding appends, by reply token, failed in order once their deadline passes."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.pending: dict[str, tuple[asyncio.Future[Position], float, str, int | None]] = {}
-        self._sweeper: asyncio.Task[None] | None = None
-
-    def add(self, token: str, subject: str, expected: int | None) -> asyncio.Future[Position]:
-        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        self.pending[token] = (future, time.monotonic() + self.timeout_s, subject, expected)
-        if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep())
-        return future
-
-    def resolve(self, token: str, data: bytes, no_responders: bool) -> None:
-        entry = self.pending.pop(token, None)
-        if entry is None:
-            return
-        future, _, subject, expected = entry
-        if future.done():
-            return
-        if no_responders:
-            future.set_exception(AppendRejected(f"no stream captures subject {subject!r}"))
-            return
-        try:
-            ack = _ACK_DECODER.decode(data)
-        except msgspec.DecodeError:
-            future.set_exception(AppendRejected(f"unreadable acknowledgement for {subject}: {data[:200]!r}"))
-            return
-        if ack.error is not None:
-            future.set_exception(_conflict_or_rejection(subject, expected, ack.error))
-        else:
-            future.set_result(Position(ack.stream, ack.seq, ack.duplicate))
-
-    def fail_all(self, error: Exception) -> None:
-        for future, *_ in self.pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self.pending.clear()
-
-    async def _sweep(self) -> None:
-        # Deadlines are added in increasing order, so expired entries are always at the front.
-        while True:
-            await asyncio.sleep(min(0.25, self.timeout_s / 4))
-            now = time.monotonic()
-            expired = []
-            for token, (_, deadline, _, _) in self.pending.items():
-                if deadline > now:
-                    break
-                expired.append(token)
-            for token in expired:
-                future, _, subject, _ = self.pending.pop(token)
-                if not future.done():
-                    future.set_exception(
-                        AppendTimeout(f"no acknowledgement for {subject} within {self.timeout_s:g}s")
-                    )
-
-    def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
 
 
 class EventLog:
@@ -220,7 +73,7 @@ class EventLog:
         self._nc = nc
         self._js = nc.jetstream(timeout=settings.ack_timeout_s)
         self.settings = settings
-        self._acks = _AckTracker(settings.ack_timeout_s)
+        self._acks = AckTracker(settings.ack_timeout_s)
         self._inbox = ""
         self._tokens = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
@@ -458,7 +311,7 @@ class EventLog:
             nonlocal count
             if done.done():
                 return
-            seq, time_ns, pending = _parse_reply(msg.reply)
+            seq, time_ns, pending = parse_reply(msg.reply)
             if seq > end or (until_ns is not None and time_ns > until_ns):
                 done.set_result(None)
                 return
@@ -599,6 +452,55 @@ class EventLog:
         await self.scan(stream, collect, start_seq=start_seq)
         return out
 
+    async def commands(
+        self, worker_id: str, *, batch: int = 16, wait_s: float = 1.0
+    ) -> AsyncIterator[tuple[Recorded[Any], Callable[[], Awaitable[None]]]]:
+        """Yield the commands addressed to one worker, each with its ``ack``, oldest first, forever.
+
+        Commands wait on the worker's durable consumer (``agent-<worker_id>`` on COMMANDS, a work
+        queue): they survive the agent's restarts and reconnects, and a command leaves the queue
+        only when acknowledged. A command not acknowledged within 30 s (or handed back when the
+        iterator is closed) is delivered again, so
+        handlers must be idempotent by command id (``Recorded.msg_id``). A command that fails to
+        decode is quarantined and acknowledged.
+        """
+        subject = f"cmd.{worker_id}"
+        decode_record = self.record_decoder("COMMANDS")
+        sub = await self._js.pull_subscribe(
+            subject,
+            durable=f"agent-{worker_id}",
+            stream="COMMANDS",
+            config=api.ConsumerConfig(ack_wait=30.0, max_ack_pending=1000),
+        )
+        messages: list[Msg] = []
+        try:
+            while True:
+                try:
+                    messages = await sub.fetch(batch, timeout=wait_s)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except nats.errors.Error:
+                    await asyncio.sleep(wait_s)  # disconnected: nats-py reconnects by itself
+                    continue
+                for msg in messages:
+                    meta = msg.metadata
+                    time_ns = int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
+                    msg_id = (msg.headers or {}).get(MSG_ID, "")
+                    record = decode_record(msg.subject, meta.sequence.stream, time_ns, msg_id, msg.data)
+                    if record is None:
+                        await msg.ack()
+                        continue
+                    yield record, msg.ack
+        finally:
+            # Handed out but not acknowledged (the agent is stopping): back to the queue now rather
+            # than after the ack wait.
+            for msg in messages:
+                if not msg._ackd:
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
     async def watch(
         self,
         stream: str,
@@ -615,7 +517,7 @@ class EventLog:
         decode_record = self.record_decoder(stream)
 
         async def deliver(msg: Msg) -> None:
-            seq, time_ns, _ = _parse_reply(msg.reply)
+            seq, time_ns, _ = parse_reply(msg.reply)
             headers = msg.headers
             msg_id = headers.get(MSG_ID, "") if headers else ""
             record = decode_record(msg.subject, seq, time_ns, msg_id, msg.data)

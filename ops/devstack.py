@@ -34,17 +34,10 @@ from types import FrameType
 from typing import Any
 
 from core.errors import ResontechError
-from ops.natsserver import (
-    NatsServer,
-    ensure_writable_dir,
-    log_tail,
-    run_async,
-    signal_group,
-    spawn,
-    terminate,
-)
+from ops.natsserver import NatsServer
 from ops.objectstore import ObjectStoreServer
 from ops.ports import ensure_port_free
+from ops.process import ensure_writable_dir, log_tail, run_async, signal_group, spawn, terminate
 
 STACK_FILE = "stack.json"
 ENV_FILE = "dev.env"

@@ -24,7 +24,7 @@ import boto3
 from botocore.config import Config
 
 from core.errors import ConfigError
-from ops.natsserver import LocalServer, ensure_writable_dir, find_binary
+from ops.process import LocalServer, ensure_writable_dir, find_binary
 
 
 class ObjectStoreServer(LocalServer):

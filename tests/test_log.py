@@ -261,3 +261,38 @@ async def test_work_queue_stream_is_read_without_consuming_it(log: EventLog) -> 
     await log.append(command_subject("w1"), stop)
     for _ in range(2):  # reading twice: nothing was taken off the queue
         assert [r.event for r in await all_records(log, "COMMANDS")] == [stop]
+
+
+async def test_an_unreachable_server_fails_with_one_clear_error() -> None:
+    from core.errors import LogUnavailable
+    from ops.ports import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(LogUnavailable, match="cannot reach NATS"):
+        await EventLog.connect(Settings(nats_url=url))
+
+
+async def test_commands_wait_on_the_workers_durable_consumer_until_acknowledged(log: EventLog) -> None:
+    from core.streams import command_subject
+    from schemas import StopWork
+
+    first = StopWork(work_id="j1", assignment_id="a1", epoch=1, reason="one")
+    second = StopWork(work_id="j1", assignment_id="a1", epoch=1, reason="two")
+    await log.append(command_subject("w1"), first, event_id="cmd-1")
+    await log.append(
+        command_subject("w2"), StopWork(work_id="j2", assignment_id="a2", epoch=1, reason="not mine")
+    )
+    await log.append(command_subject("w1"), second, event_id="cmd-2")
+
+    inbox = log.commands("w1", wait_s=0.2)
+    record, ack = await asyncio.wait_for(anext(inbox), 5)
+    assert (record.event, record.msg_id) == (first, "cmd-1")
+    await ack()
+    await inbox.aclose()  # the agent restarts before acknowledging the second command
+
+    again = log.commands("w1", wait_s=0.2)
+    record, ack = await asyncio.wait_for(anext(again), 5)
+    assert (record.event, record.msg_id) == (second, "cmd-2")
+    await ack()
+    await again.aclose()
+    assert [r.event.reason for r in await all_records(log, "COMMANDS")] == ["not mine"]

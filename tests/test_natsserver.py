@@ -10,8 +10,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from ops.natsserver import NatsServer, ServerStartError
+from ops.natsserver import NatsServer
 from ops.ports import PortInUse, ensure_port_free, free_port
+from ops.process import ServerStartError
 
 
 @pytest.fixture
