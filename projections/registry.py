@@ -48,6 +48,8 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
         excluded_ns: total of closed deregistered intervals.
         lost_count: how many times the worker was declared lost.
         last_change_seq: the WORKERS sequence of the last event that changed this record.
+        last_seq: the WORKERS sequence of the worker's latest event, whether it changed the
+            record or not: the expected sequence for appends about the worker.
     """
 
     worker_id: str
@@ -76,6 +78,7 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     deregistered_ns: int | None = None
     excluded_ns: int = 0
     last_change_seq: int = 0
+    last_seq: int = 0
 
 
 class RegistryState(msgspec.Struct, kw_only=True):
@@ -170,18 +173,23 @@ def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
     worker_id = recorded.token(1)
     old = state.workers.get(worker_id)
     if isinstance(event, WorkerRegistered):
-        state.workers[worker_id] = _registered(old, worker_id, event, seq, recorded.time_ns)
+        new: WorkerRecord | None = _registered(old, worker_id, event, seq, recorded.time_ns)
     elif old is not None:
-        new = _changed(old, event, seq, recorded.time_ns)
-        if new is not None:
-            state.workers[worker_id] = _derive(new)
+        changed = _changed(old, event, seq, recorded.time_ns)
+        new = old if changed is None else _derive(changed)
+    else:
+        return state
+    assert new is not None
+    # Every event of the worker advances last_seq, changed or not: it is the expected sequence of
+    # the next decision about this worker (``worker.<id>.>``).
+    state.workers[worker_id] = msgspec.structs.replace(new, last_seq=seq)
     return state
 
 
 REGISTRY: Projection[RegistryState] = Projection(
     name="registry",
     stream="WORKERS",
-    version=1,
+    version=2,
     state_type=RegistryState,
     initial=RegistryState,
     evolve=evolve,

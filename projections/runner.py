@@ -14,6 +14,7 @@ import contextlib
 import heapq
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -88,6 +89,12 @@ class ProjectionRunner(Generic[S]):
         projection: what to fold.
         snapshot_every: snapshot after this many new events (default 10,000).
         snapshot_interval_s: ...or after this many seconds with at least one new event (default 30).
+        write_snapshots: whether this runner stores snapshots (services that only read a projection
+            leave that to the projector).
+
+    Attributes:
+        listeners: called with every record applied (after the state changed), on the event loop.
+        caught_up: set once :meth:`run` has applied everything stored when it started.
     """
 
     def __init__(
@@ -97,8 +104,12 @@ class ProjectionRunner(Generic[S]):
         *,
         snapshot_every: int = 10_000,
         snapshot_interval_s: float = 30.0,
+        write_snapshots: bool = True,
     ) -> None:
         self.log = event_log
+        self.write_snapshots = write_snapshots
+        self.listeners: list[Callable[[Recorded[Any]], None]] = []
+        self.caught_up = asyncio.Event()
         self.projection = projection
         self.state: S = projection.initial()
         self.seq = 0
@@ -114,6 +125,8 @@ class ProjectionRunner(Generic[S]):
             return
         self.state = self.projection.evolve(self.state, record)
         self.seq = record.seq
+        for listener in self.listeners:
+            listener(record)
         while self._waiters and self._waiters[0][0] <= self.seq:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
@@ -161,6 +174,7 @@ class ProjectionRunner(Generic[S]):
             return
         catching_up.result()
         await self.snapshot_if_due(force=not loaded or self.seq > self.snapshot_seq)
+        self.caught_up.set()
         watch = await self.log.watch(
             self.projection.stream, self.apply, after_seq=self.seq, subjects=self.projection.subjects
         )
@@ -183,6 +197,8 @@ class ProjectionRunner(Generic[S]):
 
     async def snapshot_if_due(self, *, force: bool = False) -> bool:
         """Store a snapshot if enough events or time passed since the last one."""
+        if not self.write_snapshots:
+            return False
         new = self.seq - self.snapshot_seq
         elapsed = time.monotonic() - self._last_snapshot_at
         if not force and (new == 0 or (new < self.snapshot_every and elapsed < self.snapshot_interval_s)):

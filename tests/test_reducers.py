@@ -268,8 +268,8 @@ def test_registry_lost_and_recovered_accumulate_downtime() -> None:
     log(worker_subject("w1", WorkerRecovered), WorkerRecovered(down_s=999), 140)  # time from the envelope
     w1 = state.workers["w1"]
     assert (w1.state, w1.lost_since_ns, w1.downtime_ns) == ("cordoned", None, 30 * S)
-    log(worker_subject("w1", WorkerRecovered), WorkerRecovered(), 150)  # not lost: no change
-    assert state.workers["w1"] == w1
+    log(worker_subject("w1", WorkerRecovered), WorkerRecovered(), 150)  # not lost: no change...
+    assert state.workers["w1"] == msgspec.structs.replace(w1, last_seq=w1.last_seq + 1)  # ...but it was seen
 
     log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 160)
     log(worker_subject("w1", WorkerRecovered), WorkerRecovered(), 170)
@@ -289,7 +289,7 @@ def test_registry_deregistration_closes_downtime_and_excludes_its_interval() -> 
     assert (w1.state, w1.downtime_ns, w1.lost, w1.deregistered_ns) == ("deregistered", 10 * S, False, 60 * S)
     assert uptime(w1, 10_000 * S) == pytest.approx(50 / 60)
     log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 70)  # deregistered: not lost
-    assert state.workers["w1"] == w1
+    assert state.workers["w1"] == msgspec.structs.replace(w1, last_seq=w1.last_seq + 1)
     assert available(state) == []
 
     _register(log, "w1", 100)
