@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agent.cli import add_arguments as add_agent_arguments
 from core.errors import ResontechError
 from core.settings import Settings, load
 
@@ -175,6 +176,12 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.cli import run
+
+    return int(_run(run(args, settings, _data_dir(args))))
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     """Options every command takes, after the command name as well as before it."""
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -237,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_schemas_export)
     p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
     p.add_argument("--tenant", default="demo")
+    add_agent_arguments(command("agent", cmd_agent, "run the worker agent on this host (until SIGTERM)"))
     return parser
 
 

@@ -44,6 +44,7 @@ from schemas.jobs import (
     JobRejected,
     JobResources,
     JobRoundCompleted,
+    JobShardCompleted,
     JobStarted,
     JobSubmitted,
 )
@@ -94,6 +95,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
             latest revocation's); cleared once every slot is placed.
         assignments: the current assignment of each slot, by ``str(slot)``.
         started: ``str(slot) -> epoch`` for current assignments that started.
+        done: ``str(slot) -> epoch`` for current assignments whose shard completed (a done shard is
+            never re-placed; the coordinator completes the job once every shard is done).
         epoch: the highest assignment epoch placed for this job.
         round: the highest federated round completed.
         failures / revocations: counts of accepted ``failed`` and ``assignment_revoked`` events.
@@ -125,6 +128,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     queue_reason: str = ""
     assignments: dict[str, Assignment] = {}
     started: dict[str, int] = {}
+    done: dict[str, int] = {}
     epoch: int = 0
     last_checkpoint: Checkpoint | None = None
     round: int = 0
@@ -212,16 +216,18 @@ def _derive(job: JobRecord) -> JobRecord:
 def _placed(job: JobRecord, event: JobPlaced) -> JobRecord | None:
     assignments = dict(job.assignments)
     started = dict(job.started)
+    done = dict(job.done)
     epoch = job.epoch
     for a in event.assignments:
         if a.epoch <= job.epoch or not 0 <= a.slot < job.shards:
             continue
         assignments[str(a.slot)] = a
         started.pop(str(a.slot), None)
+        done.pop(str(a.slot), None)
         epoch = max(epoch, a.epoch)
     if epoch == job.epoch:
         return None
-    return _replace(job, assignments=assignments, started=started, epoch=epoch)
+    return _replace(job, assignments=assignments, started=started, done=done, epoch=epoch)
 
 
 def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
@@ -231,10 +237,12 @@ def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
         return None
     assignments = {k: a for k, a in job.assignments.items() if k != slot}
     started = {k: e for k, e in job.started.items() if k != slot}
+    done = {k: e for k, e in job.done.items() if k != slot}
     return _replace(
         job,
         assignments=assignments,
         started=started,
+        done=done,
         revocations=job.revocations + 1,
         queue_reason=event.reason,
     )
@@ -304,6 +312,10 @@ def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
                 object_key=key, seq=seq, epoch=epoch, round=event.round, step=event.step, slot=slot
             )
             return _replace(job, last_checkpoint=checkpoint)
+        case JobShardCompleted(assignment_id=assignment_id, slot=slot, epoch=epoch):
+            if not _slot_current(job, slot, epoch, assignment_id) or str(slot) in job.done:
+                return None
+            return _replace(job, done={**job.done, str(slot): epoch})
         case JobRoundCompleted(round=done):
             return _replace(job, round=done) if done > job.round else None
         case JobCompleted(outputs=outputs):
@@ -338,7 +350,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=1,
+    version=2,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

@@ -26,6 +26,7 @@ from schemas.jobs import (
     JobRejected,
     JobResources,
     JobRoundCompleted,
+    JobShardCompleted,
     JobStarted,
     JobSubmitted,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "JobRejected",
     "JobResources",
     "JobRoundCompleted",
+    "JobShardCompleted",
     "JobStarted",
     "JobSubmitted",
     "MaintenanceWindow",

@@ -21,6 +21,12 @@ class WorkSpec(Value, frozen=True, kw_only=True):
         downloads: presigned GET URLs to fetch before starting, by local file name.
         resume_from: object key of the checkpoint to resume from, if any.
         gpus: GPUs to give the workload.
+        vram_mb: free VRAM per GPU the work needs (the agent's VRAM-fraction policy checks it).
+        cpus: CPU cores the work uses (CPU work is metered as cores x time).
+        pool: the pool the work was placed in (the agent's allowed-pools policy checks it).
+        tier: the provider's tier when placed, copied onto usage ticks for payouts.
+        shards: how many shards the whole job has.
+        options: runtime-specific settings.
     """
 
     runtime: str
@@ -29,6 +35,11 @@ class WorkSpec(Value, frozen=True, kw_only=True):
     downloads: dict[str, str] = {}
     resume_from: str | None = None
     gpus: int = 0
+    vram_mb: int = 0
+    cpus: float = 1.0
+    pool: str | None = None
+    tier: str = "unverified"
+    shards: int = 1
     options: dict[str, str] = {}
 
 

@@ -122,6 +122,15 @@ class JobRoundCompleted(Event, tag="job.round_completed", frozen=True, kw_only=T
     metrics: dict[str, float] = {}
 
 
+class JobShardCompleted(Event, tag="job.shard_completed", frozen=True, kw_only=True):
+    """One shard's workload exited successfully; the job completes when every shard has."""
+
+    assignment_id: str
+    worker_id: str
+    slot: int
+    epoch: int
+
+
 class JobCompleted(Event, tag="job.completed", frozen=True, kw_only=True):
     """The job finished; ``outputs`` are the object keys it produced (``model_out/``, ``files_out/``)."""
 
@@ -155,6 +164,7 @@ JobEvent = (
     | JobProgress
     | JobCheckpointed
     | JobRoundCompleted
+    | JobShardCompleted
     | JobCompleted
     | JobFailed
     | JobCancelled

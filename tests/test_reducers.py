@@ -761,3 +761,25 @@ def test_every_reducer_ignores_foreign_events_and_keeps_its_sequence(projection:
     )
     state = projection.evolve(projection.initial(), record)
     assert state_hash(state) == state_hash(msgspec.structs.replace(projection.initial(), seq=7))
+
+
+def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
+    from schemas import JobShardCompleted
+
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=2)
+    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+
+    def shard_done(a: Assignment) -> None:
+        job(JobShardCompleted(assignment_id=a.assignment_id, worker_id=a.worker_id, slot=a.slot, epoch=a.epoch))
+
+    shard_done(_asg(0, 1))
+    shard_done(_asg(1, 0, "w9"))  # a zombie of an older epoch: ignored
+    assert job.record.done == {"0": 1}
+    job.revoke(_asg(1, 1, "w2"))
+    job.place(_asg(1, 2, "w3"))
+    shard_done(_asg(1, 2, "w3"))
+    assert job.record.done == {"0": 1, "1": 2}
+    assert job.record.state != "completed"  # completion is the coordinator's job.completed event
+    roundtrips(SCHEDULE, log.state)

@@ -1,0 +1,103 @@
+"""The ``resontech agent`` command: its flags and what it runs (wired in :mod:`ops.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.errors import ConfigError
+from core.settings import Settings
+
+if TYPE_CHECKING:
+    from agent.settings import AgentSettings
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the agent's flags; each overrides its ``RESONTECH_AGENT_*`` variable."""
+    p.add_argument("--name", help="local agent name (default: the host name); names the state dir")
+    p.add_argument("--provider", help="provider that owns this host and is paid for it (default local)")
+    p.add_argument("--region", help="region label, for geo affinity")
+    p.add_argument("--pool", choices=("shared", "managed", "private"), help="runtime pool (default shared)")
+    p.add_argument("--owner-tenant", help="organisation a managed or private worker belongs to")
+    p.add_argument("--policy", dest="policy_file", metavar="FILE", help="provider policy file (YAML or TOML)")
+    p.add_argument("--heartbeat", dest="heartbeat_interval_s", type=float, metavar="S", help="seconds (1.0)")
+    p.add_argument("--metering", dest="metering_interval_s", type=float, metavar="S", help="seconds (10.0)")
+    p.add_argument("--stop-grace", dest="stop_grace_s", type=float, metavar="S", help="SIGTERM->SIGKILL (10)")
+    p.add_argument("--state-dir", help="state directory (default <data dir>/agents/<name>)")
+    p.add_argument("--work-dir", help="per-assignment working dirs (default <state dir>/work)")
+    p.add_argument(
+        "--devices", dest="device_source", choices=("nvml", "simulated"), help="GPU source (default nvml)"
+    )
+    p.add_argument("--simulate", type=int, metavar="N", help="LOAD TESTS ONLY: host N simulated workers")
+
+
+_FIELDS = (
+    "name",
+    "provider",
+    "region",
+    "pool",
+    "owner_tenant",
+    "policy_file",
+    "heartbeat_interval_s",
+    "metering_interval_s",
+    "stop_grace_s",
+    "state_dir",
+    "work_dir",
+    "device_source",
+)
+
+
+async def run(args: argparse.Namespace, core: Settings, data_dir: Path) -> int:
+    """Run one agent (or a simulated fleet) until SIGTERM or SIGINT; return the exit status."""
+    from agent.settings import load_agent_settings
+
+    settings = load_agent_settings(data_dir, {name: getattr(args, name, None) for name in _FIELDS})
+    if args.simulate is not None and args.simulate <= 0:
+        raise ConfigError(f"--simulate must be a positive number of workers, got {args.simulate}")
+    if args.simulate:
+        await _simulate(args.simulate, settings.heartbeat_interval_s, core)
+    else:
+        await run_agent(settings, core)
+    return 0
+
+
+async def run_agent(settings: AgentSettings, core: Settings) -> None:
+    """Run one agent: load the policy, choose devices, serve until SIGTERM or SIGINT.
+
+    Raises:
+        ConfigError: a malformed policy file or agent setting (one line naming it).
+        LogUnavailable: NATS cannot be reached or the agent cannot register.
+    """
+    from agent.devices import select_devices
+    from agent.policy import load_policy
+    from agent.service import Agent
+
+    policy = load_policy(Path(settings.policy_file)) if settings.policy_file else None
+    devices = select_devices(settings)
+    stop = _stop_on_signals()
+    try:
+        await Agent(settings, core, devices=devices, policy=policy).run(stop)
+    finally:
+        close = getattr(devices, "close", None)
+        if close is not None:
+            close()
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _simulate(count: int, interval_s: float, core: Settings) -> None:
+    from agent.simulated import SimulatedFleet
+    from core.log import EventLog
+
+    stop = _stop_on_signals()
+    async with await EventLog.connect(core, name="resontech-simulated-fleet") as event_log:
+        await SimulatedFleet(event_log, count, interval_s=interval_s).run(stop)

@@ -1,0 +1,93 @@
+"""The workload protocol: how a running workload talks to its agent, by printing lines on stdout.
+
+A line that starts with one of these keywords, a space and a JSON object becomes an event; every
+other line is just log output. All fields are optional unless marked.
+
+``RESONTECH_PROGRESS {"round": 1, "train_epoch": 1, "step": 10, "loss": 0.5, "metrics": {"acc": 0.9}}``
+    -> ``job.<tenant>.<job>.progress`` (``JobProgress``), stamped with the assignment's epoch and slot.
+    ``gpu_util_pct`` may be given too.
+``RESONTECH_CHECKPOINT {"object_key": "jobs/x/ckpt/round-3.pt", "round": 3, "step": 300}``
+    -> ``job.<tenant>.<job>.checkpointed`` (``JobCheckpointed``); ``object_key`` is required: the
+    workload has already written the checkpoint to the tenant's workspace under that key, and a
+    replacement worker resumes from it (``WorkSpec.resume_from``).
+``RESONTECH_READY {"address": "http://10.0.0.5:8000"}``
+    -> ``endpoint.<tenant>.<endpoint>.replica_ready`` for an inference replica (``address`` required).
+
+The environment a workload starts with (see :mod:`agent.runtimes.process`) tells it who it is:
+``RESONTECH_ASSIGNMENT_ID``, ``RESONTECH_WORK_ID``, ``RESONTECH_SLOT``, ``RESONTECH_EPOCH``,
+``RESONTECH_DATA_ROOT`` (``<workdir>/data``), and ``PYTHONUNBUFFERED=1`` so that Python workloads'
+lines arrive as they are printed. On ``SIGTERM`` (a ``StopWork``, a preemption with checkpoint, or the
+agent stopping) a workload has the agent's grace period to write a checkpoint, print its
+``RESONTECH_CHECKPOINT`` line and exit; then it is killed.
+
+A malformed protocol line is logged by the agent and otherwise ignored: it never stops the workload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PROGRESS = "RESONTECH_PROGRESS"
+CHECKPOINT = "RESONTECH_CHECKPOINT"
+READY = "RESONTECH_READY"
+
+
+class ProgressLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``RESONTECH_PROGRESS`` report."""
+
+    round: int | None = None
+    train_epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    metrics: dict[str, float] = {}
+    gpu_util_pct: float | None = None
+
+
+class CheckpointLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``RESONTECH_CHECKPOINT`` report."""
+
+    object_key: str
+    round: int | None = None
+    step: int | None = None
+
+
+class ReadyLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``RESONTECH_READY`` report."""
+
+    address: str
+
+
+Report = ProgressLine | CheckpointLine | ReadyLine
+
+_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
+    PROGRESS: msgspec.json.Decoder(ProgressLine),
+    CHECKPOINT: msgspec.json.Decoder(CheckpointLine),
+    READY: msgspec.json.Decoder(ReadyLine),
+}
+
+
+class ProtocolError(ValueError):
+    """A line that starts with a protocol keyword but does not carry a valid report."""
+
+
+def parse_line(line: str) -> Report | None:
+    """The report a stdout line carries, or ``None`` for ordinary output.
+
+    Raises:
+        ProtocolError: the line starts with a keyword but its JSON is malformed or of the wrong shape.
+    """
+    if not line.startswith("RESONTECH_"):
+        return None
+    keyword, _, payload = line.strip().partition(" ")
+    decoder = _DECODERS.get(keyword)
+    if decoder is None:
+        return None
+    try:
+        report: Report = decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"{keyword}: {exc}") from None
+    if isinstance(report, CheckpointLine) and not report.object_key:
+        raise ProtocolError(f"{keyword}: object_key must not be empty")
+    return report

@@ -1,0 +1,79 @@
+"""The assignments an agent runs now, and the GPUs and VRAM they claim."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from agent.reports import EndCause, Meter
+from agent.runtimes.base import Workload
+from schemas.commands import StartWork
+from schemas.values import Gpu
+
+
+@dataclass
+class Running:
+    """One running assignment.
+
+    Attributes:
+        cmd: the command that started it.
+        workload: the runtime's handle.
+        meter: its usage ticks.
+        gpu_indices: the GPUs it holds (``CUDA_VISIBLE_DEVICES``).
+        vram_mb: the VRAM it claims, for the policy's VRAM fraction.
+        cause: why it ends; ``exited`` unless the agent stops it (see :mod:`agent.reports`).
+        task: the task that supervises it.
+    """
+
+    cmd: StartWork
+    workload: Workload
+    meter: Meter
+    gpu_indices: list[int]
+    vram_mb: int
+    cause: EndCause = "exited"
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Assignments:
+    """Running assignments by id, over the host's GPUs."""
+
+    def __init__(self, gpus: list[Gpu]) -> None:
+        self.gpus = gpus
+        self.by_id: dict[str, Running] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def ids(self) -> list[str]:
+        """Assignment ids, oldest first."""
+        return list(self.by_id)
+
+    def free_gpus(self) -> list[int]:
+        """Indices of GPUs no running assignment holds."""
+        held = {i for r in self.by_id.values() for i in r.gpu_indices}
+        return [g.index for g in self.gpus if g.index not in held]
+
+    def gpu_vram_mb(self) -> int:
+        """VRAM of one GPU (the smallest, if they differ); 0 without GPUs."""
+        return min((g.vram_total_mb for g in self.gpus), default=0)
+
+    def vram_total_mb(self) -> int:
+        """VRAM of every GPU together."""
+        return sum(g.vram_total_mb for g in self.gpus)
+
+    def vram_claimed_mb(self) -> int:
+        """VRAM the running assignments claim."""
+        return sum(r.vram_mb for r in self.by_id.values())
+
+    def model_of(self, indices: list[int]) -> str:
+        """The model of the first of ``indices`` (empty for none)."""
+        by_index = {g.index: g.model for g in self.gpus}
+        return by_index.get(indices[0], "") if indices else ""
+
+    def superseded_by(self, cmd: StartWork) -> list[Running]:
+        """Running assignments of the same work and slot with an older epoch than ``cmd``."""
+        return [
+            r
+            for r in self.by_id.values()
+            if r.cmd.work_id == cmd.work_id and r.cmd.slot == cmd.slot and r.cmd.epoch < cmd.epoch
+        ]

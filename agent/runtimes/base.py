@@ -1,0 +1,112 @@
+"""What every runtime provides, and the clean environment every workload starts with.
+
+A runtime turns a :class:`~schemas.commands.WorkSpec` into a running :class:`Workload` in a
+per-assignment working directory. The agent drives every workload the same way: it reads its output
+lines (the :mod:`agent.protocol` reports among them), waits for its exit status, and cancels it with
+a grace period. Later issues add runtimes (``nvflare-client``, ``torchrun``, ``vllm``) to
+:data:`agent.runtimes.RUNTIMES`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from core.errors import ResontechError
+from schemas.commands import StartWork, WorkSpec
+
+RESERVED_PREFIX = "RESONTECH_"
+"""The agent's namespace: a workload's own ``env`` cannot set these (the agent sets the ones it
+gives out; the agent's own NATS and S3 settings live here and are never passed on)."""
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class StartFailed(ResontechError):
+    """A workload could not be started (empty command, missing executable, unknown runtime)."""
+
+    code = "start_failed"
+
+
+class Workload(Protocol):
+    """A started workload."""
+
+    @property
+    def pid(self) -> int | None:
+        """The main process id, if the workload is a local process."""
+        ...
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once it has exited (negative: killed by that signal), else ``None``."""
+        ...
+
+    def lines(self) -> AsyncIterator[str]:
+        """Its output (stdout and stderr), line by line without the newline, until it closes."""
+        ...
+
+    async def wait(self) -> int:
+        """Wait for the exit and return the exit status."""
+        ...
+
+    async def cancel(self, grace_s: float) -> int:
+        """SIGTERM, then SIGKILL after ``grace_s`` seconds; return the exit status."""
+        ...
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last ``n`` lines of its captured log."""
+        ...
+
+
+class Runtime(Protocol):
+    """Starts workloads of one kind."""
+
+    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> Workload:
+        """Start ``spec`` in ``workdir`` with exactly ``env`` as its environment.
+
+        Raises:
+            StartFailed: it could not start; the message says why in one line.
+        """
+        ...
+
+
+def workload_env(
+    command: StartWork,
+    workdir: Path,
+    *,
+    gpu_indices: list[int],
+    host_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a workload, built from nothing rather than inherited.
+
+    It holds ``PATH`` and ``LANG`` from the host, ``HOME`` and ``TMPDIR`` inside ``workdir``, the
+    work's own ``env`` minus the reserved ``RESONTECH_`` names, the workload protocol's variables
+    (see :mod:`agent.protocol`) and ``CUDA_VISIBLE_DEVICES`` (empty for CPU work, so that it sees no
+    GPU). Never the agent's NATS credentials, S3 keys or anything else of its environment.
+    """
+    host = os.environ if host_env is None else host_env
+    env = {
+        "PATH": host.get("PATH") or DEFAULT_PATH,
+        "LANG": host.get("LANG") or "C.UTF-8",
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir / "tmp"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update({k: v for k, v in command.spec.env.items() if not k.upper().startswith(RESERVED_PREFIX)})
+    env.update(
+        {
+            "RESONTECH_ASSIGNMENT_ID": command.assignment_id,
+            "RESONTECH_WORK_ID": command.work_id,
+            "RESONTECH_WORK_KIND": command.work_kind,
+            "RESONTECH_TENANT": command.tenant,
+            "RESONTECH_SLOT": str(command.slot),
+            "RESONTECH_EPOCH": str(command.epoch),
+            "RESONTECH_DATA_ROOT": str(workdir / "data"),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices),
+        }
+    )
+    if command.spec.resume_from:
+        env["RESONTECH_RESUME_FROM"] = command.spec.resume_from
+    return env

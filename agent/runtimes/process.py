@@ -1,0 +1,181 @@
+"""The ``process`` runtime: ``spec.command`` as a child process in a per-assignment working dir.
+
+* The workload runs in its own session and process group, with the clean environment of
+  :func:`agent.runtimes.base.workload_env`, stdin closed, and stdout and stderr captured together to
+  ``<workdir>/log.txt`` (at most :data:`MAX_LOG_BYTES`; later output is still read, not stored).
+* ``cancel`` sends SIGTERM to the whole group, then SIGKILL after the grace period.
+* When the main process exits, whatever it left behind in its group is killed, so nothing keeps
+  running (and computing, unmetered) after the agent reported the exit.
+* ``<workdir>/pid`` names the main process while it runs: :func:`reap_orphans` kills what a crashed
+  agent left behind when it starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+from agent.runtimes.base import StartFailed
+from schemas.commands import WorkSpec
+
+log = logging.getLogger("resontech.agent")
+LOG_FILE = "log.txt"
+PID_FILE = "pid"
+MAX_LOG_BYTES = 64 * 1024 * 1024
+LINE_LIMIT = 1024 * 1024
+_EOF = None
+_POLL_S = 0.2
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ProcessRuntime:
+    """Runs ``spec.command`` (argv, no shell) as a local process."""
+
+    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
+        """Start the command. Raises :class:`StartFailed` for an empty command or one that cannot run."""
+        if not spec.command:
+            raise StartFailed("empty command")
+        for sub in (workdir, workdir / "data", workdir / "tmp"):
+            sub.mkdir(parents=True, exist_ok=True)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.command,
+                cwd=workdir,
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+        except OSError as exc:
+            raise StartFailed(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from None
+        (workdir / PID_FILE).write_text(str(proc.pid))
+        return ProcessWorkload(proc, workdir)
+
+
+class ProcessWorkload:
+    """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path) -> None:
+        self._proc = proc
+        self.workdir = workdir
+        self.log_path = workdir / LOG_FILE
+        # Unbounded: the agent always drains it, and a slow server must never block the workload's
+        # output (backpressure would stall training, not the agent).
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        self._pump = asyncio.create_task(self._read_output())
+        self._reaper = asyncio.create_task(self._reap())
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def _read_output(self) -> None:
+        stream = self._proc.stdout
+        assert stream is not None
+        written = 0
+        try:
+            with self.log_path.open("ab") as sink:
+                while True:
+                    try:
+                        chunk = await stream.readline()
+                    except ValueError:  # a line longer than LINE_LIMIT: take it in pieces
+                        chunk = await stream.read(LINE_LIMIT)
+                    if not chunk:
+                        break
+                    if written < MAX_LOG_BYTES:
+                        sink.write(chunk)
+                        sink.flush()
+                        written += len(chunk)
+                    self._lines.put_nowait(chunk.decode(errors="replace").rstrip("\r\n"))
+        finally:
+            self._lines.put_nowait(_EOF)
+
+    async def _reap(self) -> int:
+        proc = self._proc
+        # asyncio (3.11) only wakes proc.wait() once the output is closed too, so the exit is
+        # watched through returncode, which is set as soon as the process is reaped.
+        while proc.returncode is None and not self._pump.done():
+            await asyncio.wait([self._pump], timeout=_POLL_S)
+        if proc.returncode is None:  # the output closed first: the exit follows
+            await proc.wait()
+        else:
+            # A child that outlives the main process may hold the output open: give it a moment,
+            # then end the group, so the output ends too and nothing runs on after the reported exit.
+            await asyncio.wait([self._pump], timeout=1.0)
+        _signal_group(proc.pid, signal.SIGKILL)
+        await asyncio.wait([self._pump], timeout=1.0)
+        self._pump.cancel()  # only a process that left the group (setsid) can still hold the output
+        await asyncio.wait([self._pump])
+        if not self._pump.cancelled() and self._pump.exception() is not None:
+            log.warning("output of pid %d not fully captured: %s", proc.pid, self._pump.exception())
+        with contextlib.suppress(OSError):
+            (self.workdir / PID_FILE).unlink()
+        assert proc.returncode is not None
+        return proc.returncode
+
+    async def lines(self) -> AsyncIterator[str]:
+        while (line := await self._lines.get()) is not _EOF:
+            yield line
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._reaper)
+
+    async def cancel(self, grace_s: float) -> int:
+        if self._proc.returncode is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+            await asyncio.wait([self._reaper], timeout=grace_s)
+            if self._proc.returncode is None:
+                _signal_group(self._proc.pid, signal.SIGKILL)
+        return await self.wait()
+
+    def log_tail(self, n: int = 40) -> str:
+        return log_tail(self.log_path, n)
+
+
+def log_tail(path: Path, n: int = 40) -> str:
+    """The last ``n`` lines of a log file (empty if unreadable), from at most its last 64 KiB."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65_536))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-n:])
+
+
+def reap_orphans(work_dir: Path) -> list[str]:
+    """Kill workloads a previous run of the agent left running; return their assignment ids.
+
+    A process counts as ours only if its environment still names the assignment (so a recycled pid
+    is never killed).
+    """
+    reaped = []
+    for pid_file in sorted(work_dir.glob(f"*/{PID_FILE}")):
+        assignment_id = pid_file.parent.name
+        try:
+            pid = int(pid_file.read_text().strip())
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError):
+            environ = b""
+        if f"RESONTECH_ASSIGNMENT_ID={assignment_id}".encode() in environ.split(b"\0"):
+            _signal_group(pid, signal.SIGKILL)
+            reaped.append(assignment_id)
+            log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)
+        with contextlib.suppress(OSError):
+            pid_file.unlink()
+    return reaped

@@ -1,0 +1,378 @@
+"""The worker agent: thin glue between the event log, the devices, the policy and the runtimes.
+
+Life of an agent:
+
+1. It locks its state dir, reads (or creates) its worker id, kills workloads a crashed previous run
+   left behind and reports those assignments failed (retryable), then registers
+   (``worker.<id>.registered``, and ``worker.<id>.policy_set`` when it has a policy file).
+2. It heartbeats (``hb.<id>``) every ``heartbeat_interval_s`` with GPU and host telemetry and the
+   ids of the assignments it runs (:mod:`agent.heartbeat`: a slow server never slows the cadence,
+   and a failed beat is logged, not fatal).
+3. It takes commands from its durable consumer, one at a time, and acknowledges each after handling
+   it (a command being handled when the agent stops is finished first). Each command id is executed
+   at most once: it is recorded as handled before it is acted on, and a ``StartWork`` is recorded as
+   running before its workload starts, so after a crash it is reported failed (retryable), never
+   run twice. A command id already handled is skipped; a command whose
+   epoch is lower than the highest seen for its work is dropped, acknowledged and logged (both
+   remembered in the state dir, :mod:`agent.state`). ``StartWork`` is
+   decided by the policy (:func:`agent.policy.decide`): refused -> ``rejected``; accepted -> the
+   runtime starts it -> ``started``. ``StopWork`` sends SIGTERM to the named assignment and SIGKILL
+   after the grace period: ``stop_grace_s`` with ``checkpoint`` (time to write a checkpoint and print
+   ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without.
+4. Each assignment's output lines become progress / checkpoint / ready events (:mod:`agent.protocol`);
+   usage ticks every ``metering_interval_s`` and a final one at the exit, then the end events of
+   :mod:`agent.reports`.
+5. On SIGTERM or SIGINT it stops taking commands, stops every workload (SIGTERM, then SIGKILL after
+   ``stop_grace_s``), reports them failed with ``retryable=True`` so the kernel re-places them at once,
+   and exits 0. Workloads never outlive their agent unmetered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from agent import host, reports
+from agent.devices import DeviceSource
+from agent.heartbeat import Heartbeats, append_reliably
+from agent.identity import StateDirLock, worker_id
+from agent.policy import decide, requested_vram_mb
+from agent.protocol import ProtocolError, parse_line
+from agent.reports import Append, Meter
+from agent.running import Assignments, Running
+from agent.runtimes import RUNTIMES, StartFailed, workload_env
+from agent.runtimes.process import reap_orphans
+from agent.settings import AgentSettings
+from agent.state import CommandState
+from core.errors import AppendRejected, LogUnavailable, ResontechError
+from core.log import EventLog
+from core.pricing import gpu_family
+from core.settings import Settings
+from core.streams import worker_subject
+from schemas.commands import StartWork, StopWork
+from schemas.envelope import Recorded
+from schemas.workers import WorkerPolicy, WorkerPolicySet, WorkerRegistered
+
+log = logging.getLogger("resontech.agent")
+QUICK_STOP_S = 2.0
+
+
+def agent_version() -> str:
+    """The installed ``resontech`` version, or ``dev`` when run from a source tree."""
+    try:
+        return metadata.version("resontech")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+class Agent:
+    """One worker agent. ``await Agent(...).run(stop)`` serves until ``stop`` is set.
+
+    Args:
+        settings: the agent's settings.
+        core: the shared settings (NATS URL and the agent's own NATS credentials, ack time-out).
+        devices: where GPUs are read from (:func:`agent.devices.select_devices`).
+        policy: the provider policy, or ``None`` to accept whatever the host can run.
+    """
+
+    def __init__(
+        self, settings: AgentSettings, core: Settings, *, devices: DeviceSource, policy: WorkerPolicy | None
+    ) -> None:
+        self.settings = settings
+        self.core = core
+        self.devices = devices
+        self.policy = policy
+        self.state_dir = Path(settings.state_dir)
+        self.work_dir = Path(settings.work_dir)
+        self.worker_id = ""
+        self.registered = asyncio.Event()
+        self._log: EventLog | None = None
+        self._state = CommandState(self.state_dir)
+        self._assignments = Assignments([])
+        self._busy = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def log(self) -> EventLog:
+        """The connected event log."""
+        assert self._log is not None, "the agent is not connected"
+        return self._log
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, register, serve until ``stop`` is set, then stop workloads and disconnect.
+
+        Raises:
+            ConfigError: the state dir is in use or unreadable.
+            LogUnavailable: NATS cannot be reached, or registration failed.
+        """
+        lock = StateDirLock(self.state_dir)
+        lock.acquire()
+        try:
+            self.worker_id = worker_id(self.state_dir)
+            self._state = CommandState.load(self.state_dir)
+            self._log = await EventLog.connect(self.core, name=f"resontech-agent-{self.worker_id}")
+            try:
+                await self._serve(stop)
+            finally:
+                await self._log.close()
+        finally:
+            lock.release()
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        await self._recover()
+        await self.register()
+        beats = Heartbeats(
+            self.log,
+            self.worker_id,
+            self.settings.heartbeat_interval_s,
+            self.devices,
+            has_gpus=bool(self._assignments.gpus),
+            running=self._assignments.ids,
+        )
+        loops = [asyncio.create_task(beats.run()), asyncio.create_task(self._metering_loop())]
+        commands = asyncio.create_task(self._command_loop())
+        try:
+            await stop.wait()
+        finally:
+            async with self._busy:  # never in the middle of handling a command
+                commands.cancel()
+            await asyncio.gather(commands, return_exceptions=True)
+            await self._stop_all()
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    # -- registration ----------------------------------------------------------------------------
+
+    async def register(self) -> None:
+        """Append ``worker.<id>.registered`` (and ``policy_set`` when there is a policy)."""
+        s = self.settings
+        gpus = self.devices.inventory()
+        self._assignments.gpus = gpus
+        event = WorkerRegistered(
+            provider=s.provider,
+            hostname=socket.gethostname(),
+            region=s.region,
+            pool=s.pool,
+            owner_tenant=s.owner_tenant,
+            gpus=gpus,
+            cpus=host.cpu_count(),
+            memory_mb=host.memory_total_mb(),
+            driver=self.devices.driver(),
+            agent_version=agent_version(),
+        )
+        try:
+            await self.log.append(worker_subject(self.worker_id, event), event)
+            if self.policy is not None:
+                policy_set = WorkerPolicySet(policy=self.policy)
+                await self.log.append(worker_subject(self.worker_id, policy_set), policy_set)
+        except (AppendRejected, LogUnavailable) as exc:
+            raise LogUnavailable(f"cannot register: {exc.message} (are the streams created?)") from None
+        except ResontechError as exc:
+            raise LogUnavailable(f"cannot register: {exc.message}") from None
+        log.info(
+            "registered worker %s (%s): %d GPUs, %d CPUs, %d MiB, pool %s",
+            self.worker_id, s.name, len(gpus), event.cpus, event.memory_mb, s.pool,
+        )  # fmt: skip
+        self.registered.set()
+
+    async def _recover(self) -> None:
+        """Kill what a crashed previous run left running and report its assignments failed."""
+        reap_orphans(self.work_dir)
+        interrupted = list(self._state.running.values())
+        if not interrupted:
+            return
+        self._state.running.clear()
+        self._state.save()
+        await self._emit([item for cmd in interrupted for item in reports.ended(cmd, "agent_restarted")])
+
+    # -- heartbeats and metering -----------------------------------------------------------------
+
+    async def _metering_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.metering_interval_s)
+            now = _now_ms()
+            ticks = [t for r in list(self._assignments.by_id.values()) if (t := r.meter.tick(now))]
+            await self._emit(ticks)
+
+    async def _emit(self, items: list[Append]) -> bool:
+        return await append_reliably(self.log, items)
+
+    # -- commands --------------------------------------------------------------------------------
+
+    async def _command_loop(self) -> None:
+        while True:
+            try:
+                async with contextlib.aclosing(self.log.commands(self.worker_id)) as commands:
+                    async for record, ack in commands:
+                        async with self._busy:
+                            await self._handle(record)
+                            with contextlib.suppress(Exception):  # unacked: redelivered, then skipped
+                                await ack()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the server went away mid-subscribe, or a bug: keep serving
+                log.warning("command intake failed, retrying in 1s: %s: %s", type(exc).__name__, exc)
+                log.debug("command intake failure", exc_info=True)
+                await asyncio.sleep(1.0)
+
+    async def _handle(self, record: Recorded[Any]) -> None:
+        cmd = record.event
+        command_id = record.msg_id or f"seq-{record.seq}"
+        if not isinstance(cmd, StartWork | StopWork):
+            log.warning("command %s of unknown kind %s ignored", command_id, type(cmd).__name__)
+            return
+        if self._state.handled(command_id):
+            log.info("command %s already handled; skipped", command_id)
+            return
+        fresh = self._state.observe(cmd.work_id, cmd.epoch)
+        self._state.mark_handled(command_id)
+        self._state.save()
+        if not fresh:
+            log.warning(
+                "dropped stale command %s for %s: epoch %d < %d",
+                command_id, cmd.work_id, cmd.epoch, self._state.epoch(cmd.work_id),
+            )  # fmt: skip
+            return
+        match cmd:
+            case StartWork():
+                await self._start(cmd)
+            case StopWork():
+                self._stop(cmd)
+
+    async def _start(self, cmd: StartWork) -> None:
+        await self._supersede(cmd)
+        reason = self._refusal(cmd)
+        if reason is not None:
+            log.info("rejected %s: %s", cmd.assignment_id, reason)
+            await self._emit([reports.rejected(cmd, self.worker_id, reason)])
+            return
+        gpu_indices = self._assignments.free_gpus()[: cmd.spec.gpus]
+        workdir = self.work_dir / cmd.assignment_id
+        env = workload_env(cmd, workdir, gpu_indices=gpu_indices)
+        self._state.running[cmd.assignment_id] = cmd  # before it starts: a crash is reported after
+        self._state.save()
+        try:
+            workload = await RUNTIMES[cmd.spec.runtime]().start(cmd.spec, workdir, env)
+        except StartFailed as exc:
+            self._state.running.pop(cmd.assignment_id, None)
+            self._state.save()
+            await self._emit([reports.start_failed(cmd, exc.message)])
+            return
+        gpu_type = gpu_family(self._assignments.model_of(gpu_indices))
+        meter = Meter(
+            cmd, worker_id=self.worker_id, provider=self.settings.provider,
+            worker_pool=self.settings.pool, gpu_type=gpu_type, start_ms=_now_ms(),
+        )  # fmt: skip
+        vram = requested_vram_mb(cmd, self._assignments.gpu_vram_mb())
+        running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=gpu_indices, vram_mb=vram)
+        self._assignments.by_id[cmd.assignment_id] = running
+        log.info("started %s (%s %s, pid %s)", cmd.assignment_id, cmd.work_kind, cmd.work_id, workload.pid)
+        await self._emit([reports.started(cmd, self.worker_id)])
+        running.task = asyncio.create_task(self._supervise(running))
+
+    async def _supersede(self, cmd: StartWork) -> None:
+        """Stop older epochs of the same work and slot running here, and let them release what
+        they hold before ``cmd`` is decided."""
+        older = self._assignments.superseded_by(cmd)
+        for running in older:
+            log.info(
+                "%s superseded by %s (epoch %d)", running.cmd.assignment_id, cmd.assignment_id, cmd.epoch
+            )
+            self._cancel(running, "superseded", QUICK_STOP_S)
+        tasks = [r.task for r in older if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=QUICK_STOP_S + 2 * self.core.ack_timeout_s)
+
+    def _refusal(self, cmd: StartWork) -> str | None:
+        if cmd.spec.runtime not in RUNTIMES:
+            return f"runtime {cmd.spec.runtime!r} not available on this worker"
+        if cmd.assignment_id in self._assignments.by_id:
+            return "assignment already running"
+        a = self._assignments
+        return decide(
+            self.policy or WorkerPolicy(),
+            cmd,
+            running=len(a),
+            now_ns=time.time_ns(),
+            worker_pool=self.settings.pool,
+            owner_tenant=self.settings.owner_tenant,
+            free_gpus=len(a.free_gpus()),
+            gpu_vram_mb=a.gpu_vram_mb(),
+            vram_total_mb=a.vram_total_mb(),
+            vram_claimed_mb=a.vram_claimed_mb(),
+        )
+
+    def _stop(self, cmd: StopWork) -> None:
+        running = self._assignments.by_id.get(cmd.assignment_id)
+        if running is None or running.cmd.epoch != cmd.epoch:
+            log.info("stop for %s (epoch %d): not running here", cmd.assignment_id, cmd.epoch)
+            return
+        grace = (
+            self.settings.stop_grace_s if cmd.checkpoint else min(QUICK_STOP_S, self.settings.stop_grace_s)
+        )
+        log.info("stopping %s (%s), grace %.1fs", cmd.assignment_id, cmd.reason, grace)
+        self._cancel(running, "stopped", grace)
+
+    def _cancel(self, running: Running, cause: reports.EndCause, grace_s: float) -> None:
+        if running.cause == "exited":
+            running.cause = cause
+        task = asyncio.create_task(running.workload.cancel(grace_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- running workloads -----------------------------------------------------------------------
+
+    async def _supervise(self, running: Running) -> None:
+        try:
+            await self._forward_reports(running)
+        except Exception:  # a bug here must not leave the workload unreported and unmetered
+            log.exception("%s: output handling failed; waiting for the exit", running.cmd.assignment_id)
+        code = await running.workload.wait()
+        await self._finish(running, code)
+
+    async def _forward_reports(self, running: Running) -> None:
+        cmd, n = running.cmd, 0
+        async for line in running.workload.lines():
+            try:
+                report = parse_line(line)
+            except ProtocolError as exc:
+                log.warning("%s: ignored a malformed line: %s", cmd.assignment_id, exc)
+                continue
+            if report is not None:
+                n += 1
+                item = reports.reported(cmd, report, n)
+                if item is not None:
+                    await self._emit([item])
+
+    async def _finish(self, running: Running, code: int) -> None:
+        cmd = running.cmd
+        self._assignments.by_id.pop(cmd.assignment_id, None)
+        self._state.running.pop(cmd.assignment_id, None)
+        self._state.save()
+        final = running.meter.tick(_now_ms())
+        tail = running.workload.log_tail(reports.LOG_TAIL_LINES) if code != 0 else ""
+        items = ([final] if final else []) + reports.ended(
+            cmd, running.cause, code, tail, worker_id=self.worker_id
+        )
+        log.info("%s ended (%s): %s", cmd.assignment_id, running.cause, reports.exit_reason(code))
+        await self._emit(items)
+
+    async def _stop_all(self) -> None:
+        running = list(self._assignments.by_id.values())
+        for r in running:
+            self._cancel(r, "agent_stopped", self.settings.stop_grace_s)
+        tasks = [r.task for r in running if r.task is not None]
+        if tasks:
+            log.info("stopping %d workload(s)", len(tasks))
+            await asyncio.wait(tasks, timeout=self.settings.stop_grace_s + 3 * self.core.ack_timeout_s)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

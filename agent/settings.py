@@ -1,0 +1,137 @@
+"""The agent's typed settings, read once at start-up from ``RESONTECH_AGENT_*`` and CLI flags.
+
+Flags win over the environment. A malformed value stops the agent with one line that names the
+setting (:class:`~core.errors.ConfigError`). NATS and object-store settings are not here: they are the
+shared :class:`core.settings.Settings` (``RESONTECH_NATS_URL``, ``RESONTECH_NATS_CREDS``...), which
+the agent reads with every other process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from core.errors import ConfigError
+
+PREFIX = "RESONTECH_AGENT_"
+DeviceSourceName = Literal["nvml", "simulated"]
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_POOLS = ("shared", "managed", "private")
+
+
+class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of one agent process.
+
+    Attributes:
+        name: the agent's local name (default: the host name, made token-safe); names its state dir.
+        state_dir: where the worker id, handled command ids and epochs live
+            (default ``<data dir>/agents/<name>``).
+        work_dir: per-assignment working directories (default ``<state_dir>/work``).
+        provider: the provider that owns the host and is paid for it (default ``local``).
+        region: a free-form region label used for geo affinity (default empty).
+        pool: ``shared`` (default), ``managed`` or ``private``.
+        owner_tenant: the organisation a managed or private worker belongs to (required for them).
+        heartbeat_interval_s: seconds between heartbeats (default 1.0).
+        metering_interval_s: seconds between usage ticks of a running assignment (default 10.0).
+        stop_grace_s: seconds a workload gets between SIGTERM and SIGKILL (default 10.0).
+        policy_file: a provider policy file, YAML or TOML (see :mod:`agent.policy`), or ``None``.
+        device_source: ``nvml`` (default; zero GPUs when NVML is missing) or ``simulated``
+            (load tests only, never chosen implicitly).
+        simulated_gpus / simulated_gpu_model / simulated_vram_mb: the simulated devices.
+    """
+
+    name: str
+    state_dir: str
+    work_dir: str
+    provider: str = "local"
+    region: str = ""
+    pool: Literal["shared", "managed", "private"] = "shared"
+    owner_tenant: str | None = None
+    heartbeat_interval_s: float = 1.0
+    metering_interval_s: float = 10.0
+    stop_grace_s: float = 10.0
+    policy_file: str | None = None
+    device_source: DeviceSourceName = "nvml"
+    simulated_gpus: int = 1
+    simulated_gpu_model: str = "NVIDIA A100 80GB PCIe"
+    simulated_vram_mb: int = 81_920
+
+
+_FIELDS = {f.name: f for f in msgspec.structs.fields(AgentSettings)}
+
+
+def default_name() -> str:
+    """The host name, reduced to a safe token (letters, digits, ``-``, ``_``; at most 64)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0])[:64]
+    return cleaned or "agent"
+
+
+def load_agent_settings(
+    data_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> AgentSettings:
+    """Build :class:`AgentSettings` from ``RESONTECH_AGENT_<FIELD>`` variables and ``overrides``.
+
+    Args:
+        data_dir: the project's data directory; the default state dir lives under it.
+        overrides: values from CLI flags by field name; ``None`` values are ignored.
+        env: the environment (default ``os.environ``).
+
+    Raises:
+        ConfigError: a value is malformed; the message names the setting.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    for name, field in _FIELDS.items():
+        key = PREFIX + name.upper()
+        if env.get(key):
+            raw[name] = _convert(key, env[key], field.type)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            raw[name] = _convert(f"--{name.replace('_', '-')}", value, _FIELDS[name].type)
+    raw.setdefault("name", default_name())
+    raw.setdefault("state_dir", str(data_dir / "agents" / raw["name"]))
+    raw.setdefault("work_dir", str(Path(raw["state_dir"]) / "work"))
+    settings = msgspec.convert(raw, AgentSettings)
+    _check(settings)
+    return settings
+
+
+def _convert(key: str, value: Any, tp: Any) -> Any:
+    try:
+        return msgspec.convert(value, tp, strict=False)
+    except msgspec.ValidationError:
+        raise ConfigError(f"{key}={value!r} is not a valid {_describe(tp)}") from None
+
+
+def _describe(tp: Any) -> str:
+    if getattr(tp, "__origin__", None) is Literal:
+        return "choice of " + ", ".join(tp.__args__)
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _check(s: AgentSettings) -> None:
+    if not _TOKEN.match(s.name):
+        raise ConfigError(f"{PREFIX}NAME {s.name!r} must be 1-64 letters, digits, '-' or '_'")
+    if not _TOKEN.match(s.provider):
+        raise ConfigError(f"{PREFIX}PROVIDER {s.provider!r} must be 1-64 letters, digits, '-' or '_'")
+    if s.owner_tenant is not None and not _TOKEN.match(s.owner_tenant):
+        raise ConfigError(f"{PREFIX}OWNER_TENANT {s.owner_tenant!r} is not a valid tenant id")
+    if s.pool in ("managed", "private") and not s.owner_tenant:
+        raise ConfigError(f"{PREFIX}OWNER_TENANT is required for a {s.pool} pool worker")
+    for name in ("heartbeat_interval_s", "metering_interval_s"):
+        if not 0 < getattr(s, name) <= 3600:
+            raise ConfigError(f"{PREFIX}{name.upper()} must be between 0 and 3600 seconds")
+    if s.stop_grace_s < 0:
+        raise ConfigError(f"{PREFIX}STOP_GRACE_S must not be negative")
+    if s.simulated_gpus < 0 or s.simulated_vram_mb <= 0:
+        raise ConfigError(f"{PREFIX}SIMULATED_GPUS / SIMULATED_VRAM_MB must be positive")
+    if s.pool not in _POOLS:  # unreachable through convert; kept for direct construction
+        raise ConfigError(f"{PREFIX}POOL must be one of {', '.join(_POOLS)}")

@@ -1,0 +1,557 @@
+"""The worker agent end to end: real ``resontech agent`` processes against a real nats-server.
+
+Each test starts its agents with a unique name and state dir under ``tmp_path``, a 0.2 s heartbeat
+and 0.5 s metering, and stops them in teardown (SIGTERM, then SIGKILL, then any workload they left).
+There is no GPU here: NVML is missing, so every agent reports zero GPUs and runs CPU work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from agent.devices import NO_NVML_MESSAGE
+from agent.runtimes.process import reap_orphans
+from agent.simulated import SimulatedFleet
+from core.log import EventLog
+from core.pricing import gpu_family
+from core.settings import Settings
+from core.streams import command_subject
+from ops.natsserver import NatsServer
+from schemas import (
+    Heartbeat,
+    JobCheckpointed,
+    JobFailed,
+    JobProgress,
+    JobRejected,
+    JobShardCompleted,
+    JobStarted,
+    StartWork,
+    StopWork,
+    UsageTick,
+    WorkerPolicySet,
+    WorkerRegistered,
+    WorkSpec,
+)
+from schemas.envelope import Recorded
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 20.0
+
+
+class AgentProcess:
+    """One ``python -m ops.cli agent`` child process with its own state dir."""
+
+    def __init__(self, name: str, root: Path, nats_url: str, *extra: str) -> None:
+        self.name = name
+        self.state_dir = root / name
+        self.stderr_path = root / f"{name}.stderr"
+        self.extra = list(extra)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        self.env.update(
+            RESONTECH_NATS_URL=nats_url,
+            RESONTECH_DATA_DIR=str(root),
+            RESONTECH_AGENT_METERING_INTERVAL_S="0.5",
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "ops.cli", "agent", "--name", self.name, "--state-dir", str(self.state_dir),
+            "--heartbeat", "0.2", "--stop-grace", "2", *self.extra,
+        ]  # fmt: skip
+
+    def start(self) -> AgentProcess:
+        with self.stderr_path.open("ab") as err:
+            self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=self.env, stdout=err, stderr=err)
+        return self
+
+    async def worker_id(self) -> str:
+        path = self.state_dir / "worker_id"
+        await until(path.exists, "the agent wrote its worker id")
+        return path.read_text().strip()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not stop."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop()
+        reap_orphans(self.state_dir / "work")
+
+
+@pytest.fixture
+def agents(tmp_path: Path, settings: Settings) -> Iterator[Callable[..., AgentProcess]]:
+    """Start agents with ``agents(name, *flags)``; all are stopped and cleaned up after the test."""
+    started: list[AgentProcess] = []
+
+    def start(name: str, *extra: str) -> AgentProcess:
+        agent = AgentProcess(name, tmp_path, settings.nats_url, *extra).start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.cleanup()
+
+
+async def until(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+async def records(log: EventLog, stream: str, subjects: str | None = None) -> list[Recorded[Any]]:
+    return [r async for r in log.replay(stream, subjects=subjects)]
+
+
+async def wait_records(
+    log: EventLog, stream: str, predicate: Callable[[list[Recorded[Any]]], Any], what: str
+) -> list[Recorded[Any]]:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = await records(log, stream)
+        if predicate(found):
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; {stream} holds {[r.event for r in found]}")
+
+
+def of(found: list[Recorded[Any]], kind: type, **fields: Any) -> list[Any]:
+    """Events of ``kind`` whose fields match."""
+    return [
+        r.event
+        for r in found
+        if isinstance(r.event, kind) and all(getattr(r.event, k) == v for k, v in fields.items())
+    ]
+
+
+async def registered(log: EventLog, agent: AgentProcess) -> str:
+    worker_id = await agent.worker_id()
+    await wait_records(
+        log,
+        "WORKERS",
+        lambda rs: any(r.subject == f"worker.{worker_id}.registered" for r in rs),
+        "registered",
+    )
+    return worker_id
+
+
+def start_work(
+    command: list[str], *, work_id: str = "j1", assignment_id: str = "j1-s0-e1", epoch: int = 1, **kw: Any
+) -> StartWork:
+    options = kw.pop("options", {})
+    return StartWork(
+        tenant=kw.pop("tenant", "acme"),
+        work_id=work_id,
+        work_kind="job",
+        assignment_id=assignment_id,
+        slot=kw.pop("slot", 0),
+        epoch=epoch,
+        spec=WorkSpec(
+            runtime="process",
+            command=command,
+            options=options,
+            env=kw.pop("env", {}),
+            tier=kw.pop("tier", "unverified"),
+        ),
+        **kw,
+    )
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+async def send(log: EventLog, worker_id: str, command: Any, event_id: str | None = None) -> None:
+    await log.append(command_subject(worker_id), command, event_id=event_id)
+
+
+# -- registration and heartbeats -------------------------------------------------------------------
+
+
+async def test_registers_with_a_stable_id_and_heartbeats_without_nvml(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("reg")
+    worker_id = await registered(log, agent)
+    assert worker_id.startswith("w-") and len(worker_id) == 14
+    await wait_records(log, "HEARTBEATS", lambda rs: len(rs) >= 10, "10 heartbeats")
+    beats = await records(log, "HEARTBEATS", f"hb.{worker_id}")
+    gaps = [(b.time_ns - a.time_ns) / 1e9 for a, b in itertools.pairwise(beats)]
+    assert 0.15 <= statistics.median(gaps) <= 0.3, gaps
+    beat: Heartbeat = beats[-1].event
+    assert (beat.interval_s, beat.gpus, beat.running) == (0.2, [], [])
+    assert beat.memory_used_mb > 0 and 0.0 <= beat.cpu_pct <= 100.0
+
+    [registration] = of(await records(log, "WORKERS"), WorkerRegistered)
+    assert registration.gpus == [] and registration.driver == ""
+    assert registration.cpus >= 1 and registration.memory_mb > 0
+    assert (registration.pool, registration.provider) == ("shared", "local")
+    assert NO_NVML_MESSAGE in agent.stderr()
+    assert "Traceback" not in agent.stderr()
+
+    assert agent.stop() == 0
+    again = agents("reg")  # the same name and state dir: a restart
+    assert await again.worker_id() == worker_id
+    await wait_records(log, "WORKERS", lambda rs: len(of(rs, WorkerRegistered)) == 2, "re-registration")
+    assert {r.subject for r in await records(log, "WORKERS")} == {f"worker.{worker_id}.registered"}
+
+
+# -- running work ----------------------------------------------------------------------------------
+
+PROGRESS_AND_EXIT = """
+import os, time
+leaked = any(k.startswith(("RESONTECH_NATS", "RESONTECH_S3")) for k in os.environ)
+print('hello from the workload')
+print('RESONTECH_PROGRESS {"round": 1, "loss": 0.5, "step": 10, "metrics": {"leaked": %d}}' % leaked)
+time.sleep(1.3)
+"""
+
+
+async def test_start_work_runs_reports_progress_completes_and_meters(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("run")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(py(PROGRESS_AND_EXIT), tier="gold"))
+
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "job.shard_completed")
+    assert [type(r.event) for r in jobs] == [JobStarted, JobProgress, JobShardCompleted]
+    assert jobs[0].event == JobStarted(assignment_id="j1-s0-e1", worker_id=worker_id, slot=0, epoch=1)
+    progress: JobProgress = jobs[1].event
+    assert (progress.epoch, progress.slot, progress.round, progress.loss, progress.step) == (1, 0, 1, 0.5, 10)
+    assert progress.metrics == {"leaked": 0.0}  # the agent's NATS settings never reach the workload
+
+    ticks: list[UsageTick] = of(await records(log, "METERING"), UsageTick)
+    assert len(ticks) >= 3  # two intervals of 0.5 s and the final partial one
+    assert all(t.cpu_ms > 0 and t.gpu_ms == 0 and t.gpu_type == "cpu" for t in ticks)
+    assert all((t.tier, t.pool, t.provider, t.epoch) == ("gold", "shared", "local", 1) for t in ticks)
+    assert all(a.end_ms == b.start_ms for a, b in itertools.pairwise(ticks))  # contiguous
+    assert 1200 <= ticks[-1].end_ms - ticks[0].start_ms <= 4000
+    log_txt = (agent.state_dir / "work" / "j1-s0-e1" / "log.txt").read_text()
+    assert "hello from the workload" in log_txt
+
+
+async def test_failing_command_reports_failed_with_the_log_tail(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    worker_id = await registered(log, agents("fail"))
+    code = "import sys; print('step 1'); print('boom: out of memory', file=sys.stderr); sys.exit(3)"
+    await send(log, worker_id, start_work(py(code), epoch=4, slot=2))
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobFailed), "job.failed")
+    [failed] = of(jobs, JobFailed)
+    assert (failed.reason, failed.epoch, failed.slot, failed.retryable) == ("exit status 3", 4, 2, False)
+    assert "step 1" in failed.log_tail and "boom: out of memory" in failed.log_tail
+    assert not of(jobs, JobShardCompleted)
+
+
+async def test_stale_epoch_and_duplicate_commands_are_not_run(
+    log: EventLog, agents: Callable[..., AgentProcess], settings: Settings, tmp_path: Path
+) -> None:
+    worker_id = await registered(log, agents("fence"))
+    marker = tmp_path / "runs.txt"
+    touch = py(f"open({str(marker)!r}, 'a').write('run\\n')")
+    await send(log, worker_id, start_work(touch, assignment_id="j1-e2", epoch=2), event_id="cmd-a")
+    await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "the first run")
+
+    # An older epoch of the same work: dropped, not started.
+    await send(log, worker_id, start_work(touch, assignment_id="j1-e1", epoch=1), event_id="cmd-stale")
+    # The same command id again, past the server's duplicate window (shortened here), so that the
+    # work queue really delivers it twice: the agent's own memory of handled ids must catch it.
+    await shorten_duplicate_window(settings.nats_url)
+    await asyncio.sleep(1.2)
+    await send(log, worker_id, start_work(touch, assignment_id="j1-e2", epoch=2), event_id="cmd-a")
+    # A sentinel: commands are handled in order, so once it started the others were handled.
+    await send(log, worker_id, start_work(py("pass"), work_id="j2", assignment_id="j2-e1"), event_id="cmd-b")
+    jobs = await wait_records(
+        log, "JOBS", lambda rs: any(r.subject.startswith("job.acme.j2.started") for r in rs), "the sentinel"
+    )
+    started = [e.assignment_id for e in of(jobs, JobStarted)]
+    assert started == ["j1-e2", "j2-e1"]
+    assert marker.read_text() == "run\n"
+
+
+async def shorten_duplicate_window(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("COMMANDS")
+        info.config.duplicate_window = 1.0
+        await js.update_stream(info.config)
+    finally:
+        await nc.close()
+
+
+async def test_policy_rejects_a_tenant_with_the_reason(
+    log: EventLog, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("allowed_tenants: [acme]\nmax_concurrent: 4\n")
+    worker_id = await registered(log, agents("policy", "--policy", str(policy)))
+    [policy_set] = of(await records(log, "WORKERS"), WorkerPolicySet)
+    assert policy_set.policy.allowed_tenants == ["acme"] and policy_set.policy.max_concurrent == 4
+
+    await send(log, worker_id, start_work(py("pass"), tenant="globex"))
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobRejected), "job.rejected")
+    assert of(jobs, JobRejected) == [
+        JobRejected(
+            assignment_id="j1-s0-e1",
+            worker_id=worker_id,
+            epoch=1,
+            reason="tenant globex not allowed by provider policy",
+        )
+    ]
+    assert jobs[0].subject == "job.globex.j1.rejected"
+    assert not of(jobs, JobStarted)
+
+
+def pid_of(agent: AgentProcess, assignment_id: str) -> int:
+    return int((agent.state_dir / "work" / assignment_id / "pid").read_text())
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its parent is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+async def test_stop_work_cancels_a_running_sleep(log: EventLog, agents: Callable[..., AgentProcess]) -> None:
+    agent = agents("stop")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(["sleep", "60"]))
+    await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
+    pid = await until(
+        lambda: (agent.state_dir / "work/j1-s0-e1/pid").exists() and pid_of(agent, "j1-s0-e1"), "pid"
+    )
+    assert alive(pid)
+    await wait_records(
+        log, "HEARTBEATS", lambda rs: any(r.event.running == ["j1-s0-e1"] for r in rs), "a beat with it"
+    )
+
+    stopped_at = time.monotonic()
+    await send(log, worker_id, StopWork(work_id="j1", assignment_id="j1-s0-e1", epoch=1, reason="revoked"))
+    await until(lambda: not alive(pid), "the workload is gone", timeout=10)
+    assert time.monotonic() - stopped_at < 5
+    await wait_records(
+        log, "HEARTBEATS", lambda rs: rs[-1].event.running == [], "a heartbeat with nothing running"
+    )
+    jobs = await records(log, "JOBS")
+    assert not of(jobs, JobFailed) and not of(jobs, JobShardCompleted)  # a requested stop is not a failure
+    await wait_records(log, "METERING", lambda rs: rs, "usage ticks")
+    ticks: list[UsageTick] = of(await records(log, "METERING"), UsageTick)
+    assert ticks[-1].end_ms - ticks[0].start_ms < 8000  # billing stopped at the stop
+
+
+CHECKPOINT_ON_SIGTERM = """
+import signal, sys, time
+def on_term(*_):
+    print('RESONTECH_CHECKPOINT {"object_key": "jobs/j1/ckpt/step-7.pt", "round": 2, "step": 7}')
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print('ready')
+time.sleep(60)
+"""
+
+
+async def test_stop_with_checkpoint_lets_the_workload_checkpoint(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("preempt")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(py(CHECKPOINT_ON_SIGTERM)))
+    log_txt = agent.state_dir / "work" / "j1-s0-e1" / "log.txt"
+    await until(lambda: log_txt.exists() and "ready" in log_txt.read_text(), "the workload is ready")
+    await send(
+        log,
+        worker_id,
+        StopWork(work_id="j1", assignment_id="j1-s0-e1", epoch=1, reason="preempted", checkpoint=True),
+    )
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobCheckpointed), "job.checkpointed")
+    assert of(jobs, JobCheckpointed) == [
+        JobCheckpointed(epoch=1, object_key="jobs/j1/ckpt/step-7.pt", round=2, slot=0, step=7)
+    ]
+
+
+async def test_agent_stop_and_crash_report_running_work_failed_retryable(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("crash")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(["sleep", "60"], work_id="j1", assignment_id="j1-a"))
+    await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
+    pid = await until(lambda: (agent.state_dir / "work/j1-a/pid").exists() and pid_of(agent, "j1-a"), "pid")
+
+    agent.kill()  # SIGKILL: the agent cannot clean up; its next run must
+    assert alive(pid)
+    agents("crash")
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobFailed), "failure after restart")
+    assert of(jobs, JobFailed) == [JobFailed(reason="agent restarted", epoch=1, slot=0, retryable=True)]
+    await until(lambda: not alive(pid), "the orphaned workload is killed", timeout=5)
+
+
+async def test_agent_sigterm_stops_workloads_and_reports_them_retryable(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("term")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(["sleep", "60"], work_id="j1", assignment_id="j1-b"))
+    await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
+    pid = await until(lambda: (agent.state_dir / "work/j1-b/pid").exists() and pid_of(agent, "j1-b"), "pid")
+    assert agent.stop() == 0
+    assert not alive(pid)
+    [failed] = of(await records(log, "JOBS"), JobFailed)
+    assert (failed.reason, failed.retryable) == ("agent stopped", True)
+
+
+# -- bad configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file_name", "text"),
+    [
+        ("policy.yaml", "allowed_tenants: [acme\n"),
+        ("policy.yaml", "allowed_tenant: [acme]\n"),
+        ("policy.toml", "max_vram_fraction = 1.5\n"),
+    ],
+)
+def test_malformed_policy_stops_the_agent_with_one_line(
+    tmp_path: Path, settings: Settings, file_name: str, text: str
+) -> None:
+    policy = tmp_path / file_name
+    policy.write_text(text)
+    agent = AgentProcess("bad", tmp_path, settings.nats_url, "--policy", str(policy))
+    done = subprocess.run(agent.argv(), cwd=REPO, env=agent.env, capture_output=True, timeout=30)
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode != 0
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: policy file ") and str(policy) in lines[0]
+
+
+def test_bad_agent_setting_stops_the_agent_with_one_line(tmp_path: Path, settings: Settings) -> None:
+    agent = AgentProcess("bad", tmp_path, settings.nats_url)
+    agent.env["RESONTECH_AGENT_METERING_INTERVAL_S"] = "often"
+    done = subprocess.run(agent.argv(), cwd=REPO, env=agent.env, capture_output=True, timeout=30)
+    assert done.returncode != 0
+    assert done.stderr.decode().strip().splitlines() == [
+        "error: RESONTECH_AGENT_METERING_INTERVAL_S='often' is not a valid float"
+    ]
+
+
+# -- simulated fleet (load tests only) -------------------------------------------------------------
+
+
+async def test_simulated_fleet_registers_and_heartbeats_in_batches(log: EventLog) -> None:
+    fleet = SimulatedFleet(log, 300, interval_s=0.2, seed=7)
+    await fleet.register()
+    await fleet.beat()
+    await fleet.beat()
+    workers = of(await records(log, "WORKERS"), WorkerRegistered)
+    assert len(workers) == 300 and fleet.beats_sent == 600 and fleet.beats_failed == 0
+    models = {gpu_family(g.model) for w in workers for g in w.gpus}
+    assert {"A100", "H100", "RTX4090"} <= models
+    assert len({w.region for w in workers}) > 1 and any(not w.gpus for w in workers)
+    assert len(await records(log, "HEARTBEATS")) == 600
+    again = SimulatedFleet(log, 300, interval_s=0.2, seed=7)  # same seed, same fleet
+    assert [w.registration for w in again.workers] == [w.registration for w in fleet.workers]
+
+
+async def test_simulated_fleet_answers_commands_when_asked(log: EventLog) -> None:
+    fleet = SimulatedFleet(log, 3, interval_s=0.2, accept_commands=True, complete_after_s=0.3)
+    stop = asyncio.Event()
+    run = asyncio.create_task(fleet.run(stop))
+    try:
+        await wait_records(log, "WORKERS", lambda rs: len(rs) == 3, "registrations")
+        worker_id = fleet.workers[1].worker_id
+        await send(log, worker_id, start_work(["train"], work_id="j9", assignment_id="j9-a"))
+        jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "a simulated completion")
+        assert of(jobs, JobStarted) == [
+            JobStarted(assignment_id="j9-a", worker_id=worker_id, slot=0, epoch=1)
+        ]
+    finally:
+        stop.set()
+        await run
+
+
+async def test_agent_simulate_flag_hosts_a_fleet(log: EventLog, agents: Callable[..., AgentProcess]) -> None:
+    fleet = agents("fleet", "--simulate", "25")
+    await wait_records(log, "WORKERS", lambda rs: len(rs) == 25, "25 simulated registrations")
+    await wait_records(log, "HEARTBEATS", lambda rs: len(rs) >= 50, "two rounds of heartbeats")
+    assert fleet.stop() == 0
+
+
+async def test_agent_survives_a_server_restart_and_still_takes_commands(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "store", log_file=tmp_path / "nats.log")
+    server.start()
+    agent = AgentProcess("reconnect", tmp_path, server.url).start()
+    log = None
+    try:
+        log = await EventLog.connect(Settings(nats_url=server.url, ack_timeout_s=2.0))
+        await log.ensure_streams()
+        worker_id = await registered(log, agent)
+        await log.close()
+        server.kill()
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(server.restart)
+        log = await EventLog.connect(Settings(nats_url=server.url, ack_timeout_s=2.0))
+        after = await log.last_seq("HEARTBEATS")
+        await send(log, worker_id, start_work(py("pass")))
+        await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "the job run after the restart")
+        await wait_records(log, "HEARTBEATS", lambda rs: rs and rs[-1].seq > after, "heartbeats again")
+        assert agent.proc is not None and agent.proc.poll() is None
+        assert "Traceback" not in agent.stderr()
+    finally:
+        if log is not None:
+            await log.close()
+        agent.cleanup()
+        server.stop()
+
+
+async def test_a_newer_epoch_of_the_same_slot_supersedes_the_running_one(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("supersede")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-e1", epoch=1))
+    await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "the first epoch started")
+    old = await until(lambda: (agent.state_dir / "work/j1-e1/pid").exists() and pid_of(agent, "j1-e1"), "pid")
+    await send(log, worker_id, start_work(py("pass"), assignment_id="j1-e2", epoch=2))
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "the second epoch completed")
+    await until(lambda: not alive(old), "the superseded workload is gone", timeout=5)
+    assert [e.assignment_id for e in of(jobs, JobStarted)] == ["j1-e1", "j1-e2"]
+    assert not of(jobs, JobFailed)  # superseded work is not a failure
