@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import nats
 import pytest
@@ -12,6 +13,7 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import STREAMS
 from ops.natsserver import NatsServer
+from tests.support import AgentProcess
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +51,18 @@ async def log(settings: Settings) -> AsyncIterator[EventLog]:
     await event_log.ensure_streams()
     yield event_log
     await event_log.close()
+
+
+@pytest.fixture
+def agents(tmp_path: Path, settings: Settings) -> Iterator[Callable[..., AgentProcess]]:
+    """Start agents with ``agents(name, *flags)``; all are stopped and cleaned up after the test."""
+    started: list[AgentProcess] = []
+
+    def start(name: str, *extra: str) -> AgentProcess:
+        agent = AgentProcess(name, tmp_path, settings.nats_url, *extra).start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.cleanup()

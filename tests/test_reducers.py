@@ -772,7 +772,10 @@ def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
     job.place(_asg(0, 1), _asg(1, 1, "w2"))
 
     def shard_done(a: Assignment) -> None:
-        job(JobShardCompleted(assignment_id=a.assignment_id, worker_id=a.worker_id, slot=a.slot, epoch=a.epoch))
+        done = JobShardCompleted(
+            assignment_id=a.assignment_id, worker_id=a.worker_id, slot=a.slot, epoch=a.epoch
+        )
+        job(done)
 
     shard_done(_asg(0, 1))
     shard_done(_asg(1, 0, "w9"))  # a zombie of an older epoch: ignored
