@@ -147,7 +147,9 @@ def list_price_micros(gpu_type: str | None, pool: str, at_ms: int | None = None)
     provider's minimum-price policy is compared with). ``None`` (any GPU) is priced at the default
     rate; ``at_ms`` picks the table in effect then (default: the newest table)."""
     table = PRICE_TABLES[-1] if at_ms is None else table_at(at_ms)
-    rate = table.default_gpu_hour_micros if gpu_type is None else table.gpu_hour_micros.get(
-        gpu_family(gpu_type), table.default_gpu_hour_micros
+    rate = (
+        table.default_gpu_hour_micros
+        if gpu_type is None
+        else table.gpu_hour_micros.get(gpu_family(gpu_type), table.default_gpu_hour_micros)
     )
     return rate * table.pool_multiplier_pct.get(pool, 100) // 100

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli import add_arguments as add_agent_arguments
-from core.errors import ResontechError
+from core.errors import InvalidInput, ResontechError
 from core.settings import Settings, load
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -182,6 +182,48 @@ def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
     return int(_run(run(args, settings, _data_dir(args))))
 
 
+def cmd_dev_submit(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.demo import submit_process_job
+
+    if not args.argv:
+        raise InvalidInput(
+            "give the command to run after --, e.g. resontech dev-submit -- python -c 'print(1)'"
+        )
+    ref = _run(
+        submit_process_job(settings, args.argv, tenant=args.tenant, shards=args.shards, job_id=args.job)
+    )
+    print(
+        f"submitted {ref}; follow it with: "
+        f"resontech tail 'job.{ref.replace('/', '.')}.>'  or  resontech why {ref}"
+    )
+    return 0
+
+
+def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
+    from ops import coordinator
+
+    _run(coordinator.serve(settings, name=args.name))
+    return 0
+
+
+def cmd_why(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.why import why
+
+    answer = _run(why(settings, args.job))
+    if args.json:
+        _print_json(answer)
+    else:
+        print("\n".join(answer["lines"]))
+    return 0
+
+
+def cmd_cordon(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.workers import cordon
+
+    print(_run(cordon(settings, args.worker, args.reason, uncordon=args.command == "uncordon")))
+    return 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     """Options every command takes, after the command name as well as before it."""
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -242,6 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("dir")
     p.set_defaults(handler=cmd_schemas_export)
+    p = command(
+        "dev-submit",
+        cmd_dev_submit,
+        "append a process job straight to the log (dev stack; the gateway comes later)",
+    )
+    p.add_argument("--tenant", default="dev")
+    p.add_argument("--job", help="job id (default: a new one)")
+    p.add_argument("--shards", type=int, default=1)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command every shard runs")
+    p = command("coordinator", cmd_coordinator, "run a coordinator (places work, detects lost workers)")
+    p.add_argument("--name", default="coordinator", help="instance name, recorded on its events")
+    p = command("why", cmd_why, "why a job is pending, or why it runs where it runs")
+    p.add_argument("job", metavar="TENANT/JOB")
+    p = command("cordon", cmd_cordon, "stop placing new work on a worker")
+    p.add_argument("worker")
+    p.add_argument("--reason", default="cordoned by an operator")
+    p = command("uncordon", cmd_cordon, "let a cordoned worker take work again")
+    p.add_argument("worker")
+    p.set_defaults(reason="")
     p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
     p.add_argument("--tenant", default="demo")
     add_agent_arguments(command("agent", cmd_agent, "run the worker agent on this host (until SIGTERM)"))

@@ -61,6 +61,13 @@ class ServiceSpec:
 
 DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("projector", [sys.executable, "-m", "ops.cli", "projector"]),
+    ServiceSpec("coordinator", [sys.executable, "-m", "ops.cli", "coordinator"]),
+    ServiceSpec(
+        "agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1", "--region", "local"]
+    ),
+    ServiceSpec(
+        "agent-2", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-2", "--region", "local"]
+    ),
 )
 
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import msgspec
 
+from core.placement import LOST_AFTER_INTERVALS
 from projections.base import Projection
 from schemas.envelope import Recorded
 from schemas.values import GpuTelemetry
 from schemas.workers import Heartbeat
 
 NS_PER_S = 1_000_000_000
-LOST_AFTER_INTERVALS = 3.0
 """A worker silent for this many of its own heartbeat intervals is lost."""
 
 

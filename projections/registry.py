@@ -15,13 +15,13 @@ the open one. :func:`uptime` turns them into a ratio at a given instant.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from projections.base import Projection
 from schemas.envelope import Recorded
-from schemas.values import Gpu, Pool
+from schemas.values import Gpu, Pool, WorkerState
 from schemas.workers import (
     WorkerCordoned,
     WorkerDeregistered,
@@ -32,8 +32,6 @@ from schemas.workers import (
     WorkerRegistered,
     WorkerUncordoned,
 )
-
-WorkerState = Literal["available", "cordoned", "lost", "deregistered"]
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,337 @@
+"""The coordinator service (``resontech coordinator``): thin glue around the pure decisions.
+
+It keeps the registry, liveness, schedule and endpoint projections live, and on every change (and
+every ``tick_s``) it:
+
+1. marks workers whose heartbeats stopped ``lost`` and revokes their assignments, and marks lost
+   workers that heartbeat again ``recovered`` (their old work stays fenced by epoch);
+2. revokes assignments an agent rejected, and cordons workers the health controller condemns;
+3. places queued work with :func:`core.placement.place`, appending ``job.placed`` with the job's
+   expected sequence, so that two coordinators never both place the same job;
+4. sends every placed assignment's ``start_work`` command, idempotently (the command id is derived
+   from the assignment id).
+
+Every append that depends on what the coordinator read carries the expected sequence of the
+aggregate it decided about; a :class:`ConcurrencyConflict` means another coordinator (or the agent)
+got there first, and the next step re-reads and re-decides.
+
+It lives in ``ops/`` because it reads projections: ``core/`` holds the pure decisions it calls and
+must not import them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from core import placement
+from core.candidates import CandidateIndex
+from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
+from core.log import EventLog
+from core.pricing import list_price_micros
+from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
+from projections.admission import health_verdicts, next_jobs, quota_usage, request_for_job
+from projections.capacity import candidates, tier_of
+from projections.liveness import overdue
+from projections.runner import ProjectionRunner
+from projections.schedule import TERMINAL, JobRecord, missing_slots
+from schemas import (
+    Assignment,
+    JobAssignmentRevoked,
+    JobCompleted,
+    JobPlaced,
+    JobQueued,
+    StartWork,
+    WorkerCordoned,
+    WorkerLost,
+    WorkerRecovered,
+    WorkSpec,
+)
+
+log = logging.getLogger("resontech.coordinator")
+
+LOST_AFTER_INTERVALS = 3
+"""A worker silent for this many of its heartbeat intervals is lost."""
+
+
+class Coordinator:
+    """One coordinator instance. Several may run at once; the log's expected sequences arbitrate.
+
+    Args:
+        event_log: the log.
+        name: instance name, recorded as ``by`` on the events it appends.
+        tick_s: how often to re-decide without a new event (default 0.2 s), which bounds how late a
+            silent worker is noticed.
+        weights: ranking weights for placement.
+    """
+
+    def __init__(
+        self,
+        event_log: EventLog,
+        *,
+        name: str = "coordinator",
+        tick_s: float = 0.2,
+        weights: placement.RankWeights = placement.DEFAULT_WEIGHTS,
+    ) -> None:
+        self.log = event_log
+        self.name = name
+        self.tick_s = tick_s
+        self.weights = weights
+        self.registry = ProjectionRunner(event_log, REGISTRY, write_snapshots=False)
+        self.liveness = ProjectionRunner(event_log, LIVENESS, write_snapshots=False)
+        self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
+        self.endpoints = ProjectionRunner(event_log, ENDPOINTS, write_snapshots=False)
+        self._changed = asyncio.Event()
+        self._commanded: set[str] = set()
+        self._failures: dict[str, list[int]] = {}
+        self.placements = 0
+        self.conflicts = 0
+        self.decision_ms: list[float] = []
+
+    @property
+    def runners(self) -> tuple[ProjectionRunner[Any], ...]:
+        return (self.registry, self.liveness, self.schedule, self.endpoints)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the projections and decide until ``stop`` is set."""
+        for runner in self.runners:
+            runner.listeners.append(lambda _record: self._changed.set())
+        tasks = [asyncio.create_task(runner.run(stop)) for runner in self.runners]
+        try:
+            await asyncio.gather(*(runner.caught_up.wait() for runner in self.runners))
+            log.info("%s caught up; deciding", self.name)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=self.tick_s)
+                self._changed.clear()
+                await self.step(time.time_ns())
+        finally:
+            stop.set()
+            for task in tasks:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await task
+
+    async def step(self, now_ns: int) -> None:
+        """One round of decisions at ``now_ns``."""
+        await self.detect_lost(now_ns)
+        await self.recover(now_ns)
+        await self.revoke_rejected()
+        await self.cordon_unhealthy(now_ns)
+        await self.complete_jobs()
+        await self.place_queued(now_ns)
+        await self.send_commands()
+
+    # -- failures ------------------------------------------------------------------------------
+
+    async def detect_lost(self, now_ns: int) -> None:
+        """Append ``worker.lost`` for every available worker whose heartbeats stopped, and revoke."""
+        workers = self.registry.state.workers
+        for worker_id in overdue(self.liveness.state, now_ns, LOST_AFTER_INTERVALS):
+            record = workers.get(worker_id)
+            if record is None or record.state in ("lost", "deregistered"):
+                continue
+            beat = self.liveness.state.beats[worker_id]
+            silent = (now_ns - beat.time_ns) / 1e9
+            if await self._append_worker(worker_id, WorkerLost(silent_s=silent, last_heartbeat_seq=beat.seq)):
+                log.warning("worker %s lost after %.1fs of silence", worker_id, silent)
+            await self.revoke_worker(worker_id, "worker lost")
+
+    async def recover(self, now_ns: int) -> None:
+        """Append ``worker.recovered`` for a lost worker that heartbeats again."""
+        late = set(overdue(self.liveness.state, now_ns, LOST_AFTER_INTERVALS))
+        for worker_id, record in self.registry.state.workers.items():
+            beat = self.liveness.state.beats.get(worker_id)
+            if (
+                record.state != "lost"
+                or beat is None
+                or worker_id in late
+                or beat.time_ns <= (record.lost_since_ns or 0)
+            ):
+                continue
+            down = (beat.time_ns - (record.lost_since_ns or beat.time_ns)) / 1e9
+            await self._append_worker(worker_id, WorkerRecovered(down_s=down))
+
+    async def revoke_worker(self, worker_id: str, reason: str) -> None:
+        """Revoke every current assignment on ``worker_id``."""
+        for job in list(self.schedule.state.jobs.values()):
+            if job.state in TERMINAL:
+                continue
+            for key, assignment in list(job.assignments.items()):
+                if assignment.worker_id == worker_id and key not in job.done:
+                    await self._revoke(job, assignment, reason)
+
+    async def revoke_rejected(self) -> None:
+        """Revoke assignments their agent rejected, so that they are placed elsewhere."""
+        for job in list(self.schedule.state.jobs.values()):
+            for assignment in list(job.assignments.values()):
+                reason = job.rejected_by.get(assignment.worker_id)
+                if reason is not None:
+                    await self._revoke(job, assignment, f"rejected by the worker: {reason}")
+
+    async def cordon_unhealthy(self, now_ns: int) -> None:
+        """Cordon workers the health controller condemns (repeated failures, hardware errors)."""
+        for worker_id, reason in health_verdicts(
+            self.registry.state, self.liveness.state, self._failures, now_ns
+        ):
+            record = self.registry.state.workers.get(worker_id)
+            if record is not None and record.state == "available":
+                await self._append_worker(worker_id, WorkerCordoned(reason=reason, by=self.name))
+
+    async def _revoke(self, job: JobRecord, assignment: Assignment, reason: str) -> None:
+        event = JobAssignmentRevoked(
+            assignment_id=assignment.assignment_id,
+            worker_id=assignment.worker_id,
+            slot=assignment.slot,
+            epoch=assignment.epoch,
+            reason=reason,
+        )
+        await self._append_job(job, event)
+
+    # -- placement -----------------------------------------------------------------------------
+
+    async def place_queued(self, now_ns: int) -> None:
+        """Place every queued job that fits, in priority then submission order, under quota.
+
+        Decisions are made one after another against one candidate index (each placement is taken
+        out of it), then their appends go out together: each carries its job's expected sequence,
+        so a conflict loses only that job's decision, which the next step makes again.
+        """
+        schedule = self.schedule.state
+        usage = quota_usage(schedule, self.endpoints.state)
+        index = CandidateIndex(
+            candidates(self.registry.state, self.liveness.state, schedule, self.endpoints.state, now_ns),
+            self.weights,
+        )
+        appends = []
+        for job in next_jobs(schedule, {}, usage):
+            if not missing_slots(job):
+                continue
+            started = time.perf_counter()
+            request = request_for_job(job)
+            decision = index.place(request, now_ns=now_ns)
+            self.decision_ms.append((time.perf_counter() - started) * 1000)
+            if isinstance(decision, placement.Placed):
+                for assignment in decision.assignments:
+                    index.take(assignment, request)
+                appends.append(
+                    self._append_job(
+                        job, JobPlaced(assignments=decision.assignments, provenance=decision.provenance)
+                    )
+                )
+            elif decision.reason != job.queue_reason:
+                appends.append(self._append_job(job, JobQueued(reason=decision.reason)))
+        for placed in await asyncio.gather(*appends):
+            self.placements += int(placed)
+
+    async def complete_jobs(self) -> None:
+        """Append ``job.completed`` for a live job all of whose shards completed."""
+        for job in list(self.schedule.state.jobs.values()):
+            if job.state not in TERMINAL and len(job.done) == job.shards:
+                await self._append_job(job, JobCompleted())
+
+    async def send_commands(self) -> None:
+        """Send ``start_work`` for every current assignment not yet started (idempotent by id)."""
+        for job in self.schedule.state.jobs.values():
+            if job.state in ("completed", "failed", "cancelled"):
+                continue
+            for key, assignment in job.assignments.items():
+                if key in job.started or assignment.assignment_id in self._commanded:
+                    continue
+                record = self.registry.state.workers.get(assignment.worker_id)
+                tier = tier_of(record, time.time_ns()) if record else "unverified"
+                command = start_command(job, assignment, tier)
+                try:
+                    await self.log.append(
+                        command_subject(assignment.worker_id),
+                        command,
+                        event_id=f"start-{assignment.assignment_id}",
+                    )
+                except (AppendTimeout, AppendRejected) as exc:
+                    log.warning("start command for %s not sent yet: %s", assignment.assignment_id, exc)
+                    continue
+                self._commanded.add(assignment.assignment_id)
+
+    # -- appends -------------------------------------------------------------------------------
+
+    async def _append_job(self, job: JobRecord, event: Any) -> bool:
+        try:
+            await self.log.append(
+                job_subject(job.tenant, job.job_id, event),
+                event,
+                expected_seq=job.last_seq,
+                expected_filter=job_filter(job.tenant, job.job_id),
+            )
+        except ConcurrencyConflict:
+            self.conflicts += 1
+            return False
+        return True
+
+    async def _append_worker(self, worker_id: str, event: Any) -> bool:
+        record = self.registry.state.workers.get(worker_id)
+        try:
+            await self.log.append(
+                worker_subject(worker_id, event),
+                event,
+                expected_seq=record.last_seq if record else 0,
+                expected_filter=worker_filter(worker_id),
+            )
+        except ConcurrencyConflict:
+            self.conflicts += 1
+            return False
+        return True
+
+
+def start_command(job: JobRecord, assignment: Any, tier: str = "unverified") -> StartWork:
+    """The ``start_work`` command for one assignment of ``job``; resumes from its last checkpoint."""
+    resources = job.resources
+    return StartWork(
+        tenant=job.tenant,
+        work_id=job.job_id,
+        work_kind="job",
+        assignment_id=assignment.assignment_id,
+        slot=assignment.slot,
+        epoch=assignment.epoch,
+        spec=WorkSpec(
+            runtime=RUNTIME_OF_KIND.get(job.kind, job.kind),
+            command=list(job.command),
+            env=dict(job.env),
+            gpus=resources.gpus,
+            vram_mb=resources.vram_mb,
+            cpus=resources.cpus,
+            pool=job.pool,
+            tier=tier,
+            shards=job.shards,
+            resume_from=job.last_checkpoint.object_key if job.last_checkpoint else None,
+        ),
+        price_micros_per_gpu_hour=list_price_micros(resources.gpu_type, job.pool),
+    )
+
+
+RUNTIME_OF_KIND = {"process": "process", "federated": "nvflare-client", "ddp": "torchrun"}
+"""The agent runtime that runs each job kind (the training issue adds the last two)."""
+
+
+async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event | None = None) -> None:
+    """Run one coordinator until SIGINT/SIGTERM (or ``stop``)."""
+    import signal
+
+    event_log = await EventLog.connect(settings, name=name)
+    await event_log.ensure_streams()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    coordinator = Coordinator(event_log, name=name)
+    try:
+        await coordinator.run(stop)
+    finally:
+        await event_log.close()
+
+
+__all__: Sequence[str] = ("Coordinator", "serve", "start_command")

@@ -1,0 +1,144 @@
+"""The coordinator with real agent processes against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from agent.simulated import SimulatedFleet
+from core.log import EventLog
+from core.streams import job_subject
+from ops.coordinator import Coordinator
+from schemas import (
+    JobAssignmentRevoked,
+    JobCompleted,
+    JobPlaced,
+    JobQueued,
+    JobResources,
+    JobShardCompleted,
+    JobStarted,
+    JobSubmitted,
+    WorkerLost,
+)
+from tests.support import AgentProcess, of, records, registered, until, wait_records
+
+pytestmark = pytest.mark.slow
+
+
+@contextlib.asynccontextmanager
+async def coordinator(log: EventLog, name: str = "coordinator") -> AsyncIterator[Coordinator]:
+    """A coordinator on its own connection, running until the block ends."""
+    own = await EventLog.connect(log.settings, name=name)
+    instance = Coordinator(own, name=name, tick_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(instance.run(stop))
+    try:
+        yield instance
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await own.close()
+
+
+CHECKPOINT_THEN_SLEEP = """
+import os, time
+resume = os.environ.get("RESONTECH_RESUME_FROM", "")
+print('RESONTECH_CHECKPOINT {"object_key": "jobs/long/ckpt-1", "round": 1}', flush=True)
+resumed = int(resume == "jobs/long/ckpt-1")
+print('RESONTECH_PROGRESS {"step": 2, "metrics": {"resumed": %d}}' % resumed, flush=True)
+time.sleep(0 if resume else 120)
+"""
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+async def submit(
+    log: EventLog, job_id: str, command: list[str], *, shards: int = 1, tenant: str = "acme"
+) -> None:
+    event = JobSubmitted(
+        name=job_id, kind="process", shards=shards, command=command, resources=JobResources()
+    )
+    await log.append(job_subject(tenant, job_id, event), event, event_id=f"submit-{tenant}-{job_id}")
+
+
+async def test_a_submitted_job_runs_on_an_agent_and_completes(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    await registered(log, agents("a1"))
+    await registered(log, agents("a2"))
+    async with coordinator(log):
+        await submit(log, "hello", py('print(\'RESONTECH_PROGRESS {"step": 1, "loss": 0.5}\')'), shards=2)
+        jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobCompleted), "job.completed")
+    [placed] = of(jobs, JobPlaced)
+    assert sorted(a.slot for a in placed.assignments) == [0, 1]
+    assert len({a.worker_id for a in placed.assignments}) == 2  # spread over both agents
+    assert placed.provenance.candidates == 2 and placed.provenance.top
+    assert len(of(jobs, JobShardCompleted)) == 2
+
+
+async def test_sigkill_of_an_agent_moves_its_work_and_resumes_from_the_checkpoint(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    first, second = agents("k1"), agents("k2")
+    ids = {await registered(log, first): first, await registered(log, second): second}
+    checkpoint_then_sleep = py(CHECKPOINT_THEN_SLEEP)
+    async with coordinator(log):
+        await submit(log, "long", checkpoint_then_sleep)
+        jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "the job started")
+        await wait_records(
+            log, "JOBS", lambda rs: any(r.subject.endswith(".checkpointed") for r in rs), "a checkpoint"
+        )
+        [placed] = of(jobs, JobPlaced)
+        victim = placed.assignments[0].worker_id
+        killed_at = time.monotonic()
+        ids[victim].kill()
+        await wait_records(log, "WORKERS", lambda rs: of(rs, WorkerLost), "worker.lost")
+        detected = time.monotonic() - killed_at
+        jobs = await wait_records(
+            log, "JOBS", lambda rs: of(rs, JobCompleted), "the replacement completed the job"
+        )
+    assert detected < 4.0, f"lost after {detected:.1f}s"
+    [revoked] = of(jobs, JobAssignmentRevoked)
+    assert (revoked.worker_id, revoked.reason) == (victim, "worker lost")
+    replacement = of(jobs, JobPlaced)[1].assignments[0]
+    assert replacement.worker_id != victim and replacement.epoch == 2
+    resumed = [r.event for r in jobs if r.subject.endswith(".progress") and r.event.epoch == 2]
+    assert resumed and resumed[0].metrics == {"resumed": 1.0}
+
+
+async def test_a_job_no_worker_can_run_waits_with_a_reason(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    await registered(log, agents("cpu-only"))
+    async with coordinator(log):
+        event = JobSubmitted(
+            name="big", kind="process", shards=1, resources=JobResources(gpus=8, vram_mb=80_000)
+        )
+        await log.append(job_subject("acme", "big", event), event)
+        jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobQueued), "job.queued with a reason")
+    [queued] = of(jobs, JobQueued)
+    assert "8" in queued.reason and "GPU" in queued.reason
+    assert not of(jobs, JobPlaced)
+
+
+async def test_two_coordinators_never_place_the_same_job_twice(log: EventLog) -> None:
+    fleet = SimulatedFleet(log, 50, interval_s=30.0, seed=3)
+    await fleet.register()
+    await fleet.beat()
+    await log.append_many(
+        (job_subject("acme", f"j{i}", JobSubmitted), JobSubmitted(name=f"j{i}", kind="process", shards=1))
+        for i in range(1000)
+    )
+    async with coordinator(log, "c1") as one, coordinator(log, "c2") as two:
+        await until(lambda: one.placements + two.placements >= 1000, "1000 placements", timeout=120)
+    placed = Counter(r.subject for r in await records(log, "JOBS") if isinstance(r.event, JobPlaced))
+    assert len(placed) == 1000
+    assert max(placed.values()) == 1, "a job was placed twice"
