@@ -10,11 +10,22 @@ from projections.ledger import LEDGER
 from projections.liveness import LIVENESS
 from projections.registry import REGISTRY
 from projections.schedule import SCHEDULE
+from projections.tenants import TENANTS
 
-ALL: tuple[Projection[Any], ...] = (REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
+ALL: tuple[Projection[Any], ...] = (TENANTS, REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
 """Every projection, in a stable order."""
 
 BY_NAME: dict[str, Projection[Any]] = {p.name: p for p in ALL}
 """Projection by its name (``registry``)."""
 
-__all__ = ["ALL", "BY_NAME", "ENDPOINTS", "LEDGER", "LIVENESS", "REGISTRY", "SCHEDULE", "Projection"]
+__all__ = [
+    "ALL",
+    "BY_NAME",
+    "ENDPOINTS",
+    "LEDGER",
+    "LIVENESS",
+    "REGISTRY",
+    "SCHEDULE",
+    "TENANTS",
+    "Projection",
+]

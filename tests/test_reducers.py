@@ -17,6 +17,7 @@ from core.streams import (
     job_subject,
     metering_subject,
     stream_for_subject,
+    tenant_subject,
     worker_subject,
 )
 from projections import ALL, BY_NAME, ENDPOINTS, LEDGER, LIVENESS, REGISTRY, SCHEDULE
@@ -53,6 +54,7 @@ from schemas import (
     JobStarted,
     JobSubmitted,
     Provenance,
+    QuotaSet,
     UsageTick,
     WorkerCordoned,
     WorkerDeregistered,
@@ -102,9 +104,9 @@ def roundtrips(projection: Projection[Any], state: msgspec.Struct) -> None:
 
 
 def test_projection_table() -> None:
-    assert [p.name for p in ALL] == ["registry", "liveness", "schedule", "endpoints", "ledger"]
+    assert [p.name for p in ALL] == ["tenants", "registry", "liveness", "schedule", "endpoints", "ledger"]
     assert BY_NAME["ledger"] is LEDGER
-    assert {p.stream for p in ALL} == {"WORKERS", "HEARTBEATS", "JOBS", "ENDPOINTS", "METERING"}
+    assert {p.stream for p in ALL} == {"TENANTS", "WORKERS", "HEARTBEATS", "JOBS", "ENDPOINTS", "METERING"}
 
 
 # --- pricing ------------------------------------------------------------------------------------
@@ -754,6 +756,7 @@ def test_every_reducer_ignores_foreign_events_and_keeps_its_sequence(projection:
         "JOBS": job_subject("acme", "j1", JobQueued),
         "ENDPOINTS": endpoint_subject("acme", "e1", EndpointScaled),
         "METERING": metering_subject("acme", "w1"),
+        "TENANTS": tenant_subject("acme", QuotaSet),
     }[projection.stream]
     foreign = JobQueued(reason="x") if projection.stream != "JOBS" else WorkerUncordoned(by="x")
     record: Recorded[Any] = Recorded(
@@ -786,3 +789,22 @@ def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
     assert job.record.done == {"0": 1, "1": 2}
     assert job.record.state != "completed"  # completion is the coordinator's job.completed event
     roundtrips(SCHEDULE, log.state)
+
+
+def test_tenants_keys_and_quotas() -> None:
+    from projections.tenants import TENANTS, quotas
+    from schemas import ApiKeyIssued, ApiKeyRevoked, TenantCreated
+
+    log = Log(TENANTS)
+    log(tenant_subject("acme", ApiKeyIssued), ApiKeyIssued(key_id="k0", key_sha256="0" * 64, role="admin"))
+    assert log.state.tenants == {}  # not created yet: ignored
+    log(tenant_subject("acme", TenantCreated), TenantCreated(display_name="Acme", bucket="rt-acme"))
+    log(tenant_subject("acme", ApiKeyIssued), ApiKeyIssued(key_id="k1", key_sha256="1" * 64, role="member"))
+    log(tenant_subject("acme", QuotaSet), QuotaSet(pool="shared", gpus=4))
+    log(tenant_subject("acme", ApiKeyRevoked), ApiKeyRevoked(key_id="k1"))
+    acme = log.state.tenants["acme"]
+    assert acme.keys["k1"].revoked and acme.keys["k1"].role == "member"
+    assert quotas(log.state) == {"acme": {"shared": 4}}
+    log(tenant_subject("acme", QuotaSet), QuotaSet(pool="shared", gpus=None))
+    assert quotas(log.state) == {} and log.state.tenants["acme"].last_seq == 6
+    roundtrips(TENANTS, log.state)

@@ -39,11 +39,14 @@ from core.streams import (
     job_subject,
     metering_subject,
     stream_for_subject,
+    tenant_subject,
     worker_subject,
 )
 from projections import ALL
 from projections.base import Projection, canonical_json, state_hash
 from schemas import (
+    ApiKeyIssued,
+    ApiKeyRevoked,
     Assignment,
     EndpointDeployed,
     EndpointReplicaLost,
@@ -70,7 +73,9 @@ from schemas import (
     JobStarted,
     JobSubmitted,
     Provenance,
+    QuotaSet,
     ScoreCard,
+    TenantCreated,
     UsageTick,
     WorkerCordoned,
     WorkerLost,
@@ -487,10 +492,23 @@ def _ticks(s: _Scenario) -> None:
                 s.at_ms(tick_end + 4_250, subject, tick)
 
 
+def _tenants(s: _Scenario) -> None:
+    acme, globex = (s.on(functools.partial(tenant_subject, t)) for t in ("acme", "globex"))
+    acme(0, TenantCreated(display_name="Acme ML", bucket="rt-acme", created_by="operator"))
+    globex(0, TenantCreated(display_name="Globex", bucket="rt-globex", plan="managed", created_by="operator"))
+    acme(0.05, ApiKeyIssued(key_id="k1", key_sha256="a" * 64, role="admin", label="ci", issued_by="operator"))
+    acme(0.06, ApiKeyIssued(key_id="k2", key_sha256="b" * 64, role="viewer", issued_by="alice"))
+    acme(0.07, QuotaSet(pool="shared", gpus=8, set_by="operator"))
+    globex(0.07, QuotaSet(pool="managed", gpus=4, set_by="operator"))
+    acme(9, ApiKeyRevoked(key_id="k2", revoked_by="alice"))
+    acme(9.5, QuotaSet(pool="shared", gpus=None, set_by="operator"))  # limit removed
+    s.at(10, tenant_subject("initech", ApiKeyRevoked), ApiKeyRevoked(key_id="kx"))  # unknown tenant: ignored
+
+
 def build_history() -> list[Recorded[Any]]:
     """The golden history, in store order (sequences per stream)."""
     s = _Scenario()
-    for part in (_workers, _heartbeats, _llama, _flmnist, _berteval, _sweep, _endpoint, _ticks):
+    for part in (_tenants, _workers, _heartbeats, _llama, _flmnist, _berteval, _sweep, _endpoint, _ticks):
         part(s)
     return s.records()
 
