@@ -34,19 +34,22 @@ from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
 from core.pricing import list_price_micros
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
-from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
-from projections.admission import health_verdicts, next_jobs, quota_usage, request_for_job
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS
+from projections.admission import health_verdicts, preemption_victims, quota_usage, request_for_job, triage
 from projections.capacity import candidates, tier_of
 from projections.liveness import overdue
 from projections.runner import ProjectionRunner
 from projections.schedule import TERMINAL, JobRecord, missing_slots
+from projections.tenants import quotas
 from schemas import (
     Assignment,
     JobAssignmentRevoked,
     JobCompleted,
+    JobFailed,
     JobPlaced,
     JobQueued,
     StartWork,
+    StopWork,
     WorkerCordoned,
     WorkerLost,
     WorkerRecovered,
@@ -86,6 +89,7 @@ class Coordinator:
         self.liveness = ProjectionRunner(event_log, LIVENESS, write_snapshots=False)
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.endpoints = ProjectionRunner(event_log, ENDPOINTS, write_snapshots=False)
+        self.tenants = ProjectionRunner(event_log, TENANTS, write_snapshots=False)
         self._changed = asyncio.Event()
         self._commanded: set[str] = set()
         self._failures: dict[str, list[int]] = {}
@@ -95,7 +99,7 @@ class Coordinator:
 
     @property
     def runners(self) -> tuple[ProjectionRunner[Any], ...]:
-        return (self.registry, self.liveness, self.schedule, self.endpoints)
+        return (self.registry, self.liveness, self.schedule, self.endpoints, self.tenants)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the projections and decide until ``stop`` is set."""
@@ -208,7 +212,7 @@ class Coordinator:
             self.weights,
         )
         appends = []
-        for job in next_jobs(schedule, {}, usage):
+        for job in await self._admitted(usage):
             if not missing_slots(job):
                 continue
             started = time.perf_counter()
@@ -223,8 +227,8 @@ class Coordinator:
                         job, JobPlaced(assignments=decision.assignments, provenance=decision.provenance)
                     )
                 )
-            elif decision.reason != job.queue_reason:
-                appends.append(self._append_job(job, JobQueued(reason=decision.reason)))
+            else:
+                appends.append(self._unplaced(job, request, decision, index, now_ns))
         for placed in await asyncio.gather(*appends):
             self.placements += int(placed)
 
@@ -255,6 +259,75 @@ class Coordinator:
                     log.warning("start command for %s not sent yet: %s", assignment.assignment_id, exc)
                     continue
                 self._commanded.add(assignment.assignment_id)
+
+    async def _admitted(self, usage: Any) -> list[JobRecord]:
+        """Queued jobs under their tenant's quota, in order; a job over quota gets its reason."""
+        admitted, waiting = triage(self.schedule.state, quotas(self.tenants.state), usage)
+        for job, wait in waiting:
+            if wait.permanent and job.state not in TERMINAL:
+                await self._append_job(job, JobFailed(reason=f"rejected: {wait.reason}", retryable=False))
+            elif wait.reason != job.queue_reason:
+                await self._append_job(job, JobQueued(reason=wait.reason))
+        return admitted
+
+    async def _unplaced(
+        self,
+        job: JobRecord,
+        request: placement.PlacementRequest,
+        decision: placement.Unplaceable,
+        index: CandidateIndex,
+        now_ns: int,
+    ) -> bool:
+        """A job that did not fit: reject it if it never can, else preempt for it, else say why."""
+        if decision.permanent and not job.assignments:
+            return await self._append_job(
+                job, JobFailed(reason=f"rejected: {decision.reason}", retryable=False)
+            )
+        victims = preemption_victims(
+            request,
+            index.candidates(),
+            self.schedule.state,
+            self.endpoints.state,
+            now_ns=now_ns,
+            weights=self.weights,
+        )
+        for victim in victims:
+            await self._preempt(victim, by=f"{job.tenant}/{job.job_id}")
+        if victims:
+            return False
+        if decision.reason != job.queue_reason:
+            return await self._append_job(job, JobQueued(reason=decision.reason))
+        return False
+
+    async def _preempt(self, victim: Any, *, by: str) -> None:
+        """Checkpoint-and-requeue one assignment: revoke it, then tell its agent to checkpoint and stop."""
+        if victim.kind != "job":
+            return  # endpoint replicas are preempted by the inference issue's autoscaler
+        job = self.schedule.state.jobs.get(victim.key)
+        if job is None:
+            return
+        assignment = victim.assignment
+        revoked = await self._append_job(
+            job,
+            JobAssignmentRevoked(
+                assignment_id=assignment.assignment_id,
+                worker_id=assignment.worker_id,
+                slot=assignment.slot,
+                epoch=assignment.epoch,
+                reason=f"preempted by {by}",
+            ),
+        )
+        if revoked:
+            stop = StopWork(
+                work_id=job.job_id,
+                assignment_id=assignment.assignment_id,
+                epoch=assignment.epoch,
+                reason=f"preempted by {by}",
+                checkpoint=True,
+            )
+            await self.log.append(
+                command_subject(assignment.worker_id), stop, event_id=f"preempt-{assignment.assignment_id}"
+            )
 
     # -- appends -------------------------------------------------------------------------------
 

@@ -358,10 +358,11 @@ SCHEDULE: Projection[ScheduleState] = Projection(
 
 
 def pending(state: ScheduleState) -> list[JobRecord]:
-    """Queued jobs in the order the coordinator places them: priority (highest first), then
-    submission order."""
+    """Queued jobs in the order the coordinator places them: managed and private work before shared
+    work (reserved capacity has priority queue access, seed 001; it is also what capacity freed by
+    a preemption was freed for), then priority (highest first), then submission order."""
     queued = [job for job in state.jobs.values() if job.state == "queued"]
-    queued.sort(key=lambda job: (-job.priority, job.submitted_seq))
+    queued.sort(key=lambda job: (job.pool == "shared", -job.priority, job.submitted_seq))
     return queued
 
 

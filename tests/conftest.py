@@ -55,11 +55,14 @@ async def log(settings: Settings) -> AsyncIterator[EventLog]:
 
 @pytest.fixture
 def agents(tmp_path: Path, settings: Settings) -> Iterator[Callable[..., AgentProcess]]:
-    """Start agents with ``agents(name, *flags)``; all are stopped and cleaned up after the test."""
+    """Start agents with ``agents(name, *flags, env={...})``; all are stopped and cleaned up after the
+    test."""
     started: list[AgentProcess] = []
 
-    def start(name: str, *extra: str) -> AgentProcess:
-        agent = AgentProcess(name, tmp_path, settings.nats_url, *extra).start()
+    def start(name: str, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
+        agent = AgentProcess(name, tmp_path, settings.nats_url, *extra)
+        agent.env.update(env or {})
+        agent.start()
         started.append(agent)
         return agent
 
