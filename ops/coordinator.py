@@ -39,7 +39,7 @@ from projections.admission import health_verdicts, preemption_victims, quota_usa
 from projections.capacity import candidates, tier_of
 from projections.liveness import overdue
 from projections.runner import ProjectionRunner
-from projections.schedule import TERMINAL, JobRecord, missing_slots
+from projections.schedule import TERMINAL, JobRecord, job_key, missing_slots
 from projections.tenants import quotas
 from schemas import (
     Assignment,
@@ -105,6 +105,7 @@ class Coordinator:
         """Follow the projections and decide until ``stop`` is set."""
         for runner in self.runners:
             runner.listeners.append(lambda _record: self._changed.set())
+        self.schedule.listeners.append(self._count_failure)
         tasks = [asyncio.create_task(runner.run(stop)) for runner in self.runners]
         try:
             await asyncio.gather(*(runner.caught_up.wait() for runner in self.runners))
@@ -126,6 +127,7 @@ class Coordinator:
         await self.recover(now_ns)
         await self.revoke_rejected()
         await self.cordon_unhealthy(now_ns)
+        await self.settle_failures()
         await self.complete_jobs()
         await self.place_queued(now_ns)
         await self.send_commands()
@@ -176,6 +178,22 @@ class Coordinator:
                 reason = job.rejected_by.get(assignment.worker_id)
                 if reason is not None:
                     await self._revoke(job, assignment, f"rejected by the worker: {reason}")
+
+    def _count_failure(self, record: Any) -> None:
+        """Remember when a worker's assignment failed (not when the agent merely stopped): the health
+        controller cordons a worker that fails K times in its window."""
+        event = record.event
+        if not isinstance(event, JobFailed) or event.slot is None or event.retryable:
+            return
+        job = self.schedule.state.jobs.get(job_key(record.token(1), record.token(2)))
+        assignment = job.assignments.get(str(event.slot)) if job else None
+        if assignment is not None and assignment.epoch == event.epoch:
+            self._failures.setdefault(assignment.worker_id, []).append(record.time_ns)
+
+    @property
+    def unknown_heartbeats(self) -> int:
+        """Workers heartbeating without a registration (ignored for placement, counted here)."""
+        return len(self.liveness.state.beats.keys() - self.registry.state.workers.keys())
 
     async def cordon_unhealthy(self, now_ns: int) -> None:
         """Cordon workers the health controller condemns (repeated failures, hardware errors)."""
@@ -231,6 +249,22 @@ class Coordinator:
                 appends.append(self._unplaced(job, request, decision, index, now_ns))
         for placed in await asyncio.gather(*appends):
             self.placements += int(placed)
+
+    async def settle_failures(self) -> None:
+        """A shard that failed fails its job (tenant code crashed); one stopped by its agent
+        (``retryable``) is revoked and placed again."""
+        for job in list(self.schedule.state.jobs.values()):
+            if job.state in TERMINAL or not job.failed_slots:
+                continue
+            fatal = sorted(slot for slot, retryable in job.failed_slots.items() if not retryable)
+            if fatal:
+                reason = f"shard {fatal[0]} failed: {job.failure_reason}"
+                await self._append_job(job, JobFailed(reason=reason, log_tail=job.log_tail, retryable=False))
+                continue
+            for slot in job.failed_slots:
+                assignment = job.assignments.get(slot)
+                if assignment is not None:
+                    await self._revoke(job, assignment, f"retry: {job.failure_reason}")
 
     async def complete_jobs(self) -> None:
         """Append ``job.completed`` for a live job all of whose shards completed."""

@@ -97,6 +97,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         started: ``str(slot) -> epoch`` for current assignments that started.
         done: ``str(slot) -> epoch`` for current assignments whose shard completed (a done shard is
             never re-placed; the coordinator completes the job once every shard is done).
+        failed_slots: ``str(slot) -> retryable`` for current assignments whose shard failed: the
+            coordinator fails the job (not retryable) or re-places the shard (retryable).
         epoch: the highest assignment epoch placed for this job.
         round: the highest federated round completed.
         failures / revocations: counts of accepted ``failed`` and ``assignment_revoked`` events.
@@ -129,6 +131,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     assignments: dict[str, Assignment] = {}
     started: dict[str, int] = {}
     done: dict[str, int] = {}
+    failed_slots: dict[str, bool] = {}
     epoch: int = 0
     last_checkpoint: Checkpoint | None = None
     round: int = 0
@@ -217,6 +220,7 @@ def _placed(job: JobRecord, event: JobPlaced) -> JobRecord | None:
     assignments = dict(job.assignments)
     started = dict(job.started)
     done = dict(job.done)
+    failed = dict(job.failed_slots)
     epoch = job.epoch
     for a in event.assignments:
         if a.epoch <= job.epoch or not 0 <= a.slot < job.shards:
@@ -224,10 +228,13 @@ def _placed(job: JobRecord, event: JobPlaced) -> JobRecord | None:
         assignments[str(a.slot)] = a
         started.pop(str(a.slot), None)
         done.pop(str(a.slot), None)
+        failed.pop(str(a.slot), None)
         epoch = max(epoch, a.epoch)
     if epoch == job.epoch:
         return None
-    return _replace(job, assignments=assignments, started=started, done=done, epoch=epoch)
+    return _replace(
+        job, assignments=assignments, started=started, done=done, failed_slots=failed, epoch=epoch
+    )
 
 
 def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
@@ -238,11 +245,13 @@ def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
     assignments = {k: a for k, a in job.assignments.items() if k != slot}
     started = {k: e for k, e in job.started.items() if k != slot}
     done = {k: e for k, e in job.done.items() if k != slot}
+    failed = {k: r for k, r in job.failed_slots.items() if k != slot}
     return _replace(
         job,
         assignments=assignments,
         started=started,
         done=done,
+        failed_slots=failed,
         revocations=job.revocations + 1,
         queue_reason=event.reason,
     )
@@ -285,6 +294,8 @@ def _failed(job: JobRecord, e: JobFailed, t: int) -> JobRecord | None:
     job = _replace(job, failures=job.failures + 1, failure_reason=e.reason, log_tail=e.log_tail)
     if e.slot is None and not e.retryable:
         job = _replace(job, state="failed", ended_ns=t)
+    elif e.slot is not None:
+        job = _replace(job, failed_slots={**job.failed_slots, str(e.slot): e.retryable})
     return job
 
 
@@ -350,7 +361,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=2,
+    version=3,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

@@ -13,9 +13,10 @@ import pytest
 
 from agent.simulated import SimulatedFleet
 from core.log import EventLog
-from core.streams import job_subject, worker_subject
+from core.streams import heartbeat_subject, job_subject, worker_subject
 from ops.coordinator import Coordinator
 from schemas import (
+    Heartbeat,
     JobAssignmentRevoked,
     JobCompleted,
     JobPlaced,
@@ -141,3 +142,29 @@ async def test_two_coordinators_never_place_the_same_job_twice(log: EventLog) ->
     placed = Counter(r.subject for r in await records(log, "JOBS") if isinstance(r.event, JobPlaced))
     assert len(placed) == 1000
     assert max(placed.values()) == 1, "a job was placed twice"
+
+
+async def test_a_worker_whose_work_keeps_failing_is_cordoned(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    worker_id = await registered(log, agents("flaky"))
+    async with coordinator(log):
+        for n in range(3):
+            await submit(log, f"crash{n}", py("import sys; sys.exit(7)"))
+        workers = await wait_records(log, "WORKERS", lambda rs: of(rs, WorkerCordoned), "worker.cordoned")
+    [cordoned] = of(workers, WorkerCordoned)
+    assert "3" in cordoned.reason and cordoned.by == "coordinator"
+    assert workers[-1].subject == f"worker.{worker_id}.cordoned"
+
+
+async def test_heartbeats_of_an_unknown_worker_are_ignored_and_counted(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    await registered(log, agents("known"))
+    await log.append(heartbeat_subject("w-stranger"), Heartbeat(cpu_pct=1.0))
+    async with coordinator(log) as instance:
+        await until(lambda: instance.unknown_heartbeats == 1, "the stranger counted")
+        await submit(log, "fine", py("print(1)"))
+        jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobCompleted), "job.completed")
+    [placed] = of(jobs, JobPlaced)
+    assert placed.assignments[0].worker_id != "w-stranger"

@@ -808,3 +808,17 @@ def test_tenants_keys_and_quotas() -> None:
     log(tenant_subject("acme", QuotaSet), QuotaSet(pool="shared", gpus=None))
     assert quotas(log.state) == {} and log.state.tenants["acme"].last_seq == 6
     roundtrips(TENANTS, log.state)
+
+
+def test_schedule_remembers_failed_shards_until_they_are_placed_again() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=2)
+    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job(JobFailed(reason="exit status 7", epoch=1, slot=1, log_tail="boom"))
+    job(JobFailed(reason="agent stopped", epoch=1, slot=0, retryable=True))
+    assert job.record.failed_slots == {"1": False, "0": True}
+    assert job.record.state != "failed"  # the coordinator decides: fail the job or retry the shard
+    job.revoke(_asg(0, 1), "retry: agent stopped")
+    job.place(_asg(0, 2, "w3"))
+    assert job.record.failed_slots == {"1": False}
