@@ -1,5 +1,9 @@
 """Placement: a pure decision from one request and the candidate workers to a gang of assignments.
 
+(About 570 lines, a fifth of them this docstring: the filters, the ranking, the gang and the
+explanation of a refusal are one decision whose parts change together; the candidate index that
+speeds it up lives apart, in :mod:`core.candidates`.)
+
 ``place`` filters, ranks and picks; it has no I/O, no clock (``now_ns`` is a parameter), no
 randomness, and ranks equal scores by base score then worker id, so the same input (in any order)
 always gives the same output.
