@@ -106,6 +106,21 @@ STREAMS: tuple[StreamSpec, ...] = (
         retention="workqueue",
     ),
     StreamSpec(
+        "PROVIDERS",
+        ("provider.>",),
+        "provider",
+        "provider.<provider>.<event>",
+        "created, api_key_issued, api_key_revoked, enrollment_token_issued, agent_enrolled, "
+        "agent_credentials_revoked",
+    ),
+    StreamSpec(
+        "AUDIT",
+        ("api.>",),
+        "api",
+        "api.<account>.<principal_kind>",
+        "request: every accepted mutating API request (who, what, when)",
+    ),
+    StreamSpec(
         "QUARANTINE",
         ("quarantine.>",),
         None,
@@ -193,6 +208,16 @@ def command_subject(worker_id: str) -> str:
 def tenant_subject(tenant: str, event: type[Event] | Event) -> str:
     """``tenant.<tenant>.<event>``."""
     return f"tenant.{token(tenant, 'tenant')}.{event.event_name()}"
+
+
+def provider_subject(provider: str, event: type[Event] | Event) -> str:
+    """``provider.<provider>.<event>``."""
+    return f"provider.{token(provider, 'provider')}.{event.event_name()}"
+
+
+def audit_subject(account: str, principal_kind: str) -> str:
+    """``api.<account>.<principal_kind>``: ``account`` is a tenant or provider id, or ``_operator``."""
+    return f"api.{token(account, 'account')}.{token(principal_kind, 'principal kind')}"
 
 
 def quarantine_subject(stream: str) -> str:

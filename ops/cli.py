@@ -40,7 +40,9 @@ def _print_json(value: Any) -> None:
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from ops import devstack
 
-    return devstack.up(_data_dir(args), nats_port=args.nats_port, s3_port=args.s3_port)
+    return devstack.up(
+        _data_dir(args), nats_port=args.nats_port, s3_port=args.s3_port, gateway_port=args.gateway_port
+    )
 
 
 def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
@@ -206,6 +208,13 @@ def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway.serve import serve
+
+    serve(settings)
+    return 0
+
+
 def cmd_why(args: argparse.Namespace, settings: Settings) -> int:
     from ops.why import why
 
@@ -250,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("up", cmd_up, "start the local stack (NATS, object store, services) in the foreground")
     p.add_argument("--nats-port", type=int, default=4222)
     p.add_argument("--s3-port", type=int, default=9000)
+    p.add_argument("--gateway-port", type=int, default=8080)
     command("down", cmd_down, "stop a stack started with `up` in another terminal")
     command("streams", cmd_streams, "create or update every stream, and list them")
     p = command("tail", cmd_tail, "print events on SUBJECT as JSON lines (then follow new ones)")
@@ -293,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", help="job id (default: a new one)")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command every shard runs")
+    command("gateway", cmd_gateway, "serve the API gateway (RESONTECH_GATEWAY_HOST/PORT)")
     p = command("coordinator", cmd_coordinator, "run a coordinator (places work, detects lost workers)")
     p.add_argument("--name", default="coordinator", help="instance name, recorded on its events")
     p = command("why", cmd_why, "why a job is pending, or why it runs where it runs")

@@ -19,6 +19,7 @@ SIGTERM so that nothing acknowledged is lost.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import secrets
@@ -36,12 +37,13 @@ from typing import Any
 from core.errors import ResontechError
 from ops.natsserver import NatsServer
 from ops.objectstore import ObjectStoreServer
-from ops.ports import ensure_port_free
+from ops.ports import ensure_port_free, free_port
 from ops.process import ensure_writable_dir, log_tail, run_async, signal_group, spawn, terminate
 
 STACK_FILE = "stack.json"
 ENV_FILE = "dev.env"
 SECRET_FILE = "s3.secret"
+OPERATOR_KEY_FILE = "operator.key"
 S3_ACCESS_KEY = "resontech"
 STOP_TIMEOUT_S = 10.0
 
@@ -60,6 +62,7 @@ class ServiceSpec:
 
 
 DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
+    ServiceSpec("gateway", [sys.executable, "-m", "ops.cli", "gateway"]),
     ServiceSpec("projector", [sys.executable, "-m", "ops.cli", "projector"]),
     ServiceSpec("coordinator", [sys.executable, "-m", "ops.cli", "coordinator"]),
     ServiceSpec(
@@ -82,6 +85,7 @@ def up(
     *,
     nats_port: int = 4222,
     s3_port: int = 9000,
+    gateway_port: int = 8080,
     services: Sequence[ServiceSpec] = DEFAULT_SERVICES,
     foreground: bool = True,
 ) -> int:
@@ -93,6 +97,7 @@ def up(
         data_dir: the stack's directory (created if missing).
         nats_port: NATS client port (0: any free port).
         s3_port: object store port (0: any free port).
+        gateway_port: API gateway port (0: any free port).
         services: the service processes to start once the streams exist.
         foreground: wait, and stop everything on a signal; if false, return once started and leave
             the processes running for :func:`down`.
@@ -104,11 +109,11 @@ def up(
     stack = _Stack(Path(data_dir).absolute())
     with _SignalTrap() as trap:
         try:
-            stack.check(nats_port, s3_port)
+            stack.check(nats_port, s3_port, gateway_port)
         except ResontechError as exc:
             return _fail(exc.message)
         try:
-            stack.start(nats_port, s3_port, services)
+            stack.start(nats_port, s3_port, gateway_port, services)
         except BaseException as exc:
             trap.raising = False  # a second Ctrl-C must not interrupt the clean-up
             stack.stop()
@@ -182,7 +187,7 @@ class _Stack:
         self._wrote_state = False
         self._supervised = True
 
-    def check(self, nats_port: int, s3_port: int) -> None:
+    def check(self, nats_port: int, s3_port: int, gateway_port: int) -> None:
         """Refuse early, before anything starts: unwritable dir, a stack already running, ports."""
         ensure_writable_dir(self.data_dir, "data dir")
         state = _read_state(self.data_dir)
@@ -196,8 +201,9 @@ class _Stack:
                 )
         ensure_port_free("127.0.0.1", nats_port, "nats-server (--nats-port)")
         ensure_port_free("127.0.0.1", s3_port, "the object store (--s3-port)")
+        ensure_port_free("127.0.0.1", gateway_port, "the gateway (--gateway-port)")
 
-    def start(self, nats_port: int, s3_port: int, services: Sequence[ServiceSpec]) -> None:
+    def start(self, nats_port: int, s3_port: int, gateway_port: int, services: Sequence[ServiceSpec]) -> None:
         """Start NATS, the object store, the streams and the services; record them as they start."""
         self.nats = NatsServer(
             self.data_dir / "nats", port=nats_port, config_dir=self.data_dir, log_file=self.logs / "nats.log"
@@ -226,8 +232,16 @@ class _Stack:
             "RESONTECH_S3_ACCESS_KEY": self.s3.access_key,
             "RESONTECH_S3_SECRET_KEY": self.s3.secret_key,
             "RESONTECH_DATA_DIR": str(self.data_dir),
+            "RESONTECH_GATEWAY_URL": f"http://127.0.0.1:{gateway_port or free_port()}",
+            "RESONTECH_API_KEY": self._operator_key(),
         }
-        child_env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        gateway_env = {
+            "RESONTECH_GATEWAY_PORT": self.env["RESONTECH_GATEWAY_URL"].rsplit(":", 1)[1],
+            "RESONTECH_GATEWAY_OPERATOR_KEY_SHA256": hashlib.sha256(
+                self.env["RESONTECH_API_KEY"].encode()
+            ).hexdigest(),
+        }
+        child_env = {**os.environ, **self.env, **gateway_env, "PYTHONUNBUFFERED": "1"}
         for spec in services:
             self.services[spec.name] = spawn(spec.argv, self.logs / f"{spec.name}.log", child_env)
             self._record()
@@ -245,7 +259,14 @@ class _Stack:
             ("nats", self.nats.url, self.nats.log_file),
             ("object store", self.s3.endpoint, self.s3.log_file),
         ]
-        rows += [(name, f"pid {p.pid}", self.logs / f"{name}.log") for name, p in self.services.items()]
+        if "gateway" in self.services:
+            gateway_url = self.env["RESONTECH_GATEWAY_URL"]
+            rows.append(("gateway", f"{gateway_url}  (docs {gateway_url}/docs)", self.logs / "gateway.log"))
+        rows += [
+            (name, f"pid {p.pid}", self.logs / f"{name}.log")
+            for name, p in self.services.items()
+            if name != "gateway"
+        ]
         table = [("component", "address", "log"), *((a, b, _show(c)) for a, b, c in rows)]
         widths = [max(len(row[i]) for row in table) for i in range(2)]
         shown = _show(self.data_dir)
@@ -306,6 +327,15 @@ class _Stack:
         state = {"ready": ready, "supervisor": me if self._supervised else None, "processes": processes}
         _write_private(self.data_dir / STACK_FILE, json.dumps(state, indent=2) + "\n")
         self._wrote_state = True
+
+    def _operator_key(self) -> str:
+        """The operator's API key, generated at the first start and kept in the data dir."""
+        path = self.data_dir / OPERATOR_KEY_FILE
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        key = f"rt_operator0000_{secrets.token_urlsafe(32)}"
+        _write_private(path, key + "\n")
+        return key
 
     def _secret(self) -> str:
         path = self.data_dir / SECRET_FILE
@@ -431,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=Path(".resontech"))
     parser.add_argument("--nats-port", type=int, default=4222)
     parser.add_argument("--s3-port", type=int, default=9000)
+    parser.add_argument("--gateway-port", type=int, default=8080)
     parser.add_argument("--no-services", action="store_true", help="only NATS, the object store, streams")
     parser.add_argument("--detach", action="store_true", help="start, then return; stop with `down`")
     args = parser.parse_args(argv)
@@ -441,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.data_dir,
         nats_port=args.nats_port,
         s3_port=args.s3_port,
+        gateway_port=args.gateway_port,
         services=services,
         foreground=not args.detach,
     )

@@ -20,10 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.config import Config
-
 from core.errors import ConfigError
+from core.objects import s3_client
 from ops.process import LocalServer, ensure_writable_dir, find_binary
 
 
@@ -113,31 +111,3 @@ class ObjectStoreServer(LocalServer):
         except Exception:
             return False
         return True
-
-
-def s3_client(
-    endpoint: str, access_key: str, secret_key: str, *, retries: int = 3, read_timeout: float = 30.0
-) -> Any:
-    """A boto3 S3 client for an S3-compatible endpoint (path-style, SigV4, region us-east-1).
-
-    Args:
-        endpoint: ``http://host:port``.
-        access_key / secret_key: the key pair.
-        retries: total attempts per call (botocore ``max_attempts``).
-        read_timeout: seconds to wait for a response.
-    """
-    config = Config(
-        signature_version="s3v4",
-        s3={"addressing_style": "path"},
-        retries={"max_attempts": retries},
-        connect_timeout=2,
-        read_timeout=read_timeout,
-    )
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=access_key,
-        aws_secret_access_key=secret_key,
-        region_name="us-east-1",
-        config=config,
-    )

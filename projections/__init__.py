@@ -8,11 +8,12 @@ from projections.base import Projection
 from projections.endpoints import ENDPOINTS
 from projections.ledger import LEDGER
 from projections.liveness import LIVENESS
+from projections.providers import PROVIDERS
 from projections.registry import REGISTRY
 from projections.schedule import SCHEDULE
 from projections.tenants import TENANTS
 
-ALL: tuple[Projection[Any], ...] = (TENANTS, REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
+ALL: tuple[Projection[Any], ...] = (TENANTS, PROVIDERS, REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
 """Every projection, in a stable order."""
 
 BY_NAME: dict[str, Projection[Any]] = {p.name: p for p in ALL}
@@ -24,6 +25,7 @@ __all__ = [
     "ENDPOINTS",
     "LEDGER",
     "LIVENESS",
+    "PROVIDERS",
     "REGISTRY",
     "SCHEDULE",
     "TENANTS",

@@ -14,10 +14,12 @@ from typing import Any, get_args
 import msgspec
 
 from schemas._base import Event, is_superseded, upcast
+from schemas.audit import AuditEvent
 from schemas.commands import CommandEvent
 from schemas.endpoints import EndpointEvent
 from schemas.jobs import JobEvent
 from schemas.metering import MeteringEvent
+from schemas.providers import ProviderEvent
 from schemas.tenants import TenantEvent
 from schemas.workers import HeartbeatEvent, WorkerEvent
 
@@ -29,6 +31,8 @@ FAMILIES: dict[str, Any] = {
     "meter": MeteringEvent,
     "cmd": CommandEvent,
     "tenant": TenantEvent,
+    "provider": ProviderEvent,
+    "api": AuditEvent,
 }
 """Family (the first subject token, and the first part of every tag) -> its tagged union."""
 

@@ -13,6 +13,7 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import STREAMS
 from ops.natsserver import NatsServer
+from ops.objectstore import ObjectStoreServer
 from tests.support import AgentProcess
 
 
@@ -26,9 +27,25 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStoreServer]:
+    """A real S3-compatible server (``rclone serve s3``) on a free loopback port, signatures checked."""
+    root = tmp_path_factory.mktemp("s3")
+    server = ObjectStoreServer(root / "objects", secret_key="test-secret-" + root.name.replace(",", ""))
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def settings(nats_server: NatsServer) -> Settings:
-    return Settings(nats_url=nats_server.url, ack_timeout_s=5.0)
+def settings(nats_server: NatsServer, object_store: ObjectStoreServer) -> Settings:
+    return Settings(
+        nats_url=nats_server.url,
+        ack_timeout_s=5.0,
+        s3_endpoint=object_store.endpoint,
+        s3_access_key=object_store.access_key,
+        s3_secret_key=object_store.secret_key,
+    )
 
 
 async def wipe_streams(url: str) -> None:

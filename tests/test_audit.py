@@ -175,6 +175,8 @@ async def test_export_writes_one_file_per_stream_with_its_rows(log: EventLog, tm
         "ENDPOINTS": 1,
         "METERING": 5,
         "COMMANDS": 0,
+        "PROVIDERS": 0,
+        "AUDIT": 0,
         "QUARANTINE": 2,
     }
     assert seen == list(counts.items())

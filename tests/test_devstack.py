@@ -19,10 +19,11 @@ import pytest
 from botocore.exceptions import ClientError
 
 from core.errors import ConfigError
+from core.objects import s3_client
 from core.settings import Settings, load
 from core.streams import STREAMS
 from ops import devstack
-from ops.objectstore import ObjectStoreServer, s3_client
+from ops.objectstore import ObjectStoreServer
 from ops.ports import ensure_port_free, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +144,14 @@ def reap() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _ports() -> list[str]:
-    return ["--nats-port", str(free_port()), "--s3-port", str(free_port())]
+    return [
+        "--nats-port",
+        str(free_port()),
+        "--s3-port",
+        str(free_port()),
+        "--gateway-port",
+        str(free_port()),
+    ]
 
 
 def test_up_serves_then_sigint_stops_everything(tmp_path: Path, reap: list[subprocess.Popen[bytes]]) -> None:
@@ -179,7 +187,7 @@ def test_second_up_is_refused_and_down_stops_the_first(
     _wait_ready(first, data_dir, out)
     secret = (data_dir / "s3.secret").read_text()
 
-    assert devstack.up(data_dir, nats_port=0, s3_port=0, services=[]) == 1
+    assert devstack.up(data_dir, nats_port=0, s3_port=0, gateway_port=0, services=[]) == 1
     assert "already running" in capsys.readouterr().err
 
     assert devstack.down(data_dir) == 0
@@ -237,7 +245,7 @@ def test_a_service_that_dies_is_reported_and_the_rest_keeps_running(
             ServiceSpec("crasher", [py, "-c", "print('about to fail'); raise SystemExit(3)"]),
             ServiceSpec("sleeper", [py, "-c", sleep]),
         ]
-        ports = dict(nats_port={free_port()}, s3_port={free_port()})
+        ports = dict(nats_port={free_port()}, s3_port={free_port()}, gateway_port=0)
         sys.exit(up(Path({str(data_dir)!r}), services=services, **ports))
         """
     )
@@ -274,7 +282,10 @@ def test_start_up_failure_stops_what_had_started(
     monkeypatch.setattr(devstack, "_ensure_streams", broken)
     nats_port, s3_port = free_port(), free_port()
 
-    assert devstack.up(tmp_path / "stack", nats_port=nats_port, s3_port=s3_port, services=[]) == 1
+    assert (
+        devstack.up(tmp_path / "stack", nats_port=nats_port, s3_port=s3_port, gateway_port=0, services=[])
+        == 1
+    )
 
     err = capsys.readouterr().err
     assert "no streams today" in err and err.count("\n") == 1
@@ -287,14 +298,14 @@ def test_up_refuses_a_busy_port_or_an_unwritable_dir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "file").write_text("")
-    assert devstack.up(tmp_path / "file" / "stack", nats_port=0, s3_port=0, services=[]) == 1
+    assert devstack.up(tmp_path / "file" / "stack", nats_port=0, s3_port=0, gateway_port=0, services=[]) == 1
     assert "is not writable" in capsys.readouterr().err
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        assert devstack.up(tmp_path / "stack", nats_port=port, s3_port=0, services=[]) == 1
+        assert devstack.up(tmp_path / "stack", nats_port=port, s3_port=0, gateway_port=0, services=[]) == 1
     err = capsys.readouterr().err
     assert f"port {port}" in err and "--nats-port" in err
     assert not (tmp_path / "stack" / "nats").exists()  # refused before anything started

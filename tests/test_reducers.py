@@ -16,6 +16,7 @@ from core.streams import (
     heartbeat_subject,
     job_subject,
     metering_subject,
+    provider_subject,
     stream_for_subject,
     tenant_subject,
     worker_subject,
@@ -66,6 +67,7 @@ from schemas import (
     WorkerUncordoned,
 )
 from schemas.envelope import Recorded
+from schemas.providers import ProviderKeyRevoked
 
 S = 1_000_000_000
 HOUR_MS = 3_600_000
@@ -104,9 +106,25 @@ def roundtrips(projection: Projection[Any], state: msgspec.Struct) -> None:
 
 
 def test_projection_table() -> None:
-    assert [p.name for p in ALL] == ["tenants", "registry", "liveness", "schedule", "endpoints", "ledger"]
+    assert [p.name for p in ALL] == [
+        "tenants",
+        "providers",
+        "registry",
+        "liveness",
+        "schedule",
+        "endpoints",
+        "ledger",
+    ]
     assert BY_NAME["ledger"] is LEDGER
-    assert {p.stream for p in ALL} == {"TENANTS", "WORKERS", "HEARTBEATS", "JOBS", "ENDPOINTS", "METERING"}
+    assert {p.stream for p in ALL} == {
+        "TENANTS",
+        "PROVIDERS",
+        "WORKERS",
+        "HEARTBEATS",
+        "JOBS",
+        "ENDPOINTS",
+        "METERING",
+    }
 
 
 # --- pricing ------------------------------------------------------------------------------------
@@ -757,6 +775,7 @@ def test_every_reducer_ignores_foreign_events_and_keeps_its_sequence(projection:
         "ENDPOINTS": endpoint_subject("acme", "e1", EndpointScaled),
         "METERING": metering_subject("acme", "w1"),
         "TENANTS": tenant_subject("acme", QuotaSet),
+        "PROVIDERS": provider_subject("gpuco", ProviderKeyRevoked),
     }[projection.stream]
     foreign = JobQueued(reason="x") if projection.stream != "JOBS" else WorkerUncordoned(by="x")
     record: Recorded[Any] = Recorded(

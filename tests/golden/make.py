@@ -38,6 +38,7 @@ from core.streams import (
     heartbeat_subject,
     job_subject,
     metering_subject,
+    provider_subject,
     stream_for_subject,
     tenant_subject,
     worker_subject,
@@ -86,6 +87,14 @@ from schemas import (
     WorkerUncordoned,
 )
 from schemas.envelope import Recorded
+from schemas.providers import (
+    AgentCredentialsRevoked,
+    AgentEnrolled,
+    EnrollmentTokenIssued,
+    ProviderCreated,
+    ProviderKeyIssued,
+    ProviderKeyRevoked,
+)
 
 HERE = Path(__file__).resolve().parent
 HISTORY = HERE / "history.jsonl"
@@ -505,10 +514,37 @@ def _tenants(s: _Scenario) -> None:
     s.at(10, tenant_subject("initech", ApiKeyRevoked), ApiKeyRevoked(key_id="kx"))  # unknown tenant: ignored
 
 
+def _providers(s: _Scenario) -> None:
+    gpuco = s.on(functools.partial(provider_subject, "gpuco"))
+    gpuco(0, ProviderCreated(display_name="GPU Co", created_by="operator"))
+    gpuco(0.02, ProviderKeyIssued(key_id="pk1", key_sha256="c" * 64, label="ops", issued_by="operator"))
+    gpuco(0.03, EnrollmentTokenIssued(token_id="et1", token_sha256="d" * 64, expires_ns=_ms(60) * 1_000_000))
+    gpuco(
+        0.04,
+        AgentEnrolled(token_id="et1", worker_id="w-a100-1", hostname="a100-1", nats_user="agent-w-a100-1"),
+    )
+    gpuco(8, ProviderKeyRevoked(key_id="pk1", revoked_by="provider:gpuco"))
+    gpuco(9, AgentCredentialsRevoked(worker_id="w-a100-1", revoked_by="provider:gpuco"))
+    s.at(
+        10, provider_subject("nobody", ProviderKeyRevoked), ProviderKeyRevoked(key_id="pk9")
+    )  # unknown: ignored
+
+
 def build_history() -> list[Recorded[Any]]:
     """The golden history, in store order (sequences per stream)."""
     s = _Scenario()
-    for part in (_tenants, _workers, _heartbeats, _llama, _flmnist, _berteval, _sweep, _endpoint, _ticks):
+    for part in (
+        _tenants,
+        _providers,
+        _workers,
+        _heartbeats,
+        _llama,
+        _flmnist,
+        _berteval,
+        _sweep,
+        _endpoint,
+        _ticks,
+    ):
         part(s)
     return s.records()
 

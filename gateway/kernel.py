@@ -1,0 +1,166 @@
+"""The gateway's view of the kernel: the event log, the projections it reads, the key index.
+
+One :class:`Kernel` per gateway process. It follows every projection it serves live (loading the
+projector's snapshots first), so reads are served from memory; a write appends through
+:class:`core.log.EventLog` and, when the caller needs to read its own write, waits until the
+projection has applied it (:meth:`Kernel.append`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from core.log import EventLog
+from core.objects import s3_client
+from core.settings import Settings
+from core.streams import audit_subject
+from gateway.auth import KeyRecord
+from gateway.settings import GatewaySettings
+from projections import ENDPOINTS, LEDGER, LIVENESS, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
+from projections.base import Projection
+from projections.runner import ProjectionRunner
+from schemas import Event
+from schemas.audit import RequestRecorded
+from schemas.envelope import Recorded
+from schemas.providers import ProviderKeyIssued, ProviderKeyRevoked
+from schemas.tenants import ApiKeyIssued, ApiKeyRevoked
+
+if TYPE_CHECKING:
+    from core.wire import Position
+    from gateway.api import Call, Operation
+
+log = logging.getLogger("resontech.gateway")
+SERVED: tuple[Projection[Any], ...] = (TENANTS, PROVIDERS, REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
+"""The projections the gateway reads."""
+READ_YOUR_WRITES_S = 5.0
+
+
+class Kernel:
+    """Connections and live projections of one gateway process.
+
+    Attributes:
+        runners: projection name -> its live :class:`ProjectionRunner`.
+        keys: key id -> :class:`KeyRecord`, kept current from TENANTS and PROVIDERS.
+        s3: a boto3 client of the object store (blocking: call it through ``asyncio.to_thread``).
+    """
+
+    def __init__(self, settings: Settings, gateway: GatewaySettings) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.log: EventLog | None = None
+        self.runners: dict[str, ProjectionRunner[Any]] = {}
+        self.keys: dict[str, KeyRecord] = {}
+        self.s3 = s3_client(
+            settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, region=settings.s3_region
+        )
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def event_log(self) -> EventLog:
+        if self.log is None:
+            raise RuntimeError("the kernel is not started")
+        return self.log
+
+    def state(self, projection: Projection[Any]) -> Any:
+        """The current state of a served projection."""
+        return self.runners[projection.name].state
+
+    async def start(self, timeout: float = 60.0) -> None:
+        """Connect, create missing streams, load and catch up every served projection."""
+        self.log = await EventLog.connect(self.settings, name="resontech-gateway")
+        await self.log.ensure_streams()
+        for projection in SERVED:
+            runner = ProjectionRunner(self.log, projection, write_snapshots=False)
+            self.runners[projection.name] = runner
+        self.runners[TENANTS.name].listeners.append(self._index_key)
+        self.runners[PROVIDERS.name].listeners.append(self._index_key)
+        for runner in self.runners.values():
+            self._tasks.append(
+                asyncio.create_task(runner.run(self._stop), name=f"follow-{runner.projection.name}")
+            )
+        caught_up = asyncio.ensure_future(
+            asyncio.gather(*(r.caught_up.wait() for r in self.runners.values()))
+        )
+        try:
+            await asyncio.wait([caught_up, *self._tasks], timeout=timeout, return_when="FIRST_COMPLETED")
+        finally:
+            caught_up.cancel()
+        for task in self._tasks:
+            if task.done():  # a runner only ends on its own when it failed
+                raise RuntimeError(f"{task.get_name()} stopped") from task.exception()
+        if not all(r.caught_up.is_set() for r in self.runners.values()):
+            raise TimeoutError(f"projections did not catch up within {timeout:.0f} s")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5.0)
+        if self.log is not None:
+            await self.log.close()
+
+    def _index_key(self, record: Recorded[Any]) -> None:
+        event = record.event
+        kind = "tenant" if record.subject.startswith("tenant.") else "provider"
+        account = record.token(1)
+        match event:
+            case ApiKeyIssued(key_id=key_id, key_sha256=sha, role=role):
+                self.keys[key_id] = KeyRecord(kind="tenant", account=account, role=role, key_sha256=sha)
+            case ProviderKeyIssued(key_id=key_id, key_sha256=sha):
+                self.keys[key_id] = KeyRecord(kind="provider", account=account, role="admin", key_sha256=sha)
+            case ApiKeyRevoked(key_id=key_id) | ProviderKeyRevoked(key_id=key_id):
+                old = self.keys.get(key_id)
+                if old is not None and old.kind == kind and old.account == account:
+                    self.keys[key_id] = KeyRecord(
+                        kind=old.kind,
+                        account=old.account,
+                        role=old.role,
+                        key_sha256=old.key_sha256,
+                        revoked=True,
+                    )
+
+    async def append(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        event_id: str | None = None,
+        expected_seq: int | None = None,
+        expected_filter: str | None = None,
+        visible_in: Projection[Any] | None = None,
+    ) -> Position:
+        """Append ``event``; with ``visible_in``, return only once that projection has applied it."""
+        position = await self.event_log.append(
+            subject, event, event_id=event_id, expected_seq=expected_seq, expected_filter=expected_filter
+        )
+        if visible_in is not None:
+            await self.runners[visible_in.name].wait_for(position.seq, READ_YOUR_WRITES_S)
+        return position
+
+    async def record_request(
+        self, call: Call[Any, Any], operation: Operation, status: int, request_id: str
+    ) -> None:
+        """Append the ``api.request`` audit event of an accepted mutating request."""
+        principal = call.principal
+        account = principal.account or "_operator"
+        client = call.request.client
+        event = RequestRecorded(
+            principal=principal.label,
+            principal_kind=principal.kind,
+            key_id=principal.key_id,
+            role=principal.role,
+            method=call.request.method,
+            route=operation.path,
+            path=call.request.url.path,
+            status=status,
+            resource=call.resource,
+            request_id=request_id,
+            remote=client.host if client else "",
+        )
+        await self.event_log.append(
+            audit_subject(account, principal.kind), event, event_id=f"req-{request_id}"
+        )

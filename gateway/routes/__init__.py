@@ -1,0 +1,9 @@
+"""The API's routes, one module per area. Each module has one :class:`gateway.api.Router`."""
+
+from __future__ import annotations
+
+from gateway.api import Router
+from gateway.routes import system, tenants
+
+ROUTERS: tuple[Router, ...] = (system.router, tenants.router)
+"""Every router the app serves, in OpenAPI order."""

@@ -1,0 +1,64 @@
+"""The gateway's typed settings, read once at start-up from ``RESONTECH_GATEWAY_*``.
+
+NATS and object-store settings are the shared :class:`core.settings.Settings`. A malformed value
+stops the gateway with one line that names the setting (:class:`~core.errors.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+import msgspec
+
+from core.errors import ConfigError
+
+PREFIX = "RESONTECH_GATEWAY_"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of one gateway process.
+
+    Attributes:
+        host / port: where it listens (default ``127.0.0.1:8080``).
+        public_url: the URL clients use (default ``http://<host>:<port>``).
+        operator_key_sha256: SHA-256 (hex) of the operator's API key; without it no operator route
+            can be used (``resontech up`` generates a key and writes it to ``dev.env``).
+        max_body_bytes: larger request bodies are refused with 413 (default 1 MiB).
+        workers: server worker processes (default 1).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_url: str = ""
+    operator_key_sha256: str = ""
+    max_body_bytes: int = 1_048_576
+    workers: int = 1
+
+    @property
+    def url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+
+def load_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettings:
+    """:class:`GatewaySettings` from ``env`` (default ``os.environ``)."""
+    values = os.environ if env is None else env
+    raw: dict[str, object] = {}
+    for field in msgspec.structs.fields(GatewaySettings):
+        key = PREFIX + field.name.upper()
+        if values.get(key, "") == "":
+            continue
+        try:
+            raw[field.name] = msgspec.convert(values[key], field.type, strict=False)
+        except msgspec.ValidationError:
+            raise ConfigError(f"{key}={values[key]!r} is not a valid {field.type}") from None
+    settings = msgspec.convert(raw, GatewaySettings)
+    if settings.operator_key_sha256 and not _SHA256.match(settings.operator_key_sha256):
+        raise ConfigError(f"{PREFIX}OPERATOR_KEY_SHA256 must be 64 lowercase hex characters")
+    if not 0 < settings.port < 65536:
+        raise ConfigError(f"{PREFIX}PORT must be 1..65535, got {settings.port}")
+    if settings.max_body_bytes < 1024:
+        raise ConfigError(f"{PREFIX}MAX_BODY_BYTES must be at least 1024")
+    return settings

@@ -1,0 +1,76 @@
+"""Events of the PROVIDERS stream: ``provider.<provider>.<event>``.
+
+A provider account is separate from a tenant: it owns hosts (workers), not jobs. Its people use API
+keys; its agents enroll with one-time enrollment tokens and receive NATS credentials of their own.
+"""
+
+from __future__ import annotations
+
+from schemas._base import Event
+
+
+class ProviderCreated(Event, tag="provider.created", frozen=True, kw_only=True):
+    """A GPU provider's account was created (by the operator)."""
+
+    display_name: str
+    created_by: str = ""
+
+
+class ProviderKeyIssued(Event, tag="provider.api_key_issued", frozen=True, kw_only=True):
+    """An API key of the provider's account. Only its SHA-256 is stored; the key is shown once."""
+
+    key_id: str
+    key_sha256: str
+    label: str = ""
+    issued_by: str = ""
+
+
+class ProviderKeyRevoked(Event, tag="provider.api_key_revoked", frozen=True, kw_only=True):
+    """A provider API key stops working."""
+
+    key_id: str
+    revoked_by: str = ""
+
+
+class EnrollmentTokenIssued(Event, tag="provider.enrollment_token_issued", frozen=True, kw_only=True):
+    """A one-time token an agent presents to enroll. Only its SHA-256 is stored.
+
+    Attributes:
+        expires_ns: the token is refused after this time (Unix ns).
+        pool / region: what an agent enrolled with it is registered as.
+    """
+
+    token_id: str
+    token_sha256: str
+    expires_ns: int
+    pool: str = "shared"
+    region: str = ""
+    label: str = ""
+    issued_by: str = ""
+
+
+class AgentEnrolled(Event, tag="provider.agent_enrolled", frozen=True, kw_only=True):
+    """An agent enrolled with a token (which is used up) and received NATS credentials for
+    ``worker_id`` alone (``nats_user`` names them; the secret is never stored)."""
+
+    token_id: str
+    worker_id: str
+    hostname: str = ""
+    nats_user: str = ""
+
+
+class AgentCredentialsRevoked(Event, tag="provider.agent_credentials_revoked", frozen=True, kw_only=True):
+    """The NATS credentials of one enrolled agent stop working."""
+
+    worker_id: str
+    revoked_by: str = ""
+
+
+ProviderEvent = (
+    ProviderCreated
+    | ProviderKeyIssued
+    | ProviderKeyRevoked
+    | EnrollmentTokenIssued
+    | AgentEnrolled
+    | AgentCredentialsRevoked
+)
