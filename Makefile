@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA_DIR ?= .resontech
 PYTEST_ARGS ?=
 
-.PHONY: up down test lint bench bench-quick venv clean
+.PHONY: up down test lint bench bench-quick venv browser clean
 
 venv: .venv/.stamp
 
@@ -19,8 +19,12 @@ up: venv
 down: venv
 	@.venv/bin/resontech --data-dir $(DATA_DIR) down
 
-test: venv
+test: venv browser
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+
+# The dashboard's browser test drives Debian's Chromium through Playwright (no browser download).
+browser:
+	@./ops/browser.sh
 
 lint: venv
 	$(PY) -m ruff check schemas core projections gateway agent ops tests
