@@ -19,6 +19,7 @@ from typing import Any
 from agent.cli import add_arguments as add_agent_arguments
 from core.errors import InvalidInput, ResontechError
 from core.settings import Settings, load
+from gateway.client import ApiError
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -317,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
     p.add_argument("--tenant", default="demo")
     add_agent_arguments(command("agent", cmd_agent, "run the worker agent on this host (until SIGTERM)"))
+    from ops.usercli import register
+
+    register(command)
     return parser
 
 
@@ -331,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load(env_file=_data_dir(args) / "dev.env")
         return int(args.handler(args, settings))
-    except ResontechError as exc:
+    except (ResontechError, ApiError) as exc:
         if args.debug:
             raise
         print(f"error: {exc.message}", file=sys.stderr)

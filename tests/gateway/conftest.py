@@ -7,8 +7,15 @@ no sockets. Tests that need a real server (WebSockets, the browser, SDK uploads)
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +27,8 @@ from gateway.app import create_app
 from gateway.auth import digest
 from gateway.kernel import Kernel
 from gateway.settings import GatewaySettings
+from ops.ports import free_port
+from tests.support import REPO
 
 
 class Api:
@@ -79,3 +88,61 @@ async def api(
 
 
 MakeTenant = Callable[[], Awaitable[tuple[str, str]]]
+
+
+class ServedGateway:
+    """A real gateway process (``resontech gateway``: granian, uvloop) on a free loopback port."""
+
+    def __init__(self, settings: Settings, operator_key: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.operator_key = operator_key
+        self.log_path = log_path
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        env.update(
+            RESONTECH_NATS_URL=settings.nats_url,
+            RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
+            RESONTECH_S3_ACCESS_KEY=settings.s3_access_key,
+            RESONTECH_S3_SECRET_KEY=settings.s3_secret_key,
+            RESONTECH_GATEWAY_PORT=str(self.port),
+            RESONTECH_GATEWAY_OPERATOR_KEY_SHA256=digest(operator_key),
+        )
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", "gateway"], cwd=REPO, env=self.env, stdout=out, stderr=out
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"gateway exited {self.proc.returncode}:\n{self.log_path.read_text()[-2000:]}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/v1/health", timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"gateway not up within {timeout} s:\n{self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def gateway_server(
+    log: EventLog, settings: Settings, operator_key: str, tmp_path: Path
+) -> Iterator[ServedGateway]:
+    """A served gateway on empty streams (the operator key is ``gateway_server.operator_key``)."""
+    server = ServedGateway(settings, operator_key, tmp_path / "gateway.log")
+    server.start()
+    yield server
+    server.stop()
