@@ -30,7 +30,16 @@ from typing import NamedTuple
 
 import msgspec
 
-from core.placement import DEFAULT_WEIGHTS, Candidate, Decision, PlacementRequest, RankWeights
+from core.placement import (
+    DEFAULT_WEIGHTS,
+    Candidate,
+    Decision,
+    PlacementRequest,
+    RankWeights,
+    lanes,
+    permanent_reason,
+)
+from projections.capacity import candidate_of
 from projections.endpoints import EndpointRecord, EndpointsState, missing_replicas
 from projections.liveness import NS_PER_S, LivenessState
 from projections.registry import RegistryState
@@ -92,6 +101,22 @@ def check_quota(
     reason = f"over quota: tenant {tenant} holds {used} of its {limit} GPUs in the {pool} pool"
     reason += f" and this needs {gpus} more"
     return Wait(reason=reason, permanent=(gpus if whole is None else whole) > limit)
+
+
+def never_fits(request: PlacementRequest, registry: RegistryState, now_ns: int) -> str | None:
+    """Why ``request`` could never be placed on the registered fleet, or ``None``.
+
+    The coordinator's permanent rejection (:func:`core.placement.permanent_reason`) judged before
+    anything runs: against every registered worker as if idle, whatever its load or heartbeat, so
+    the gateway can refuse a submission that would only be rejected later. ``now_ns`` (Unix ns) is
+    when tiers are judged, which does not change the verdict.
+    """
+    idle_use = (0, 0.0, 0, 0)
+    hosts = [candidate_of(record, None, idle_use, now_ns) for record in registry.workers.values()]
+    d = Decision(request, DEFAULT_WEIGHTS, now_ns)
+    live = sum(1 for c in hosts if d.lane in lanes(c) and c.state != "deregistered")
+    idle = d.idle_enough(c for c in hosts if d.structural(c) is None)
+    return permanent_reason(d, live, idle)
 
 
 def admit(job: JobRecord, quotas: Quotas, usage: Usage) -> Admit | Wait:
