@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.api import Router
-from gateway.routes import jobs, system, tenants
+from gateway.routes import endpoints, jobs, system, tenants
 
-ROUTERS: tuple[Router, ...] = (system.router, tenants.router, jobs.router)
+ROUTERS: tuple[Router, ...] = (system.router, tenants.router, jobs.router, endpoints.router)
 """Every router the app serves, in OpenAPI order."""
