@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from gateway.api import Router
-from gateway.routes import endpoints, jobs, system, tenants
+from gateway.routes import billing, endpoints, jobs, system, tenants, workers
 
-ROUTERS: tuple[Router, ...] = (system.router, tenants.router, jobs.router, endpoints.router)
+ROUTERS: tuple[Router, ...] = (
+    system.router,
+    tenants.router,
+    jobs.router,
+    endpoints.router,
+    workers.router,
+    billing.router,
+)
 """Every router the app serves, in OpenAPI order."""
