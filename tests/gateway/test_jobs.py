@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -347,3 +349,74 @@ async def test_a_submitted_job_runs_on_a_real_agent_to_completion(
         i["type"] for i in (await api.request("GET", f"/v1/jobs/{job_id}/events", admin)).json()["items"]
     ]
     assert types[0] == "job.submitted" and types[-1] == "job.completed" and "job.placed" in types
+
+
+HOSTILE_PARAMS = ["..", "a.b", "x" * 300, "%00", "ÿ", "-1", "0", "2026-99"]
+HOSTILE_QUERY = ["", "-1", "x" * 500, "null", "[]", "2026-03", "true", "\u00ff", "%FF"]
+HOSTILE_BODIES = [
+    b"[]",
+    b'{"name": "j", "kind": "process", "command": ["x"], "inputs": ["' + b"k" * 1024 + b'", "a//b"]}',
+    b'"x"',
+    b'{"name": "e", "model": "org/m", "model_source": "workspace", "min_replicas": 2, "max_replicas": 64}',
+    b"1e999",
+    b'{"min_replicas": 0, "max_replicas": 1}',
+    b'{"name": "j", "kind": "process", "command": ["x"], "resources": {"gpus": 64, "vram_mb": 4194304}}',
+    b"\xff\xfe",
+]
+
+
+async def test_hostile_input_to_these_routes_never_yields_a_5xx(api: Api) -> None:
+    """A small fuzz over every jobs, endpoints, workers and billing operation, as each kind of
+    principal: odd path parameters, query values and bodies are 4xx, never 5xx."""
+    from gateway.routes import billing, endpoints, jobs, workers
+
+    _, admin = await api.tenant()
+    keys = [admin, await provider_key(api, "prov-fuzz"), api.operator_key]
+    operations = [
+        op for r in (jobs.router, endpoints.router, workers.router, billing.router) for op in r.operations
+    ]
+    for op in operations:
+        fields = list(op.query.__struct_fields__) if op.query is not None else ["tenant"]
+        for n, value in enumerate(HOSTILE_PARAMS):
+            path = re.sub(r"{[^}]+}", lambda _, v=value: v, op.path)
+            query = {field: HOSTILE_QUERY[(n + i) % len(HOSTILE_QUERY)] for i, field in enumerate(fields)}
+            body = HOSTILE_BODIES[n % len(HOSTILE_BODIES)]
+            for key, params in itertools.product(keys, (query, {})):
+                response = await api.request(
+                    op.method,
+                    path,
+                    key,
+                    params=params,
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
+                assert response.status_code < 500, (op.method, path, params, body, response.text)
+                if response.status_code >= 400:
+                    assert response.json()["error"]["message"], (op.method, path)
+
+
+async def test_openapi_describes_every_route_of_these_areas(api: Api) -> None:
+    doc = (await api.request("GET", "/openapi.json")).json()
+    expected = {
+        ("post", "/v1/jobs"), ("get", "/v1/jobs"), ("get", "/v1/jobs/{job_id}"),
+        ("post", "/v1/jobs/{job_id}/cancel"), ("get", "/v1/jobs/{job_id}/events"),
+        ("post", "/v1/endpoints"), ("get", "/v1/endpoints"), ("get", "/v1/endpoints/{endpoint_id}"),
+        ("put", "/v1/endpoints/{endpoint_id}/scale"), ("delete", "/v1/endpoints/{endpoint_id}"),
+        ("get", "/v1/workers"), ("get", "/v1/workers/{worker_id}"),
+        ("get", "/v1/billing/usage"), ("get", "/v1/billing/invoices"),
+        ("get", "/v1/billing/invoices/{period}"), ("get", "/v1/billing/payouts"),
+    }  # fmt: skip
+    found = {(method, path) for path, ops in doc["paths"].items() for method in ops}
+    assert expected <= found
+    schemas = doc["components"]["schemas"]
+    for method, path in expected:
+        op = doc["paths"][path][method]
+        success = next(code for code in op["responses"] if code.startswith("2"))
+        if success != "204":
+            ref = op["responses"][success]["content"]["application/json"]["schema"]
+            name = (ref.get("$ref") or ref["items"]["$ref"]).rsplit("/", 1)[1]
+            assert name in schemas, (method, path)
+    submit_op = doc["paths"]["/v1/jobs"]["post"]
+    assert "422" in submit_op["responses"] and "409" in submit_op["responses"]
+    assert {p["name"] for p in doc["paths"]["/v1/jobs"]["get"]["parameters"]} >= {"state", "after", "limit"}
+    assert schemas["SubmitJob"]["additionalProperties"] is False
