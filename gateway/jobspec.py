@@ -11,14 +11,16 @@ reason (:func:`projections.admission.never_fits`).
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
+from core.placement import Candidate
+from gateway.api import Call
 from gateway.errors import ApiError
 from gateway.references import key_problem
-from projections.admission import Quotas, Wait, check_quota, never_fits, request_for_job
-from projections.registry import RegistryState
+from projections.admission import Quotas, Wait, check_quota, idle_host, never_fits, request_for_job
+from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import JobRecord
 from schemas.api.jobs import SubmitJob
 from schemas.jobs import JobResources, JobSubmitted
@@ -117,8 +119,45 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
     )
 
 
+class IdleFleet:
+    """Every registered worker as an idle placement candidate (:func:`idle_host`), kept per gateway.
+
+    Building a candidate costs tens of microseconds (tiers, uptime), too much to repeat for a whole
+    fleet on every submission: candidates are rebuilt only when the registry moved, and then only
+    for workers whose (frozen, replaced-on-change) record is a new object.
+    """
+
+    def __init__(self) -> None:
+        self._seq = -1
+        self._by_id: dict[str, tuple[WorkerRecord, Candidate]] = {}
+        self._hosts: list[Candidate] = []
+
+    def hosts(self, registry: RegistryState, now_ns: int) -> list[Candidate]:
+        """The candidates of ``registry`` as of now."""
+        if registry.seq != self._seq:
+            fresh: dict[str, tuple[WorkerRecord, Candidate]] = {}
+            for worker_id, record in registry.workers.items():
+                old = self._by_id.get(worker_id)
+                fresh[worker_id] = (
+                    old if old is not None and old[0] is record else (record, idle_host(record, now_ns))
+                )
+            self._by_id = fresh
+            self._hosts = [candidate for _, candidate in fresh.values()]
+            self._seq = registry.seq
+        return self._hosts
+
+
+def idle_fleet(call: Call[Any, Any]) -> IdleFleet:
+    """This gateway's :class:`IdleFleet` (kept on the app's state)."""
+    state = call.request.app.state
+    fleet: IdleFleet | None = getattr(state, "idle_fleet", None)
+    if fleet is None:
+        fleet = state.idle_fleet = IdleFleet()
+    return fleet
+
+
 def check_admission(
-    tenant: str, job_id: str, event: JobSubmitted, quotas: Quotas, registry: RegistryState, now_ns: int
+    tenant: str, job_id: str, event: JobSubmitted, quotas: Quotas, hosts: list[Candidate], now_ns: int
 ) -> None:
     """422 when the job could never run: over the tenant's whole quota, or never placeable."""
     gpus = event.shards * event.resources.gpus
@@ -141,7 +180,7 @@ def check_admission(
         priority=event.priority,
         region=event.region,
     )
-    reason = never_fits(request_for_job(record), registry, now_ns)
+    reason = never_fits(request_for_job(record), hosts, now_ns)
     if reason is not None:
         raise invalid_spec(
             f"this job could never be placed: {reason}; ask for less per shard, fewer shards or another pool",

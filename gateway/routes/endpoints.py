@@ -20,6 +20,7 @@ from core.streams import command_subject, endpoint_filter, endpoint_subject
 from gateway.api import Call, Router, respond
 from gateway.errors import ApiError, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
+from gateway.jobspec import idle_fleet
 from gateway.paging import decode_seq_cursor, encode_cursor
 from gateway.references import key_problem, missing_error, missing_objects
 from gateway.scope import iso, scoped_tenant
@@ -145,7 +146,8 @@ def check_admission(call: Call[Any, Any], endpoint: EndpointRecord) -> None:
             "over_quota",
         )
     request = request_for_endpoint(endpoint, slots=list(range(want)), epoch=1)
-    reason = never_fits(request, call.kernel.state(REGISTRY), time.time_ns())
+    now_ns = time.time_ns()
+    reason = never_fits(request, idle_fleet(call).hosts(call.kernel.state(REGISTRY), now_ns), now_ns)
     if reason is not None:
         raise _invalid(f"this endpoint could never be placed: {reason}", "unplaceable")
 

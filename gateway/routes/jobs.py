@@ -20,7 +20,7 @@ from core.streams import command_subject, job_filter, job_subject
 from gateway.api import Call, Router, respond
 from gateway.errors import ApiError, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
-from gateway.jobspec import check_admission, job_event, same_submission
+from gateway.jobspec import check_admission, idle_fleet, job_event, same_submission
 from gateway.paging import decode_seq_cursor, encode_cursor
 from gateway.references import missing_error, missing_objects
 from gateway.scope import iso, scoped_tenant
@@ -180,9 +180,9 @@ async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     event = job_event(call.body, call.principal.label)
     if job_key(tenant, job_id) in kernel.state(SCHEDULE).jobs:
         return await _replay(call, tenant, job_id, event, eid)
-    check_admission(
-        tenant, job_id, event, quotas(kernel.state(TENANTS)), kernel.state(REGISTRY), time.time_ns()
-    )
+    now_ns = time.time_ns()
+    hosts = idle_fleet(call).hosts(kernel.state(REGISTRY), now_ns)
+    check_admission(tenant, job_id, event, quotas(kernel.state(TENANTS)), hosts, now_ns)
     bucket = bucket_for(tenant)
     missing = await missing_objects(kernel.s3, bucket, event.inputs)
     if missing:

@@ -420,3 +420,32 @@ async def test_openapi_describes_every_route_of_these_areas(api: Api) -> None:
     assert "422" in submit_op["responses"] and "409" in submit_op["responses"]
     assert {p["name"] for p in doc["paths"]["/v1/jobs"]["get"]["parameters"]} >= {"state", "after", "limit"}
     assert schemas["SubmitJob"]["additionalProperties"] is False
+
+
+def test_the_idle_fleet_rebuilds_only_the_workers_that_changed() -> None:
+    from gateway.jobspec import IdleFleet
+    from projections import REGISTRY
+    from schemas import Gpu, WorkerCordoned, WorkerRegistered
+    from schemas.envelope import Recorded
+
+    state = REGISTRY.initial()
+    gpu = Gpu(index=0, model="A100", vram_total_mb=80_000, vram_free_mb=80_000)
+    events = [
+        (f"worker.w{i}.registered", WorkerRegistered(provider="p", hostname=f"h{i}", gpus=[gpu]))
+        for i in range(3)
+    ]
+    for seq, (subject, event) in enumerate(events, 1):
+        state = REGISTRY.evolve(
+            state, Recorded(stream="WORKERS", seq=seq, subject=subject, time_ns=seq, msg_id="", event=event)
+        )
+    fleet = IdleFleet()
+    first = fleet.hosts(state, 10)
+    assert [c.worker_id for c in first] == ["w0", "w1", "w2"] and fleet.hosts(state, 10) is first
+    cordon = WorkerCordoned(reason="disk", by="ops")
+    state = REGISTRY.evolve(
+        state,
+        Recorded(stream="WORKERS", seq=4, subject="worker.w1.cordoned", time_ns=4, msg_id="", event=cordon),
+    )
+    second = fleet.hosts(state, 10)
+    assert second[0] is first[0] and second[2] is first[2]  # unchanged records keep their candidate
+    assert second[1] is not first[1] and second[1].state == "cordoned"
