@@ -293,9 +293,22 @@ async def cancel_job(call: Call[None, TenantQuery]) -> Job:
     raise ApiError(503, "busy", f"job {job.job_id} changed {CANCEL_ATTEMPTS} times while cancelling; retry")
 
 
+REDACTED = "<redacted>"
+
+
+def shown(event: Any) -> dict[str, Any]:
+    """An event as the API shows it: as stored, but environment values redacted (a viewer key must
+    not read the secrets a member passed to the workload)."""
+    body: dict[str, Any] = msgspec.to_builtins(event)
+    if isinstance(event, JobSubmitted):
+        body["env"] = dict.fromkeys(event.env, REDACTED)
+    return body
+
+
 @router.get("/v1/jobs/{job_id}/events", query=EventsQuery, response=JobEventPage)
 async def job_events(call: Call[None, EventsQuery]) -> JobEventPage:
-    """The job's events in log order (each with its JOBS sequence), cursor-paginated."""
+    """The job's events in log order (each with its JOBS sequence; environment values redacted),
+    cursor-paginated."""
     job = visible_job(call)
     q = call.query
     start = max(decode_seq_cursor("job-events", q.after) + 1, job.submitted_seq)
@@ -315,7 +328,7 @@ async def job_events(call: Call[None, EventsQuery]) -> JobEventPage:
                         seq=record.seq,
                         time=iso(record.time_ns),
                         type=type(record.event).event_tag(),
-                        event=msgspec.to_builtins(record.event),
+                        event=shown(record.event),
                     )
                 )
     next_cursor = encode_cursor("job-events", items[-1].seq) if more else None

@@ -290,7 +290,7 @@ async def test_cancel_stops_running_shards_and_a_finished_job_is_a_conflict(api:
 
 async def test_events_are_paginated_by_sequence(api: Api) -> None:
     tenant, admin = await api.tenant()
-    job_id = (await submit(api, admin, spec())).json()["job_id"]
+    job_id = (await submit(api, admin, spec(env={"WANDB_API_KEY": "secret"}))).json()["job_id"]
     other = (await submit(api, admin, spec(name="other"))).json()["job_id"]
     for n in range(4):
         await append_job(api, tenant, job_id, JobQueued(reason=f"reason {n}"))
@@ -306,6 +306,9 @@ async def test_events_are_paginated_by_sequence(api: Api) -> None:
     seqs = [i["seq"] for i in items]
     assert seqs == sorted(seqs) and len(set(seqs)) == 5
     assert items[0]["event"]["name"] == "hello" and items[0]["time"].endswith("Z")
+    assert items[0]["event"]["env"] == {"WANDB_API_KEY": "<redacted>"}
+    shown = (await api.request("GET", f"/v1/jobs/{job_id}", admin)).json()
+    assert shown["env_names"] == ["WANDB_API_KEY"] and "secret" not in str(shown)
     bad = await api.request("GET", f"/v1/jobs/{job_id}/events?after=zzz", admin)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
 
