@@ -5,7 +5,8 @@ than one field or the kernel's state, each a 422 that says what to fix: what the
 environment's names, the object keys, the tenant's quota and the fleet. A job the coordinator would
 reject on sight (more than the tenant's whole quota, more than any worker could ever hold, a
 managed or private pool where the tenant has no workers) is refused here, with the coordinator's own
-reason (:func:`projections.admission.never_fits`).
+reason (:func:`projections.admission.never_fits`), against the fleet as :class:`IdleFleet` keeps it
+(endpoint deployments use the same).
 """
 
 from __future__ import annotations
