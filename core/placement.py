@@ -487,6 +487,38 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _unit_and_shape(d: Decision) -> tuple[str, str]:
+    """``("2 shards", "1x A100 with 40 GB free")``: how a refusal names what was asked."""
+    r = d.request
+    unit = _plural(len(r.slots), "shard" if r.kind == "job" else "replica")
+    shape = "a CPU slot"
+    if r.gpus:
+        free = f" with {r.vram_mb / 1024:g} GB free" if r.vram_mb else ""
+        shape = f"{r.gpus}x {d.family or 'GPU'}{free}"
+    return unit, shape
+
+
+def permanent_reason(d: Decision, lane_live: int, idle: int) -> str | None:
+    """Why ``d``'s request can never be placed, or ``None`` when it may fit some day.
+
+    Never: managed or private work of a tenant without a (non-deregistered) worker in that pool, or
+    more slots than the lane's workers of the GPU type could hold even if idle. Shared work with no
+    shared worker at all waits (providers come and go). The gateway refuses such a submission with
+    this reason; the coordinator rejects a job that reaches it anyway.
+
+    Args:
+        lane_live: workers of the request's lane that are not deregistered.
+        idle: :meth:`Decision.idle_enough` of the lane's workers of the GPU type.
+    """
+    r = d.request
+    if lane_live == 0:
+        return None if r.pool == "shared" else f"tenant {r.tenant} has no {r.pool} workers"
+    if idle < len(r.slots):
+        unit, shape = _unit_and_shape(d)
+        return f"{unit} need {shape}; the {r.pool} pool could hold at most {idle} of them even if idle"
+    return None
+
+
 def unplaceable(
     d: Decision,
     total: int,
@@ -513,20 +545,12 @@ def unplaceable(
         top=[item[0] for item in feasible[:TOP_K]],
         policy=POLICY,
     )
-    need = len(r.slots)
-    unit = _plural(need, "shard" if r.kind == "job" else "replica")
-    shape = "a CPU slot"
-    if r.gpus:
-        free = f" with {r.vram_mb / 1024:g} GB free" if r.vram_mb else ""
-        shape = f"{r.gpus}x {d.family or 'GPU'}{free}"
+    never = permanent_reason(d, lane_live, idle)
+    if never is not None:
+        return Unplaceable(reason=never, provenance=provenance, permanent=True)
     if lane_live == 0:
-        if r.pool == "shared":
-            return Unplaceable(reason="waiting: no workers in the shared pool", provenance=provenance)
-        reason = f"tenant {r.tenant} has no {r.pool} workers"
-        return Unplaceable(reason=reason, provenance=provenance, permanent=True)
-    if idle < need:
-        reason = f"{unit} need {shape}; the {r.pool} pool could hold at most {idle} of them even if idle"
-        return Unplaceable(reason=reason, provenance=provenance, permanent=True)
+        return Unplaceable(reason="waiting: no workers in the shared pool", provenance=provenance)
+    unit, shape = _unit_and_shape(d)
     have = sum(n for g, n in groups.items() if g != "deregistered") + len(feasible)
     who = f"{_plural(have, 'worker')} {'has' if have == 1 else 'have'} that GPU"
     if d.family is None:

@@ -2,7 +2,8 @@
 
 Everything comes from the job's own events: its state folded by the schedule reducer, the reason of
 its latest ``job.queued``, and the provenance recorded on its latest ``job.placed`` (how many
-workers were considered, how many each filter removed, the winners' score terms).
+workers were considered, how many each filter removed, the winners' score terms). The explanation
+itself is :func:`projections.why.explain_job`, which the gateway's job view shares.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from typing import Any
 
 from core.errors import InvalidInput, NotFound
 from core.log import EventLog
-from core.placement import explain
 from core.settings import Settings
 from core.streams import job_filter
 from projections import SCHEDULE
 from projections.schedule import job_key
+from projections.why import explain_job
 from schemas import JobPlaced
 
 
@@ -38,24 +39,11 @@ async def why(settings: Settings, ref: str) -> dict[str, Any]:
     if job is None:
         raise NotFound(f"job {tenant}/{job_id} has events but no submission")
     placements = [r.event for r in records if isinstance(r.event, JobPlaced)]
-    lines = [f"{tenant}/{job_id}: {job.state} (epoch {job.epoch}, {job.shards} shard(s))"]
-    if job.state == "queued":
-        lines.append(f"pending: {job.queue_reason or 'waiting for the coordinator'}")
-    for slot, assignment in sorted(job.assignments.items(), key=lambda item: int(item[0])):
-        lines.append(f"shard {slot} on {assignment.worker_id} (assignment {assignment.assignment_id})")
-    for worker_id, reason in sorted(job.rejected_by.items()):
-        lines.append(f"rejected by {worker_id}: {reason}")
-    if placements:
-        lines.append("latest placement:")
-        lines += [f"  {line}" for line in explain(placements[-1].provenance)]
-    if job.failure_reason:
-        lines.append(f"failed: {job.failure_reason}")
-        lines += [f"  | {line}" for line in job.log_tail.splitlines()[-10:]]
     return {
         "job": f"{tenant}/{job_id}",
         "state": job.state,
         "queue_reason": job.queue_reason,
         "assignments": {k: a.worker_id for k, a in job.assignments.items()},
         "rejected_by": job.rejected_by,
-        "lines": lines,
+        "lines": explain_job(job, placements[-1].provenance if placements else None),
     }

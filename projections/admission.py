@@ -30,10 +30,19 @@ from typing import NamedTuple
 
 import msgspec
 
-from core.placement import DEFAULT_WEIGHTS, Candidate, Decision, PlacementRequest, RankWeights
+from core.placement import (
+    DEFAULT_WEIGHTS,
+    Candidate,
+    Decision,
+    PlacementRequest,
+    RankWeights,
+    lanes,
+    permanent_reason,
+)
+from projections.capacity import candidate_of
 from projections.endpoints import EndpointRecord, EndpointsState, missing_replicas
 from projections.liveness import NS_PER_S, LivenessState
-from projections.registry import RegistryState
+from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, missing_slots, pending
 from schemas.values import Assignment, WorkKind
 
@@ -92,6 +101,30 @@ def check_quota(
     reason = f"over quota: tenant {tenant} holds {used} of its {limit} GPUs in the {pool} pool"
     reason += f" and this needs {gpus} more"
     return Wait(reason=reason, permanent=(gpus if whole is None else whole) > limit)
+
+
+IDLE_USE = (0, 0.0, 0, 0)
+"""``(gpus, cpus, memory_mb, assignments)`` in use on an idle worker."""
+
+
+def idle_host(record: WorkerRecord, now_ns: int) -> Candidate:
+    """The worker as placement would see it idle, whatever its load or heartbeat (``now_ns``, Unix
+    ns, only dates its tier, which :func:`never_fits` does not look at)."""
+    return candidate_of(record, None, IDLE_USE, now_ns)
+
+
+def never_fits(request: PlacementRequest, hosts: Sequence[Candidate], now_ns: int) -> str | None:
+    """Why ``request`` could never be placed on the registered fleet, or ``None``.
+
+    The coordinator's permanent rejection (:func:`core.placement.permanent_reason`) judged before
+    anything runs, against every registered worker as if idle (``hosts``: :func:`idle_host` of each),
+    so the gateway can refuse a submission that would only be rejected later. Both scans stop as
+    soon as the answer is known, so a request that fits costs a few hosts, not the whole fleet.
+    """
+    d = Decision(request, DEFAULT_WEIGHTS, now_ns)
+    lane_live = int(any(d.lane in lanes(c) and c.state != "deregistered" for c in hosts))  # only 0 matters
+    idle = d.idle_enough(c for c in hosts if d.structural(c) is None)
+    return permanent_reason(d, lane_live, idle)
 
 
 def admit(job: JobRecord, quotas: Quotas, usage: Usage) -> Admit | Wait:

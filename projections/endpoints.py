@@ -11,7 +11,8 @@ Rules (fencing as in :mod:`projections.schedule`):
   the revocation that follows removes it; a late ``ready`` does not revive it).
 * A new endpoint wants ``max(min_replicas, 1)`` replicas (at most ``max_replicas``): deploying starts
   one even when it may scale to zero, and the idle timeout takes it down. ``scaled`` sets the wanted
-  count; ``scaled_to_zero`` removes every replica and wants none.
+  count (and, when a tenant set them, the bounds); ``scaled_to_zero`` removes every replica and wants
+  none.
 * State is derived: ``deleted`` (terminal, sticky) > ``serving`` (a replica is ready) >
   ``scaled_to_zero`` (wants none and has none) > ``deploying``.
 * ``last_seq`` is the ENDPOINTS sequence of the endpoint's latest event, ignored events included.
@@ -35,6 +36,7 @@ from schemas.endpoints import (
     EndpointScaled,
     EndpointScaledToZero,
     Engine,
+    ModelSource,
 )
 from schemas.envelope import Recorded
 from schemas.values import Pool
@@ -92,6 +94,7 @@ class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     pool: Pool = "shared"
     engine: Engine | None = None
     deployed_by: str = ""
+    model_source: ModelSource = "hub"
     desired_replicas: int = 0
     scale_reason: str = ""
     state: EndpointState = "deploying"
@@ -131,6 +134,7 @@ def _deployed(tenant: str, endpoint_id: str, e: EndpointDeployed, seq: int, t: i
         pool=e.pool,
         engine=e.engine,
         deployed_by=e.deployed_by,
+        model_source=e.model_source,
         desired_replicas=min(max(e.min_replicas, 1), e.max_replicas),
         deployed_seq=seq,
         deployed_ns=t,
@@ -204,8 +208,14 @@ def _replica_changed(endpoint: EndpointRecord, event: Any, seq: int) -> Endpoint
 def _changed(endpoint: EndpointRecord, event: Any, seq: int, t: int) -> EndpointRecord | None:
     """The endpoint after ``event``, or ``None`` when the event changes nothing (or is stale)."""
     match event:
-        case EndpointScaled(replicas=replicas, reason=reason):
-            return _replace(endpoint, desired_replicas=replicas, scale_reason=reason)
+        case EndpointScaled(replicas=replicas, reason=reason, min_replicas=low, max_replicas=high):
+            return _replace(
+                endpoint,
+                desired_replicas=replicas,
+                scale_reason=reason,
+                min_replicas=endpoint.min_replicas if low is None else low,
+                max_replicas=endpoint.max_replicas if high is None else high,
+            )
         case EndpointReplicaPlaced():
             return _placed(endpoint, event, seq)
         case EndpointReplicaRevoked(assignment_id=assignment_id, slot=slot):
@@ -245,7 +255,7 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
 ENDPOINTS: Projection[EndpointsState] = Projection(
     name="endpoints",
     stream="ENDPOINTS",
-    version=1,
+    version=2,
     state_type=EndpointsState,
     initial=EndpointsState,
     evolve=evolve,

@@ -5,17 +5,19 @@ lines and provider payout lines. Money is integer micro-USD (see :mod:`core.pric
   ``end_ms`` (``YYYY-MM``).
 * Invoice lines are keyed ``tenant/period/work_id/gpu_type/pool/v<price version>``; payout lines
   ``provider/period/tier``. Every invoice line lists the METERING sequences it was derived from, in
-  order (ticks arrive in sequence order).
+  order (ticks arrive in sequence order). Each worker's earnings to date (the payouts of the ticks
+  it metered) are kept by worker id, for providers' per-node view.
 * A tick whose ``(assignment_id, start_ms)`` was already counted is a duplicate (an agent retry under a
   new event id) and is ignored, as is a tick with negative usage or ``end_ms < start_ms``: both are
   counted (``duplicates``, ``invalid``) so that the ledger accounts for every sequence it saw. Times
   outside 1970-01..2199-12 are invalid too.
 
-:class:`InvoiceLine` and :class:`PayoutLine` are accumulators and, unlike the frozen records of the
-other projections, are updated in place: an invoice line's ``source_seqs`` grows by one sequence per
-tick, so replacing it on every tick would make the fold quadratic, and the ledger must fold at least
-100k ticks/s. The helpers below return copies, so their results never change under their caller; a
-caller keeping a whole older state copies it (:func:`projections.base.copy_state`).
+:class:`InvoiceLine`, :class:`PayoutLine` and :class:`WorkerEarnings` are accumulators and, unlike
+the frozen records of the other projections, are updated in place: an invoice line's ``source_seqs``
+grows by one sequence per tick, so replacing it on every tick would make the fold quadratic, and the
+ledger must fold at least 100k ticks/s. The helpers below return copies, so their results never
+change under their caller; a caller keeping a whole older state copies it
+(:func:`projections.base.copy_state`).
 """
 
 from __future__ import annotations
@@ -90,11 +92,22 @@ class PayoutLine(msgspec.Struct, kw_only=True):
     ticks: int = 0
 
 
+class WorkerEarnings(msgspec.Struct, kw_only=True):
+    """What one worker earned its provider to date (usage summed, payout in micro-USD)."""
+
+    provider: str
+    gpu_ms: int = 0
+    cpu_ms: int = 0
+    payout_micros: int = 0
+    ticks: int = 0
+
+
 class LedgerState(msgspec.Struct, kw_only=True):
     """Invoice and payout lines by key.
 
     Attributes:
         seq: the last METERING sequence applied.
+        workers: each worker's earnings to date, by worker id.
         seen: ``assignment_id:start_ms`` -> the sequence of the tick that was counted for it.
         duplicates / invalid: ticks ignored as duplicates / as invalid.
     """
@@ -102,6 +115,7 @@ class LedgerState(msgspec.Struct, kw_only=True):
     seq: int = 0
     lines: dict[str, InvoiceLine] = {}
     payouts: dict[str, PayoutLine] = {}
+    workers: dict[str, WorkerEarnings] = {}
     seen: dict[str, int] = {}
     duplicates: int = 0
     invalid: int = 0
@@ -156,7 +170,7 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
         return state
     state.seen[seen_key] = seq
 
-    tenant = recorded.subject.split(".", 2)[1]  # meter.<tenant>.<worker_id>
+    _, tenant, worker_id = recorded.subject.split(".", 2)  # meter.<tenant>.<worker_id>
     charge, payout, version = price(tick)
     period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, end_ms) - 1]  # period_of(end_ms)
     key = line_key(tenant, period, tick.work_id, tick.gpu_type, tick.pool, version)
@@ -186,13 +200,21 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     paid.cpu_ms += cpu_ms
     paid.payout_micros += payout
     paid.ticks += 1
+
+    earned = state.workers.get(worker_id)
+    if earned is None:
+        earned = state.workers[worker_id] = WorkerEarnings(provider=tick.provider)
+    earned.gpu_ms += gpu_ms
+    earned.cpu_ms += cpu_ms
+    earned.payout_micros += payout
+    earned.ticks += 1
     return state
 
 
 LEDGER: Projection[LedgerState] = Projection(
     name="ledger",
     stream="METERING",
-    version=1,
+    version=2,
     state_type=LedgerState,
     initial=LedgerState,
     evolve=evolve,
@@ -222,3 +244,9 @@ def payouts(state: LedgerState, provider: str) -> list[PayoutLine]:
     """Copies of the provider's payout lines, by period then tier."""
     lines = state.payouts
     return [msgspec.structs.replace(lines[k]) for k in sorted(lines) if lines[k].provider == provider]
+
+
+def earnings(state: LedgerState, worker_id: str) -> WorkerEarnings | None:
+    """A copy of what ``worker_id`` earned to date, or ``None`` if it never metered anything."""
+    earned = state.workers.get(worker_id)
+    return None if earned is None else msgspec.structs.replace(earned)

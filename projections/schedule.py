@@ -124,6 +124,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     inputs: list[str] = []
     max_price_micros_per_gpu_hour: int | None = None
     submitted_by: str = ""
+    output_prefix: str = ""
     state: JobState = "queued"
     submitted_seq: int = 0
     submitted_ns: int = 0
@@ -178,6 +179,7 @@ def _submitted(tenant: str, job_id: str, e: JobSubmitted, seq: int, t: int) -> J
         inputs=e.inputs,
         max_price_micros_per_gpu_hour=e.max_price_micros_per_gpu_hour,
         submitted_by=e.submitted_by,
+        output_prefix=e.output_prefix,
         submitted_seq=seq,
         submitted_ns=t,
         last_seq=seq,
@@ -361,7 +363,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=3,
+    version=4,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

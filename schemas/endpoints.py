@@ -8,13 +8,16 @@ from schemas._base import Event
 from schemas.values import Assignment, Pool, Provenance
 
 Engine = Literal["vllm", "cpu"]
+ModelSource = Literal["hub", "workspace"]
+"""Where an endpoint's model comes from: a model hub name, or a path in the tenant's workspace."""
 
 
 class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True):
     """A tenant deployed an inference endpoint.
 
     Attributes:
-        model: a workspace path (``models/x/``) or a model name the platform ships.
+        model: a model name (``HuggingFaceTB/SmolLM2-135M-Instruct``) or, with ``model_source``
+            ``workspace``, a path in the tenant's workspace (``model_out/run-1/``).
         gpu_type: a GPU model family, or ``None`` for any (including CPU hosts).
         min_replicas / max_replicas: the autoscaler's bounds.
         target_rps_per_replica: scale out above this load, in below it.
@@ -32,14 +35,24 @@ class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True
     pool: Pool = "shared"
     engine: Engine | None = None
     deployed_by: str = ""
+    model_source: ModelSource = "hub"
 
 
 class EndpointScaled(Event, tag="endpoint.scaled", frozen=True, kw_only=True):
-    """The desired replica count changed; ``inputs`` are what the decision saw (rps, util...)."""
+    """The desired replica count changed; ``inputs`` are what the decision saw (rps, util...).
+
+    Attributes:
+        min_replicas / max_replicas: new autoscaling bounds when a tenant set them (``None``:
+            unchanged; the autoscaler never sets them).
+        by: who set the bounds (empty for the autoscaler).
+    """
 
     replicas: int
     reason: str
     inputs: dict[str, float] = {}
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    by: str = ""
 
 
 class EndpointReplicaPlaced(Event, tag="endpoint.replica_placed", frozen=True, kw_only=True):

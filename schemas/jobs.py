@@ -33,7 +33,13 @@ class JobResources(Value, frozen=True, kw_only=True):
 
 
 class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
-    """A tenant submitted a job. Validated at the edge: every referenced object existed."""
+    """A tenant submitted a job. Validated at the edge: every referenced object existed.
+
+    Attributes:
+        inputs: workspace object keys the job reads (a key ending in ``/`` names a prefix).
+        output_prefix: where the job writes its results in the workspace (empty: the workspace's
+            own ``model_out/`` and ``files_out/``).
+    """
 
     name: str
     kind: JobKind
@@ -49,6 +55,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     inputs: list[str] = []
     max_price_micros_per_gpu_hour: int | None = None
     submitted_by: str = ""
+    output_prefix: str = ""
 
 
 class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):

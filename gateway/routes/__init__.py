@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from gateway.api import Router
-from gateway.routes import system, tenants, workspace
+from gateway.routes import billing, endpoints, jobs, system, tenants, workers, workspace
 
-ROUTERS: tuple[Router, ...] = (system.router, tenants.router, workspace.router)
+ROUTERS: tuple[Router, ...] = (
+    system.router,
+    tenants.router,
+    workspace.router,
+    jobs.router,
+    endpoints.router,
+    workers.router,
+    billing.router,
+)
 """Every router the app serves, in OpenAPI order."""

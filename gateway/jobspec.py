@@ -1,0 +1,194 @@
+"""A job spec checked against everything the gateway can check before it appends ``job.submitted``.
+
+Shape and ranges are checked by msgspec while decoding (a 400). Here are the rules that need more
+than one field or the kernel's state, each a 422 that says what to fix: what the kind needs, the
+environment's names, the object keys, the tenant's quota and the fleet. A job the coordinator would
+reject on sight (more than the tenant's whole quota, more than any worker could ever hold, a
+managed or private pool where the tenant has no workers) is refused here, with the coordinator's own
+reason (:func:`projections.admission.never_fits`), against the fleet as :class:`IdleFleet` keeps it
+(endpoint deployments use the same).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import msgspec
+
+from core.placement import Candidate
+from gateway.api import Call
+from gateway.errors import ApiError
+from gateway.references import key_problem
+from projections.admission import Quotas, Wait, check_quota, idle_host, never_fits, request_for_job
+from projections.registry import RegistryState, WorkerRecord
+from projections.schedule import JobRecord
+from schemas.api.jobs import SubmitJob
+from schemas.jobs import JobResources, JobSubmitted
+
+
+class KindRule(NamedTuple):
+    """What a job kind needs, and whether it can run yet."""
+
+    available: bool
+    needs_command: bool
+    federated: bool
+
+
+KINDS: dict[str, KindRule] = {
+    "process": KindRule(available=True, needs_command=True, federated=False),
+    "federated": KindRule(available=False, needs_command=False, federated=True),
+    "ddp": KindRule(available=False, needs_command=True, federated=False),
+}
+"""Every kind the spec knows; ``federated`` and ``ddp`` run once their runtimes exist."""
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+RESERVED_ENV_PREFIX = "RESONTECH_"
+
+
+def invalid_spec(message: str, code: str = "invalid_spec") -> ApiError:
+    return ApiError(422, code, message)
+
+
+def _check_kind(spec: SubmitJob) -> None:
+    rule = KINDS[spec.kind]
+    if not rule.available:
+        ready = ", ".join(k for k, r in KINDS.items() if r.available)
+        raise invalid_spec(
+            f"job kind {spec.kind!r} is not available yet; use one of: {ready}", "kind_unavailable"
+        )
+    if rule.needs_command and not (spec.command and spec.command[0]):
+        raise invalid_spec(f"a {spec.kind} job needs a command: the argv each worker runs")
+    if rule.federated and spec.rounds is None:
+        raise invalid_spec("a federated job needs rounds")
+    if not rule.federated and (spec.rounds is not None or spec.local_epochs is not None):
+        raise invalid_spec("rounds and local_epochs are for federated jobs only")
+
+
+def _check_resources(spec: SubmitJob) -> None:
+    r = spec.resources
+    if r.gpus == 0 and (r.vram_mb or r.gpu_type):
+        raise invalid_spec("resources.vram_mb and resources.gpu_type need resources.gpus of at least 1")
+
+
+def _check_env(spec: SubmitJob) -> None:
+    for name in spec.env:
+        if not _ENV_NAME.match(name):
+            raise invalid_spec(
+                f"env name {name!r} must be uppercase letters, digits and '_' (not first a digit)"
+            )
+        if name.startswith(RESERVED_ENV_PREFIX):
+            raise invalid_spec(f"env name {name!r}: names starting with {RESERVED_ENV_PREFIX} are reserved")
+
+
+def _check_keys(spec: SubmitJob) -> None:
+    problems = [p for p in map(key_problem, spec.inputs) if p is not None]
+    if problems:
+        raise invalid_spec(f"bad input key: {'; '.join(problems[:10])}", "invalid_key")
+    prefix = spec.output_prefix
+    if prefix:
+        problem = key_problem(prefix)
+        if problem is not None or not prefix.endswith("/"):
+            detail = problem or f"{prefix!r} does not end with '/'"
+            raise invalid_spec(f"bad output_prefix: {detail}", "invalid_key")
+
+
+def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
+    """The ``job.submitted`` of a spec that passes every rule that needs no state; 422 otherwise."""
+    _check_kind(spec)
+    _check_resources(spec)
+    _check_env(spec)
+    _check_keys(spec)
+    r = spec.resources
+    return JobSubmitted(
+        name=spec.name,
+        kind=spec.kind,
+        shards=spec.shards,
+        resources=JobResources(
+            gpus=r.gpus, vram_mb=r.vram_mb, gpu_type=r.gpu_type, cpus=r.cpus, memory_mb=r.memory_mb
+        ),
+        pool=spec.pool,
+        priority=spec.priority,
+        region=spec.region,
+        rounds=spec.rounds,
+        local_epochs=spec.local_epochs,
+        command=list(spec.command),
+        env=dict(spec.env),
+        inputs=list(dict.fromkeys(spec.inputs)),
+        max_price_micros_per_gpu_hour=spec.max_price_micros_per_gpu_hour,
+        submitted_by=submitted_by,
+        output_prefix=spec.output_prefix,
+    )
+
+
+class IdleFleet:
+    """Every registered worker as an idle placement candidate (:func:`idle_host`), kept per gateway.
+
+    Building a candidate costs tens of microseconds (tiers, uptime), too much to repeat for a whole
+    fleet on every submission: candidates are rebuilt only when the registry moved, and then only
+    for workers whose (frozen, replaced-on-change) record is a new object.
+    """
+
+    def __init__(self) -> None:
+        self._seq = -1
+        self._by_id: dict[str, tuple[WorkerRecord, Candidate]] = {}
+        self._hosts: list[Candidate] = []
+
+    def hosts(self, registry: RegistryState, now_ns: int) -> list[Candidate]:
+        """The candidates of ``registry`` as of now."""
+        if registry.seq != self._seq:
+            fresh: dict[str, tuple[WorkerRecord, Candidate]] = {}
+            for worker_id, record in registry.workers.items():
+                old = self._by_id.get(worker_id)
+                fresh[worker_id] = (
+                    old if old is not None and old[0] is record else (record, idle_host(record, now_ns))
+                )
+            self._by_id = fresh
+            self._hosts = [candidate for _, candidate in fresh.values()]
+            self._seq = registry.seq
+        return self._hosts
+
+
+def idle_fleet(call: Call[Any, Any]) -> IdleFleet:
+    """This gateway's :class:`IdleFleet` (kept on the app's state)."""
+    state = call.request.app.state
+    fleet: IdleFleet | None = getattr(state, "idle_fleet", None)
+    if fleet is None:
+        fleet = state.idle_fleet = IdleFleet()
+    return fleet
+
+
+def check_admission(
+    tenant: str, job_id: str, event: JobSubmitted, quotas: Quotas, hosts: list[Candidate], now_ns: int
+) -> None:
+    """422 when the job could never run: over the tenant's whole quota, or never placeable."""
+    gpus = event.shards * event.resources.gpus
+    verdict = check_quota(tenant, event.pool, gpus, quotas, {}, whole=gpus)
+    if isinstance(verdict, Wait) and verdict.permanent:
+        limit = quotas.get(tenant, {}).get(event.pool)
+        raise invalid_spec(
+            f"the job needs {gpus} GPUs at once but tenant {tenant}'s quota in the {event.pool} pool "
+            f"is {limit}; use fewer shards or GPUs, or ask the operator to raise the quota",
+            "over_quota",
+        )
+    record = JobRecord(
+        tenant=tenant,
+        job_id=job_id,
+        name=event.name,
+        kind=event.kind,
+        shards=event.shards,
+        resources=event.resources,
+        pool=event.pool,
+        priority=event.priority,
+        region=event.region,
+    )
+    reason = never_fits(request_for_job(record), hosts, now_ns)
+    if reason is not None:
+        raise invalid_spec(
+            f"this job could never be placed: {reason}; ask for less per shard, fewer shards or another pool",
+            "unplaceable",
+        )
+
+
+def same_submission(stored: JobSubmitted, new: JobSubmitted) -> bool:
+    """True if two submissions ask for the same job (who sent them aside)."""
+    return stored == msgspec.structs.replace(new, submitted_by=stored.submitted_by)

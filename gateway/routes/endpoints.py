@@ -1,0 +1,364 @@
+"""Inference endpoints, the lifecycle a tenant controls: deploy, scale, delete, list, get.
+
+Serving (placement of replicas, engines, the OpenAI-compatible routes, autoscaling) is the inference
+issue's; here a deployment is checked like a job (the model's workspace objects exist, the tenant's
+quota and the fleet could ever hold its first replicas) and each change is one event on the
+endpoint's subjects, appended with the endpoint's expected sequence. Reads come from the live
+ENDPOINTS projection.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import msgspec
+
+from core.errors import ConcurrencyConflict
+from core.streams import command_subject, endpoint_filter, endpoint_subject
+from gateway.api import Call, Router, respond
+from gateway.errors import ApiError, conflict, not_found
+from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
+from gateway.jobspec import idle_fleet
+from gateway.paging import decode_seq_cursor, encode_cursor
+from gateway.references import key_problem, missing_error, missing_objects
+from gateway.scope import iso, scoped_tenant
+from gateway.workspace import bucket_for
+from projections import ENDPOINTS, REGISTRY, TENANTS
+from projections.admission import Wait, check_quota, never_fits, replica_gpus, request_for_endpoint
+from projections.endpoints import EndpointRecord, endpoint_key, ready_replicas
+from projections.tenants import quotas
+from schemas.api.endpoints import (
+    DEFAULT_SCALE_TO_ZERO_S,
+    DeployEndpoint,
+    Endpoint,
+    EndpointListQuery,
+    EndpointPage,
+    Replica,
+    ScaleEndpoint,
+)
+from schemas.api.jobs import TenantQuery
+from schemas.commands import StopWork
+from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointScaled
+
+router = Router("endpoints")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+CHANGE_ATTEMPTS = 5
+
+
+def endpoint_view(e: EndpointRecord) -> Endpoint:
+    """The API body of an endpoint record."""
+    return Endpoint(
+        endpoint_id=e.endpoint_id,
+        tenant=e.tenant,
+        name=e.name,
+        model=e.model,
+        model_source=e.model_source,
+        gpu_type=e.gpu_type,
+        vram_mb=e.vram_mb,
+        engine=e.engine,
+        pool=e.pool,
+        min_replicas=e.min_replicas,
+        max_replicas=e.max_replicas,
+        target_rps_per_replica=e.target_rps_per_replica,
+        scale_to_zero_after_s=e.scale_to_zero_after_s,
+        state=e.state,
+        desired_replicas=e.desired_replicas,
+        ready_replicas=len(ready_replicas(e)),
+        scale_reason=e.scale_reason,
+        replicas=[
+            Replica(
+                slot=r.slot,
+                worker_id=r.worker_id,
+                assignment_id=r.assignment_id,
+                epoch=r.epoch,
+                gpus=r.gpus,
+                state=r.state,
+                address=r.address,
+                reason=r.reason,
+            )
+            for r in sorted(e.replicas.values(), key=lambda r: r.slot)
+        ],
+        deployed_by=e.deployed_by,
+        deployed_at=iso(e.deployed_ns),
+        deleted_by=e.deleted_by,
+        deleted_at=iso(e.deleted_ns) if e.deleted_ns is not None else None,
+    )
+
+
+def _invalid(message: str, code: str = "invalid_spec") -> ApiError:
+    return ApiError(422, code, message)
+
+
+def _check_bounds(low: int, high: int) -> None:
+    if low > high:
+        raise _invalid(f"min_replicas ({low}) is above max_replicas ({high})")
+
+
+def deployment(body: DeployEndpoint, deployed_by: str) -> EndpointDeployed:
+    """The ``endpoint.deployed`` of a body that passes every rule that needs no state; 422 otherwise."""
+    _check_bounds(body.min_replicas, body.max_replicas)
+    if body.model_source == "hub" and not _MODEL_NAME.match(body.model):
+        raise _invalid(
+            f"model {body.model!r} is not a model name like org/name; for a workspace path send "
+            "model_source 'workspace'"
+        )
+    if body.model_source == "workspace" and (problem := key_problem(body.model)) is not None:
+        raise _invalid(f"bad model path: {problem}", "invalid_key")
+    if body.engine == "cpu" and (body.gpu_type or body.vram_mb):
+        raise _invalid("engine 'cpu' runs without GPUs; drop gpu_type and vram_mb, or choose engine 'vllm'")
+    timeout = body.scale_to_zero_after_s
+    if body.min_replicas > 0 and timeout is not msgspec.UNSET and timeout is not None:
+        raise _invalid(
+            "scale_to_zero_after_s needs min_replicas 0: an endpoint with a minimum never idles to zero"
+        )
+    if timeout is msgspec.UNSET:
+        timeout = DEFAULT_SCALE_TO_ZERO_S if body.min_replicas == 0 else None
+    return EndpointDeployed(
+        name=body.name,
+        model=body.model,
+        model_source=body.model_source,
+        gpu_type=body.gpu_type,
+        vram_mb=body.vram_mb,
+        min_replicas=body.min_replicas,
+        max_replicas=body.max_replicas,
+        target_rps_per_replica=body.target_rps_per_replica,
+        scale_to_zero_after_s=timeout,
+        pool=body.pool,
+        engine=body.engine,
+        deployed_by=deployed_by,
+    )
+
+
+def check_admission(call: Call[Any, Any], endpoint: EndpointRecord) -> None:
+    """422 when the endpoint's wanted replicas could never run: over the tenant's whole quota, or
+    more than the fleet could ever hold (the coordinator's own rules)."""
+    want = endpoint.desired_replicas
+    gpus = want * replica_gpus(endpoint)
+    limits = quotas(call.kernel.state(TENANTS))
+    verdict = check_quota(endpoint.tenant, endpoint.pool, gpus, limits, {}, whole=gpus)
+    if isinstance(verdict, Wait) and verdict.permanent:
+        limit = limits.get(endpoint.tenant, {}).get(endpoint.pool)
+        raise _invalid(
+            f"{want} replica(s) need {gpus} GPUs but the tenant's quota in the {endpoint.pool} pool is "
+            f"{limit}; lower min_replicas or ask the operator to raise the quota",
+            "over_quota",
+        )
+    request = request_for_endpoint(endpoint, slots=list(range(want)), epoch=1)
+    now_ns = time.time_ns()
+    reason = never_fits(request, idle_fleet(call).hosts(call.kernel.state(REGISTRY), now_ns), now_ns)
+    if reason is not None:
+        raise _invalid(f"this endpoint could never be placed: {reason}", "unplaceable")
+
+
+def visible_endpoint(call: Call[Any, Any]) -> EndpointRecord:
+    """The endpoint named in the path, in the caller's tenant; 404 otherwise."""
+    tenant = scoped_tenant(call, call.query.tenant)
+    endpoint_id = call.params["endpoint_id"]
+    endpoint = call.kernel.state(ENDPOINTS).endpoints.get(endpoint_key(tenant, endpoint_id))
+    if endpoint is None:
+        raise not_found(f"endpoint {endpoint_id}")
+    return endpoint
+
+
+def _record_of(tenant: str, endpoint_id: str, e: EndpointDeployed) -> EndpointRecord:
+    return EndpointRecord(
+        tenant=tenant,
+        endpoint_id=endpoint_id,
+        name=e.name,
+        model=e.model,
+        gpu_type=e.gpu_type,
+        vram_mb=e.vram_mb,
+        pool=e.pool,
+        engine=e.engine,
+        desired_replicas=min(max(e.min_replicas, 1), e.max_replicas),
+    )
+
+
+async def _replay(
+    call: Call[Any, Any], tenant: str, endpoint_id: str, event: EndpointDeployed, eid: str | None
+) -> Any:
+    """The same endpoint again for a retry of the request that deployed it, else a 409."""
+    subject = endpoint_subject(tenant, endpoint_id, EndpointDeployed)
+    stored = await call.kernel.event_log.get_last("ENDPOINTS", subject)
+    if eid is None or stored is None or stored.msg_id != eid:
+        raise conflict(f"endpoint {endpoint_id} exists; choose another endpoint_id, or leave it out")
+    if stored.event != msgspec.structs.replace(event, deployed_by=stored.event.deployed_by):
+        raise ApiError(
+            422,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used for a different deployment; send a new key",
+        )
+    await call.kernel.runners[ENDPOINTS.name].wait_for(stored.seq, 5.0)
+    call.resource = endpoint_id
+    response = respond(
+        endpoint_view(call.kernel.state(ENDPOINTS).endpoints[endpoint_key(tenant, endpoint_id)]), 201
+    )
+    response.headers[REPLAYED_HEADER] = "true"
+    return response
+
+
+@router.post(
+    "/v1/endpoints",
+    role="member",
+    body=DeployEndpoint,
+    query=TenantQuery,
+    response=Endpoint,
+    status=201,
+    errors={
+        409: "the endpoint id, or a live endpoint's name, is taken",
+        422: "the deployment cannot run: missing_objects, invalid_spec, invalid_key, over_quota, "
+        "unplaceable, idempotency_key_reused",
+    },
+)
+async def deploy_endpoint(call: Call[DeployEndpoint, TenantQuery]) -> Any:
+    """Deploy an inference endpoint (send an Idempotency-Key to retry safely)."""
+    kernel = call.kernel
+    tenant = scoped_tenant(call, call.query.tenant)
+    key = idempotency_key(call.request)
+    endpoint_id = call.body.endpoint_id or resource_id("ep", tenant, key)
+    eid = event_id("endpoint", tenant, endpoint_id, key)
+    event = deployment(call.body, call.principal.label)
+    table = kernel.state(ENDPOINTS).endpoints
+    if endpoint_key(tenant, endpoint_id) in table:
+        return await _replay(call, tenant, endpoint_id, event, eid)
+    for other in table.values():
+        if other.tenant == tenant and other.name == event.name and other.state != "deleted":
+            raise conflict(
+                f"endpoint {other.endpoint_id} is already named {event.name!r}; "
+                "delete it or choose another name"
+            )
+    check_admission(call, _record_of(tenant, endpoint_id, event))
+    if event.model_source == "workspace":
+        bucket = bucket_for(tenant)
+        missing = await missing_objects(kernel.s3, bucket, [event.model])
+        if missing:
+            raise missing_error(bucket, missing)
+    try:
+        await kernel.append(
+            endpoint_subject(tenant, endpoint_id, event),
+            event,
+            event_id=eid,
+            expected_seq=0,
+            expected_filter=endpoint_filter(tenant, endpoint_id),
+            visible_in=ENDPOINTS,
+        )
+    except ConcurrencyConflict:
+        return await _replay(call, tenant, endpoint_id, event, eid)
+    call.resource = endpoint_id
+    return endpoint_view(kernel.state(ENDPOINTS).endpoints[endpoint_key(tenant, endpoint_id)])
+
+
+@router.get("/v1/endpoints", query=EndpointListQuery, response=EndpointPage)
+async def list_endpoints(call: Call[None, EndpointListQuery]) -> EndpointPage:
+    """The tenant's endpoints, newest first (deleted ones with include_deleted or state=deleted)."""
+    q = call.query
+    tenant = scoped_tenant(call, q.tenant)
+    before = decode_seq_cursor("endpoints", q.after) if q.after is not None else None
+    found = [
+        e
+        for e in call.kernel.state(ENDPOINTS).endpoints.values()
+        if e.tenant == tenant
+        and (before is None or e.deployed_seq < before)
+        and (e.state == q.state if q.state is not None else q.include_deleted or e.state != "deleted")
+    ]
+    found.sort(key=lambda e: e.deployed_seq, reverse=True)
+    page = found[: q.limit]
+    more = len(found) > q.limit
+    return EndpointPage(
+        items=[endpoint_view(e) for e in page],
+        next=encode_cursor("endpoints", page[-1].deployed_seq) if more else None,
+    )
+
+
+@router.get("/v1/endpoints/{endpoint_id}", query=TenantQuery, response=Endpoint)
+async def get_endpoint(call: Call[None, TenantQuery]) -> Endpoint:
+    """One endpoint with its replicas and their states."""
+    return endpoint_view(visible_endpoint(call))
+
+
+async def _change(call: Call[Any, Any], endpoint: EndpointRecord, decide: Any) -> EndpointRecord:
+    """Append ``decide(endpoint)`` with the endpoint's expected sequence, re-reading and deciding
+    again when something else was appended first; the endpoint after it (unchanged when ``decide``
+    returns ``None``: nothing left to do)."""
+    key = endpoint_key(endpoint.tenant, endpoint.endpoint_id)
+    runner = call.kernel.runners[ENDPOINTS.name]
+    for _ in range(CHANGE_ATTEMPTS):
+        event = decide(endpoint)
+        if event is None:
+            return endpoint
+        try:
+            await call.kernel.append(
+                endpoint_subject(endpoint.tenant, endpoint.endpoint_id, event),
+                event,
+                expected_seq=endpoint.last_seq,
+                expected_filter=endpoint_filter(endpoint.tenant, endpoint.endpoint_id),
+                visible_in=ENDPOINTS,
+            )
+        except ConcurrencyConflict:
+            await runner.wait_for(await call.kernel.event_log.last_seq("ENDPOINTS"), 5.0)
+            endpoint = call.kernel.state(ENDPOINTS).endpoints[key]
+            continue
+        return call.kernel.state(ENDPOINTS).endpoints[key]
+    raise ApiError(503, "busy", f"endpoint {endpoint.endpoint_id} kept changing; retry")
+
+
+def _not_deleted(endpoint: EndpointRecord) -> None:
+    if endpoint.state == "deleted":
+        raise ApiError(
+            409, "endpoint_deleted", f"endpoint {endpoint.endpoint_id} was deleted; deploy a new one"
+        )
+
+
+@router.put(
+    "/v1/endpoints/{endpoint_id}/scale",
+    role="member",
+    body=ScaleEndpoint,
+    query=TenantQuery,
+    response=Endpoint,
+    errors={409: "the endpoint was deleted", 422: "invalid_spec, over_quota, unplaceable"},
+)
+async def scale_endpoint(call: Call[ScaleEndpoint, TenantQuery]) -> Endpoint:
+    """Set the endpoint's min/max replicas; the desired count is brought inside the new bounds."""
+    endpoint = visible_endpoint(call)
+    low, high = call.body.min_replicas, call.body.max_replicas
+    _check_bounds(low, high)
+    _not_deleted(endpoint)
+    call.resource = endpoint.endpoint_id
+    check_admission(
+        call,
+        msgspec.structs.replace(endpoint, desired_replicas=min(max(endpoint.desired_replicas, low), high)),
+    )
+
+    def decide(current: EndpointRecord) -> EndpointScaled:
+        _not_deleted(current)
+        return EndpointScaled(
+            replicas=min(max(current.desired_replicas, low), high),
+            reason=f"replica bounds set to {low}..{high} by {call.principal.label}",
+            min_replicas=low,
+            max_replicas=high,
+            by=call.principal.label,
+        )
+
+    return endpoint_view(await _change(call, endpoint, decide))
+
+
+@router.delete("/v1/endpoints/{endpoint_id}", role="member", query=TenantQuery, status=204)
+async def delete_endpoint(call: Call[None, TenantQuery]) -> None:
+    """Delete an endpoint: its replicas are told to stop (deleting it again changes nothing)."""
+    endpoint = visible_endpoint(call)
+    call.resource = endpoint.endpoint_id
+    deleted = EndpointDeleted(by=call.principal.label)
+    endpoint = await _change(call, endpoint, lambda current: None if current.state == "deleted" else deleted)
+    for replica in endpoint.replicas.values():
+        if replica.state != "lost":
+            stop = StopWork(
+                work_id=endpoint.endpoint_id,
+                assignment_id=replica.assignment_id,
+                epoch=replica.epoch,
+                reason=f"endpoint deleted by {endpoint.deleted_by}",
+            )
+            await call.kernel.event_log.append(
+                command_subject(replica.worker_id), stop, event_id=f"delete-{replica.assignment_id}"
+            )

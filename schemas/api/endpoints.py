@@ -1,0 +1,111 @@
+"""Bodies of the endpoints routes: deploy, scale, and the endpoint with its replicas.
+
+Serving itself (the OpenAI-compatible routes, the autoscaler, the engines) is the inference issue's;
+these bodies are the lifecycle a tenant controls.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from schemas.api.common import Page, PageQuery, Request
+from schemas.api.jobs import Pool, Token
+
+EndpointName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+"""Letters, digits, ``.``, ``-`` and ``_``, 1-64 characters: what clients name as ``model``."""
+Replicas = Annotated[int, msgspec.Meta(ge=0, le=64)]
+EndpointStateName = Literal["deploying", "serving", "scaled_to_zero", "deleted"]
+DEFAULT_SCALE_TO_ZERO_S = 300
+
+
+class DeployEndpoint(Request, frozen=True, kw_only=True):
+    """An inference endpoint to deploy.
+
+    Attributes:
+        name: unique among the tenant's live endpoints.
+        endpoint_id: default generated (derived from the ``Idempotency-Key`` when one is sent).
+        model: a model name (``HuggingFaceTB/SmolLM2-135M-Instruct``) or, with ``model_source``
+            ``workspace``, a workspace key or prefix (``model_out/run-1/``) that must exist.
+        gpu_type / vram_mb: per replica (``null`` / 0: any, a CPU host included).
+        engine: ``vllm``, ``cpu`` or ``null`` (the platform chooses by the host).
+        min_replicas / max_replicas: the autoscaler's bounds (default 0..1); a new endpoint
+            starts one replica even with ``min_replicas`` 0.
+        target_rps_per_replica: requests per second a replica should take before scaling out.
+        scale_to_zero_after_s: idle seconds before scaling to zero, ``null`` for never; only with
+            ``min_replicas`` 0 (default 300 then).
+    """
+
+    name: EndpointName
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    model_source: Literal["hub", "workspace"] = "hub"
+    endpoint_id: Token | None = None
+    gpu_type: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    vram_mb: Annotated[int, msgspec.Meta(ge=0, le=4_194_304)] = 0
+    engine: Literal["vllm", "cpu"] | None = None
+    pool: Pool = "shared"
+    min_replicas: Replicas = 0
+    max_replicas: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    target_rps_per_replica: Annotated[float, msgspec.Meta(gt=0, le=100_000)] = 10.0
+    scale_to_zero_after_s: Annotated[int, msgspec.Meta(ge=10, le=604_800)] | UnsetType | None = UNSET
+
+
+class ScaleEndpoint(Request, frozen=True, kw_only=True):
+    """New autoscaling bounds; the desired replica count is brought inside them."""
+
+    min_replicas: Replicas
+    max_replicas: Annotated[int, msgspec.Meta(ge=1, le=64)]
+
+
+class EndpointListQuery(PageQuery, frozen=True, kw_only=True):
+    """Filters of ``GET /v1/endpoints``, newest first; deleted endpoints only when asked for."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 50
+    tenant: str | None = None
+    state: EndpointStateName | None = None
+    include_deleted: bool = False
+
+
+class Replica(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica: ``placed`` -> ``starting`` -> ``ready`` (serving at ``address``), or ``lost``."""
+
+    slot: int
+    worker_id: str
+    assignment_id: str
+    epoch: int
+    gpus: int
+    state: str
+    address: str
+    reason: str
+
+
+class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """An endpoint as the API shows it (``state``: deploying, serving, scaled_to_zero, deleted)."""
+
+    endpoint_id: str
+    tenant: str
+    name: str
+    model: str
+    model_source: str
+    gpu_type: str | None
+    vram_mb: int
+    engine: str | None
+    pool: str
+    min_replicas: int
+    max_replicas: int
+    target_rps_per_replica: float
+    scale_to_zero_after_s: int | None
+    state: str
+    desired_replicas: int
+    ready_replicas: int
+    scale_reason: str
+    replicas: list[Replica]
+    deployed_by: str
+    deployed_at: str
+    deleted_by: str
+    deleted_at: str | None
+
+
+EndpointPage = Page[Endpoint]

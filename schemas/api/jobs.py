@@ -1,0 +1,212 @@
+"""Bodies of the jobs routes: the job spec a tenant submits, the job as the API shows it, its events.
+
+The spec has room for every job kind: ``process`` runs today; ``federated`` (NVFlare, ``rounds`` and
+``local_epochs``) and ``ddp`` (torchrun) use the same fields when their runtimes land.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from schemas.api.common import Page, PageQuery, Request
+
+Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+"""Letters, digits, ``-`` and ``_``, 1-64 characters (safe as a subject token)."""
+JobName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+"""Letters, digits, ``.``, ``-`` and ``_``, 1-64 characters: the ``{name}`` of ``jobs/{name}/``."""
+ObjectKey = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+Kind = Literal["process", "federated", "ddp"]
+Pool = Literal["shared", "managed", "private"]
+JobStateName = Literal["queued", "placed", "running", "completed", "failed", "cancelled"]
+MAX_SHARDS = 1024
+MAX_INPUTS = 1000
+
+
+class Resources(Request, frozen=True, kw_only=True):
+    """What each shard needs from a worker.
+
+    Attributes:
+        gpus: GPUs per shard (0: CPU work, the default).
+        vram_mb: free VRAM per GPU, MiB (0: any).
+        gpu_type: a GPU family (``A100``, ``H100``, ``RTX4090``), ``null`` for any.
+        cpus: CPU cores per shard (default 1).
+        memory_mb: host memory per shard, MiB (default 1024).
+    """
+
+    gpus: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    vram_mb: Annotated[int, msgspec.Meta(ge=0, le=4_194_304)] = 0
+    gpu_type: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    cpus: Annotated[float, msgspec.Meta(gt=0, le=4096)] = 1.0
+    memory_mb: Annotated[int, msgspec.Meta(ge=1, le=67_108_864)] = 1024
+
+
+class SubmitJob(Request, frozen=True, kw_only=True):
+    """A job spec.
+
+    Attributes:
+        name: the job's name; its workspace folder is ``jobs/{name}/``. Names may repeat.
+        kind: ``process`` (a command on each shard's worker); ``federated`` and ``ddp`` are
+            accepted by the schema and refused until their runtimes exist.
+        job_id: the job's id (default: generated; derived from the ``Idempotency-Key`` header
+            when one is sent). A duplicate id is a 409.
+        shards: how many workers run it at once (gang-placed: all or none).
+        rounds / local_epochs: federated only.
+        resources: per shard.
+        pool: ``shared`` (default), ``managed`` or ``private``.
+        priority: -100..100, higher first within the tenant's queue (default 0).
+        region: preferred region (geo affinity).
+        command: argv run on each worker (required for ``process`` and ``ddp``).
+        env: extra environment variables for the workload (names ``[A-Z_][A-Z0-9_]*``, not
+            ``RESONTECH_*``).
+        inputs: workspace object keys the job reads; each must exist (a key ending in ``/`` must
+            have at least one object under it), else 422 ``missing_objects``.
+        output_prefix: workspace prefix the job writes to, ending in ``/`` (default: the
+            workspace's ``model_out/`` and ``files_out/``).
+        max_price_micros_per_gpu_hour: the most the tenant pays per GPU-hour (default: list price).
+    """
+
+    name: JobName
+    kind: Kind
+    job_id: Token | None = None
+    shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_SHARDS)] = 1
+    rounds: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
+    local_epochs: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
+    resources: Resources = Resources()
+    pool: Pool = "shared"
+    priority: Annotated[int, msgspec.Meta(ge=-100, le=100)] = 0
+    region: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] | None = None
+    command: Annotated[list[Annotated[str, msgspec.Meta(max_length=8192)]], msgspec.Meta(max_length=256)] = []
+    env: Annotated[
+        dict[str, Annotated[str, msgspec.Meta(max_length=8192)]], msgspec.Meta(max_length=100)
+    ] = {}
+    inputs: Annotated[list[ObjectKey], msgspec.Meta(max_length=MAX_INPUTS)] = []
+    output_prefix: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    max_price_micros_per_gpu_hour: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class TenantQuery(Request, frozen=True, kw_only=True):
+    """The tenant acted on: a tenant key's own (naming another is a 404); the operator must name one."""
+
+    tenant: str | None = None
+
+
+class JobListQuery(PageQuery, frozen=True, kw_only=True):
+    """Filters of ``GET /v1/jobs``, newest first.
+
+    Attributes:
+        state / kind: only jobs in this state / of this kind.
+        name_prefix: only jobs whose name starts with this.
+        limit: page size, 1-200 (default 50). ``after``: the ``next`` cursor of the previous page.
+    """
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 50
+    tenant: str | None = None
+    state: JobStateName | None = None
+    kind: Kind | None = None
+    name_prefix: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+class EventsQuery(PageQuery, frozen=True, kw_only=True):
+    """A page of a job's events in log order: at most ``limit`` (1-500, default 100) after ``after``."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+    tenant: str | None = None
+
+
+class JobAssignment(msgspec.Struct, frozen=True, kw_only=True):
+    """One shard's current placement."""
+
+    slot: int
+    worker_id: str
+    assignment_id: str
+    epoch: int
+    gpus: int
+    started: bool
+    done: bool
+
+
+class JobProgressView(msgspec.Struct, frozen=True, kw_only=True):
+    """The latest training progress (values an event left out keep their previous value)."""
+
+    round: int | None = None
+    epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    gpu_util_pct: float | None = None
+    metrics: dict[str, float] = {}
+
+
+class CheckpointView(msgspec.Struct, frozen=True, kw_only=True):
+    """The latest checkpoint: the workspace key recovery resumes from."""
+
+    object_key: str
+    round: int | None = None
+    step: int | None = None
+
+
+class JobResourcesView(msgspec.Struct, frozen=True, kw_only=True):
+    gpus: int
+    vram_mb: int
+    gpu_type: str | None
+    cpus: float
+    memory_mb: int
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as the API shows it. Environment values are never shown, only their names.
+
+    Attributes:
+        state: ``queued``, ``placed``, ``running``, ``completed``, ``failed`` or ``cancelled``.
+        pending_reason: why a queued job waits.
+        why: on ``GET /v1/jobs/{job_id}`` only: the same lines as ``resontech why``.
+        rounds_completed: federated rounds aggregated so far.
+        submitted_at / ended_at: ISO 8601 UTC.
+    """
+
+    job_id: str
+    tenant: str
+    name: str
+    kind: str
+    state: str
+    shards: int
+    resources: JobResourcesView
+    pool: str
+    priority: int
+    region: str | None
+    rounds: int | None
+    local_epochs: int | None
+    command: list[str]
+    env_names: list[str]
+    inputs: list[str]
+    output_prefix: str
+    max_price_micros_per_gpu_hour: int | None
+    submitted_by: str
+    submitted_at: str
+    ended_at: str | None
+    pending_reason: str | None
+    assignments: list[JobAssignment]
+    progress: JobProgressView | None
+    last_checkpoint: CheckpointView | None
+    rounds_completed: int
+    failures: int
+    failure_reason: str
+    log_tail: str
+    rejected_by: dict[str, str]
+    outputs: list[str]
+    cancelled_by: str
+    why: list[str] | None = None
+
+
+class JobEventItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One stored event of a job: its JOBS sequence, store time, type and body as stored."""
+
+    seq: int
+    time: str
+    type: str
+    event: dict[str, Any]
+
+
+JobPage = Page[Job]
+JobEventPage = Page[JobEventItem]
