@@ -31,8 +31,12 @@ from typing import Any, Generic, TypeVar
 import httpx
 import msgspec
 
-from schemas.api.common import Me
+from schemas.api.billing import Invoice, InvoiceSummary, Payouts, Usage
+from schemas.api.common import Me, Page
+from schemas.api.endpoints import Endpoint
+from schemas.api.jobs import Job, JobEventItem
 from schemas.api.tenants import KeyInfo, NewKey, Tenant, TenantCreatedBody
+from schemas.api.workers import Worker
 from schemas.api.workspace import Download, MultipartUpload, PartUrl, PartUrls, SingleUpload, WorkspaceObject
 
 T = TypeVar("T")
@@ -89,6 +93,7 @@ class _Req(Generic[T]):
     into: Any = None
     json: Any = None
     params: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
 
 def _error(response: httpx.Response) -> ApiError:
@@ -160,8 +165,6 @@ class _Calls:
 
     def objects(self, prefix: str = "", *, limit: int = 100, after: str | None = None) -> Any:
         """One page of the workspace listing (``.items``, ``.next``)."""
-        from schemas.api.common import Page
-
         params = _params(prefix=prefix, limit=limit, after=after)
         return self._send(_Req("GET", "/v1/workspace/objects", Page[WorkspaceObject], params=params))
 
@@ -171,6 +174,82 @@ class _Calls:
 
     def delete_object(self, key: str) -> Any:
         return self._send(_Req("DELETE", "/v1/workspace/objects", params={"key": key}))
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def submit_job(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> Any:
+        """Submit a job spec (the fields of ``POST /v1/jobs``); returns the :class:`Job`. With an
+        ``idempotency_key``, a retried submission is stored once and returns the same job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._send(_Req("POST", "/v1/jobs", Job, json=dict(spec), headers=headers))
+
+    def jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        name_prefix: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> Any:
+        """One page of jobs, newest first (``.items``, ``.next``)."""
+        params = _params(state=state, kind=kind, name_prefix=name_prefix, limit=limit, after=after)
+        return self._send(_Req("GET", "/v1/jobs", Page[Job], params=params))
+
+    def job(self, job_id: str, *, tenant: str | None = None) -> Any:
+        """One job, with its assignments, progress and ``why`` (the operator names the tenant)."""
+        return self._send(_Req("GET", f"/v1/jobs/{job_id}", Job, params=_params(tenant=tenant)))
+
+    def cancel_job(self, job_id: str, *, tenant: str | None = None) -> Any:
+        return self._send(_Req("POST", f"/v1/jobs/{job_id}/cancel", Job, params=_params(tenant=tenant)))
+
+    def job_events(self, job_id: str, *, after: str | None = None, limit: int = 100) -> Any:
+        params = _params(after=after, limit=limit)
+        return self._send(_Req("GET", f"/v1/jobs/{job_id}/events", Page[JobEventItem], params=params))
+
+    # -- endpoints -------------------------------------------------------------------------------
+
+    def deploy(self, spec: Mapping[str, Any]) -> Any:
+        """Deploy an endpoint (the fields of ``POST /v1/endpoints``)."""
+        return self._send(_Req("POST", "/v1/endpoints", Endpoint, json=dict(spec)))
+
+    def endpoints(self, *, state: str | None = None, limit: int = 50, after: str | None = None) -> Any:
+        params = _params(state=state, limit=limit, after=after)
+        return self._send(_Req("GET", "/v1/endpoints", Page[Endpoint], params=params))
+
+    def endpoint(self, endpoint_id: str) -> Any:
+        return self._send(_Req("GET", f"/v1/endpoints/{endpoint_id}", Endpoint))
+
+    def scale(
+        self, endpoint_id: str, *, min_replicas: int | None = None, max_replicas: int | None = None
+    ) -> Any:
+        body = _params(min_replicas=min_replicas, max_replicas=max_replicas)
+        return self._send(_Req("PUT", f"/v1/endpoints/{endpoint_id}/scale", Endpoint, json=body))
+
+    def delete_endpoint(self, endpoint_id: str) -> Any:
+        return self._send(_Req("DELETE", f"/v1/endpoints/{endpoint_id}"))
+
+    # -- workers and billing ---------------------------------------------------------------------
+
+    def workers(self, *, state: str | None = None, limit: int = 50, after: str | None = None) -> Any:
+        """Provider: its own nodes (operator: all)."""
+        params = _params(state=state, limit=limit, after=after)
+        return self._send(_Req("GET", "/v1/workers", Page[Worker], params=params))
+
+    def worker(self, worker_id: str) -> Any:
+        return self._send(_Req("GET", f"/v1/workers/{worker_id}", Worker))
+
+    def usage(self, period: str | None = None) -> Any:
+        return self._send(_Req("GET", "/v1/billing/usage", Usage, params=_params(period=period)))
+
+    def invoices(self) -> Any:
+        return self._send(_Req("GET", "/v1/billing/invoices", list[InvoiceSummary]))
+
+    def invoice(self, period: str) -> Any:
+        return self._send(_Req("GET", f"/v1/billing/invoices/{period}", Invoice))
+
+    def payouts(self, period: str | None = None) -> Any:
+        return self._send(_Req("GET", "/v1/billing/payouts", Payouts, params=_params(period=period)))
 
     def _plan_upload(self, key: str, size: int, content_type: str | None, sha256: str | None) -> Any:
         body = _params(key=key, size=size, content_type=content_type, sha256=sha256)
@@ -259,7 +338,9 @@ class Client(_Calls):
 
     def _send(self, req: _Req[Any]) -> Any:
         try:
-            response = self.http.request(req.method, req.path, json=_body(req.json), params=req.params)
+            response = self.http.request(
+                req.method, req.path, json=_body(req.json), params=req.params, headers=req.headers
+            )
         except httpx.TransportError as exc:
             raise ApiError(
                 0, "unreachable", f"cannot reach the gateway at {self.config.url}: {exc}"

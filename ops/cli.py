@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli import add_arguments as add_agent_arguments
-from core.errors import InvalidInput, ResontechError
+from core.errors import ResontechError
 from core.settings import Settings, load
 from gateway.client import ApiError
 
@@ -185,23 +185,6 @@ def cmd_agent(args: argparse.Namespace, settings: Settings) -> int:
     return int(_run(run(args, settings, _data_dir(args))))
 
 
-def cmd_dev_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.demo import submit_process_job
-
-    if not args.argv:
-        raise InvalidInput(
-            "give the command to run after --, e.g. resontech dev-submit -- python -c 'print(1)'"
-        )
-    ref = _run(
-        submit_process_job(settings, args.argv, tenant=args.tenant, shards=args.shards, job_id=args.job)
-    )
-    print(
-        f"submitted {ref}; follow it with: "
-        f"resontech tail 'job.{ref.replace('/', '.')}.>'  or  resontech why {ref}"
-    )
-    return 0
-
-
 def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
     from ops import coordinator
 
@@ -213,17 +196,6 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.serve import serve
 
     serve(settings)
-    return 0
-
-
-def cmd_why(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.why import why
-
-    answer = _run(why(settings, args.job))
-    if args.json:
-        _print_json(answer)
-    else:
-        print("\n".join(answer["lines"]))
     return 0
 
 
@@ -295,20 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("dir")
     p.set_defaults(handler=cmd_schemas_export)
-    p = command(
-        "dev-submit",
-        cmd_dev_submit,
-        "append a process job straight to the log (dev stack; the gateway comes later)",
-    )
-    p.add_argument("--tenant", default="dev")
-    p.add_argument("--job", help="job id (default: a new one)")
-    p.add_argument("--shards", type=int, default=1)
-    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command every shard runs")
     command("gateway", cmd_gateway, "serve the API gateway (RESONTECH_GATEWAY_HOST/PORT)")
     p = command("coordinator", cmd_coordinator, "run a coordinator (places work, detects lost workers)")
     p.add_argument("--name", default="coordinator", help="instance name, recorded on its events")
-    p = command("why", cmd_why, "why a job is pending, or why it runs where it runs")
-    p.add_argument("job", metavar="TENANT/JOB")
     p = command("cordon", cmd_cordon, "stop placing new work on a worker")
     p.add_argument("worker")
     p.add_argument("--reason", default="cordoned by an operator")
@@ -332,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    for chatty in ("httpx", "httpcore", "botocore", "boto3"):  # one line per request is not news
+        logging.getLogger(chatty).setLevel(logging.DEBUG if args.debug else logging.WARNING)
     try:
         settings = load(env_file=_data_dir(args) / "dev.env")
         return int(args.handler(args, settings))

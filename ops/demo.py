@@ -15,7 +15,6 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import (
     heartbeat_subject,
-    job_filter,
     job_subject,
     metering_subject,
     tenant_subject,
@@ -139,22 +138,3 @@ async def append_demo(settings: Settings, *, tenant: str = "demo") -> dict[str, 
         for position in await event_log.append_many(events):
             counts[position.stream] = counts.get(position.stream, 0) + 1
     return counts
-
-
-async def submit_process_job(
-    settings: Settings, argv: list[str], *, tenant: str = "dev", shards: int = 1, job_id: str | None = None
-) -> str:
-    """Append a ``process`` job running ``argv`` on each of ``shards`` workers; returns ``tenant/job``.
-
-    A development shortcut until the gateway validates and submits jobs: it writes the same
-    ``job.submitted`` event the gateway will.
-    """
-    job = job_id or f"job-{uuid.uuid4().hex[:8]}"
-    command = argv[1:] if argv and argv[0] == "--" else argv
-    event = JobSubmitted(name=job, kind="process", shards=shards, command=command, submitted_by="dev-submit")
-    async with await EventLog.connect(settings, name="dev-submit") as event_log:
-        await event_log.ensure_streams()
-        await event_log.append(
-            job_subject(tenant, job, event), event, expected_seq=0, expected_filter=job_filter(tenant, job)
-        )
-    return f"{tenant}/{job}"

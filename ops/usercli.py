@@ -143,6 +143,213 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_spec(path: str) -> dict[str, Any]:
+    """A job or endpoint spec from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
+    source = Path(path)
+    if not source.is_file():
+        raise SystemExit(f"error: no spec file {source}")
+    text = source.read_text()
+    try:
+        if source.suffix == ".toml":
+            import tomllib
+
+            spec: Any = tomllib.loads(text)
+        elif source.suffix in (".yaml", ".yml"):
+            import yaml
+
+            spec = yaml.safe_load(text)
+        else:
+            spec = json.loads(text)
+    except Exception as exc:  # the parsers' own errors name the line
+        raise SystemExit(
+            f"error: {source} is not valid {source.suffix.lstrip('.') or 'JSON'}: {exc}"
+        ) from None
+    if not isinstance(spec, dict):
+        raise SystemExit(f"error: {source} must hold a mapping of spec fields, got {type(spec).__name__}")
+    return spec
+
+
+def job_ref(ref: str) -> tuple[str, str | None]:
+    """``JOB`` or (for the operator) ``TENANT/JOB`` -> ``(job_id, tenant)``."""
+    tenant, sep, job_id = ref.partition("/")
+    return (job_id, tenant) if sep else (ref, None)
+
+
+def job_line(job: Any) -> str:
+    progress = ""
+    if job.progress is not None:
+        parts = [
+            f"{name} {value}"
+            for name, value in msgspec.to_builtins(job.progress).items()
+            if value not in (None, {})
+        ]
+        progress = "  " + ", ".join(parts[:4])
+    return f"{job.job_id:<28} {job.name:<20} {job.kind:<9} {job.state:<10} {job.shards} shard(s){progress}"
+
+
+def job_detail(job: Any) -> str:
+    lines = [
+        f"job {job.job_id} ({job.name}, {job.kind}) of {job.tenant}: {job.state}",
+        f"  submitted {job.submitted_at} by {job.submitted_by}"
+        + (f", ended {job.ended_at}" if job.ended_at else ""),
+    ]
+    for a in job.assignments:
+        state = "done" if a.done else "running" if a.started else "placed"
+        lines.append(f"  shard {a.slot}: {state} on {a.worker_id} (epoch {a.epoch})")
+    if job.progress is not None:
+        values = {k: v for k, v in msgspec.to_builtins(job.progress).items() if v not in (None, {})}
+        lines.append("  progress: " + ", ".join(f"{k} {v}" for k, v in values.items()))
+    if job.last_checkpoint is not None:
+        lines.append(f"  last checkpoint: {job.last_checkpoint.object_key}")
+    if job.failure_reason:
+        lines.append(f"  failed: {job.failure_reason}")
+    if job.log_tail:
+        lines += ["  log tail:", *(f"    {line}" for line in job.log_tail.splitlines()[-20:])]
+    if job.why:
+        lines += ["  why:", *(f"    {line}" for line in job.why)]
+    return "\n".join(lines)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = read_spec(args.spec)
+    with client(args) as rt:
+        job = rt.submit_job(spec, idempotency_key=args.idempotency_key)
+    show(args, job, lambda j: f"submitted {j.job_id} ({j.state}); follow it with: resontech watch {j.job_id}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        page = rt.jobs(state=args.state, kind=args.kind, name_prefix=args.name, limit=args.limit)
+    show(args, page.items, lambda jobs: "\n".join(job_line(j) for j in jobs) or "(no jobs)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    job_id, tenant = job_ref(args.job)
+    with client(args) as rt:
+        job = rt.job(job_id, tenant=tenant)
+    show(args, job, job_detail)
+    return 0
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    job_id, tenant = job_ref(args.job)
+    with client(args) as rt:
+        job = rt.job(job_id, tenant=tenant)
+    show(
+        args, {"job": job.job_id, "state": job.state, "lines": job.why or []}, lambda a: "\n".join(a["lines"])
+    )
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job_id, tenant = job_ref(args.job)
+    with client(args) as rt:
+        job = rt.cancel_job(job_id, tenant=tenant)
+    show(args, job, lambda j: f"{j.job_id}: {j.state}")
+    return 0
+
+
+def endpoint_line(e: Any) -> str:
+    replicas = f"{e.ready_replicas}/{e.desired_replicas} ready"
+    return f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas}  {e.model}"
+
+
+def cmd_endpoints(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        page = rt.endpoints(limit=args.limit)
+    show(args, page.items, lambda items: "\n".join(endpoint_line(e) for e in items) or "(no endpoints)")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        endpoint = rt.deploy(read_spec(args.spec))
+    show(args, endpoint, lambda e: f"deployed {e.endpoint_id} ({e.name}): {e.state}")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        endpoint = rt.scale(args.endpoint, min_replicas=args.min, max_replicas=args.max)
+    show(args, endpoint, endpoint_line)
+    return 0
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        rt.delete_endpoint(args.endpoint)
+    print(f"deleted {args.endpoint}")
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        page = rt.workers(limit=args.limit)
+
+    def human(items: list[Any]) -> str:
+        rows = []
+        for w in items:
+            gpus = f"{len(w.gpus)}x {w.gpus[0].model}" if w.gpus else f"no GPU, {w.cpus} CPUs"
+            rows.append(
+                f"{w.worker_id:<18} {w.hostname:<16} {w.state:<11} {w.tier:<10} "
+                f"{w.uptime_30d:.1%} up  {gpus}  earned {w.earnings.payout.usd} USD"
+            )
+        return "\n".join(rows) or "(no workers)"
+
+    show(args, page.items, human)
+    return 0
+
+
+def cmd_billing(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        me = rt.me()
+        if me.kind == "provider":
+            payouts = rt.payouts(args.period)
+            show(
+                args,
+                payouts,
+                lambda p: (
+                    "\n".join(
+                        f"{period.period}: {t.tier} {t.payout.usd} USD"
+                        for period in p.periods
+                        for t in period.tiers
+                    )
+                    or "(no payouts)"
+                ),
+            )
+            return 0
+        if args.period:
+            invoice = rt.invoice(args.period)
+            show(
+                args,
+                invoice,
+                lambda i: "\n".join(
+                    [f"invoice {i.period}: {i.total.usd} USD ({'open' if i.open else 'closed'})"]
+                    + [
+                        f"  {line.work_kind} {line.work_id} on {line.gpu_type} ({line.pool}): "
+                        f"{line.gpu_seconds:,.0f} GPU-s, {line.cpu_seconds:,.0f} CPU-s: {line.charge.usd} USD"
+                        for line in i.lines
+                    ]
+                ),
+            )
+        else:
+            invoices = rt.invoices()
+            show(
+                args,
+                invoices,
+                lambda items: (
+                    "\n".join(
+                        f"{i.period}: {i.total.usd} USD ({'open' if i.open else 'closed'}, {i.lines} lines)"
+                        for i in items
+                    )
+                    or "(no invoices yet)"
+                ),
+            )
+    return 0
+
+
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add the user commands to the ``resontech`` parser (``command(name, handler, help)``)."""
 
@@ -167,3 +374,32 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = user("ls", cmd_ls, "list your workspace")
     p.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    p = user("submit", cmd_submit, "submit a job from a YAML, TOML or JSON spec file")
+    p.add_argument("spec", help="the job spec file (fields of POST /v1/jobs)")
+    p.add_argument("--idempotency-key", help="retrying with the same key submits once")
+    p = user("jobs", cmd_jobs, "list your jobs, newest first")
+    p.add_argument("--state", choices=["queued", "placed", "running", "completed", "failed", "cancelled"])
+    p.add_argument("--kind", choices=["process", "federated", "ddp"])
+    p.add_argument("--name", help="only jobs whose name starts with this")
+    p.add_argument("--limit", type=int, default=50)
+    for name, handler, text in (
+        ("status", cmd_status, "a job's state, shards, progress, checkpoint and log tail"),
+        ("why", cmd_why, "why a job is pending, or why it runs where it runs"),
+        ("cancel", cmd_cancel, "cancel a job (running shards checkpoint and stop)"),
+    ):
+        p = user(name, handler, text)
+        p.add_argument("job", help="the job id (operator: TENANT/JOB)")
+    p = user("endpoints", cmd_endpoints, "list your inference endpoints")
+    p.add_argument("--limit", type=int, default=50)
+    p = user("deploy", cmd_deploy, "deploy an endpoint from a YAML, TOML or JSON spec file")
+    p.add_argument("spec", help="the endpoint spec file (fields of POST /v1/endpoints)")
+    p = user("scale", cmd_scale, "change an endpoint's replica bounds")
+    p.add_argument("endpoint")
+    p.add_argument("--min", type=int, help="minimum replicas (0 allows scale to zero)")
+    p.add_argument("--max", type=int, help="maximum replicas")
+    p = user("undeploy", cmd_undeploy, "delete an endpoint (its replicas stop)")
+    p.add_argument("endpoint")
+    p = user("workers", cmd_workers, "a provider's nodes: health, tier, uptime, earnings")
+    p.add_argument("--limit", type=int, default=50)
+    p = user("billing", cmd_billing, "invoices (tenants) or payouts (providers)")
+    p.add_argument("--period", help="one month, YYYY-MM")

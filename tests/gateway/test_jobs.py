@@ -16,7 +16,6 @@ import pytest
 from core.log import EventLog
 from core.streams import job_subject
 from ops.coordinator import Coordinator
-from ops.why import why
 from projections import SCHEDULE
 from schemas import (
     Assignment,
@@ -265,9 +264,6 @@ async def test_get_shows_assignments_progress_checkpoint_and_why(api: Api, log: 
     assert job["progress"]["round"] == 2 and job["progress"]["epoch"] == 3 and job["progress"]["loss"] == 0.25
     assert job["last_checkpoint"] == {"object_key": "jobs/hello/ckpt-2", "round": 2, "step": None}
     assert "shard 0 on w0" in "\n".join(job["why"]) and "3 workers considered" in "\n".join(job["why"])
-    # the CLI's explanation is the same
-    answer = await why(log.settings, f"{tenant}/{job_id}")
-    assert answer["lines"] == job["why"]
 
 
 async def test_cancel_stops_running_shards_and_a_finished_job_is_a_conflict(api: Api, log: EventLog) -> None:
