@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from gateway import metrics
 from gateway.api import Router
-from gateway.routes import system, tenants
+from gateway.routes import feed, system, tenants
 
-ROUTERS: tuple[Router, ...] = (system.router, tenants.router)
+ROUTERS: tuple[Router, ...] = (system.router, tenants.router, feed.router, metrics.router)
 """Every router the app serves, in OpenAPI order."""
