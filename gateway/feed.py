@@ -131,13 +131,17 @@ def format_cursor(positions: Mapping[str, int]) -> str:
     return ",".join(f"{name}:{positions.get(stream, 0)}" for stream, name in CURSOR_NAMES.items())
 
 
+def _token(value: str, what: str) -> str:
+    try:
+        return token(value, what)
+    except InvalidInput as exc:
+        raise FeedClose(4400, "invalid_query", str(exc)) from None
+
+
 def _ids(text: str | None, what: str) -> frozenset[str] | None:
     if text is None:
         return None
-    try:
-        ids = frozenset(token(part.strip(), what) for part in text.split(",") if part.strip())
-    except InvalidInput as exc:
-        raise FeedClose(4400, "invalid_query", str(exc)) from None
+    ids = frozenset(_token(part.strip(), what) for part in text.split(",") if part.strip())
     if not ids:
         raise FeedClose(4400, "invalid_query", f"{what} is empty: name at least one id or leave it out")
     return ids
@@ -171,7 +175,7 @@ class FeedFilter:
         endpoints: str | None = None,
         kinds: str | None = None,
     ) -> None:
-        self.tenant = tenant
+        self.tenant = _token(tenant, "tenant")  # a subject token, never a wildcard
         self.jobs = _ids(jobs, "job id")
         self.endpoints = _ids(endpoints, "endpoint id")
         self.kinds = _kinds(kinds)

@@ -290,8 +290,10 @@ class FeedSession:
             async for record in records:
                 if subscriber.closing is not None:
                     return
-                ident = record.token(2)
-                if self.filter.wants_event(stream, record.event.event_tag(), ident):
+                tenant, ident = record.token(1), record.token(2)
+                if tenant == self.filter.tenant and self.filter.wants_event(
+                    stream, record.event.event_tag(), ident
+                ):
                     await self.websocket.send_text(
                         event_text(record, self.filter.tenant, what[stream], ident)
                     )

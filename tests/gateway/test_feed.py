@@ -156,6 +156,7 @@ async def test_bad_keys_and_bad_queries_close_with_a_code_before_any_event(
         ({"query": "?colour=red", "headers": auth(admin)}, 4400, "invalid_query"),
         ({"query": f"?tenant={other}", "headers": auth(admin)}, 4404, "not_found"),
         ({"headers": auth(server.operator_key)}, 4400, "tenant_required"),
+        ({"query": "?tenant=*", "headers": auth(server.operator_key)}, 4400, "invalid_query"),
     ]
     for options, code, error_code in cases:
         error, closed = await refused(server, **options)
