@@ -240,7 +240,8 @@ class FeedSession:
             if not subscriber.pending:
                 subscriber.wake.clear()
                 try:
-                    await asyncio.wait_for(subscriber.wake.wait(), self.ping_s)
+                    async with asyncio.timeout(self.ping_s):  # no task per wait, unlike wait_for
+                        await subscriber.wake.wait()
                 except TimeoutError:
                     await self._ping()
                 continue
