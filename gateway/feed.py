@@ -73,7 +73,9 @@ log, then continues live: no event is missed and none is sent twice.
 **Close codes**: 4000 + the HTTP status the problem would get: 4400 bad query or message (the
 reason says what to fix), 4401 missing, unknown or revoked key, 4403 a provider key, 4404 another
 tenant; 4008 too slow (your queue of unsent messages filled up: reconnect with the `after` in the
-reason); 1001 the gateway is shutting down (reconnect with your cursor).
+reason); 1011 the event log is unreachable; 1006 (no close frame) the connection dropped, e.g. the
+gateway restarted. After 1011 or 1006 reconnect with your cursor, backing off. Nothing is ever sent
+before authentication succeeds.
 """
 
 CURSOR_NAMES: dict[str, str] = {"JOBS": "jobs", "ENDPOINTS": "endpoints"}
@@ -84,7 +86,6 @@ EVENT_KINDS: frozenset[str] = frozenset(
 )
 FAMILIES: dict[str, str] = {"job": "JOBS", "endpoint": "ENDPOINTS", TELEMETRY: "HEARTBEATS"}
 TOO_SLOW = 4008
-GOING_AWAY = 1001
 _JOB_PLACEMENT = (JobPlaced, JobAssignmentRevoked, JobCompleted, JobFailed, JobCancelled)
 _ENDPOINT_PLACEMENT = (EndpointReplicaPlaced, EndpointReplicaRevoked, EndpointScaledToZero, EndpointDeleted)
 _ENCODE = msgspec.json.Encoder().encode
@@ -339,12 +340,6 @@ class FeedHub:
     @property
     def subscribers(self) -> int:
         return sum(len(s) for s in self._by_tenant.values())
-
-    def close_all(self, code: int = GOING_AWAY, reason: str = "the gateway is shutting down") -> None:
-        for subscribers in list(self._by_tenant.values()):
-            for subscriber in list(subscribers):
-                self.unsubscribe(subscriber)
-                subscriber.close(code, f"{reason}: reconnect with after={subscriber.cursor()}")
 
     # -- fan-out ----------------------------------------------------------------------------------
 

@@ -105,7 +105,6 @@ class Kernel:
         self.feed.attach(self.runners)
 
     async def stop(self) -> None:
-        self.feed.close_all()
         self._stop.set()
         for task in self._tasks:
             with contextlib.suppress(Exception, asyncio.CancelledError):

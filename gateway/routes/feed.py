@@ -31,7 +31,6 @@ from gateway.auth import Principal, authenticate, bearer, tenant_of
 from gateway.errors import ApiError
 from gateway.feed import (
     CURSOR_NAMES,
-    GOING_AWAY,
     TOO_SLOW,
     FeedClose,
     FeedFilter,
@@ -56,10 +55,9 @@ _GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
 """How a send to a client that left fails: the session just ends."""
 ERROR_CODES = {
     1011: "log_unavailable",
-    4400: "invalid_query",
+    4400: "invalid_message",
     4401: "unauthenticated",
     TOO_SLOW: "too_slow",
-    GOING_AWAY: "going_away",
 }
 _AUTH_HELP = (
     'send \'Authorization: Bearer rt_...\' on the handshake, or {"kind": "auth", "key": "rt_..."} '

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from core.log import EventLog
-from core.streams import endpoint_subject, heartbeat_subject, job_subject
+from core.streams import endpoint_subject, heartbeat_subject, job_subject, provider_subject
+from gateway.auth import new_key
 from gateway.wsclient import ConnectionClosed, WebSocket, connect
 from schemas.endpoints import EndpointDeployed, EndpointScaled
 from schemas.jobs import JobCompleted, JobPlaced, JobProgress, JobSubmitted
+from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, GpuTelemetry, Provenance
 from schemas.workers import Heartbeat
 from tests.gateway.conftest import Api, GatewayServer, ServeGateway
@@ -77,6 +79,15 @@ async def until_cursor(ws: WebSocket, jobs: int, endpoints: int = 0) -> list[dic
             events.append(message)
 
 
+async def until_known(server: GatewayServer, key: str) -> None:
+    """Wait until the served gateway's key index has a key appended straight to the log."""
+    for _ in range(100):
+        if (await server.request("GET", "/v1/me", key)).status_code == 200:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the gateway never learned the key")
+
+
 async def submit(log: EventLog, tenant: str, job: str) -> int:
     event = JobSubmitted(name=job, kind="process", shards=1)
     return (await log.append(job_subject(tenant, job, event), event)).seq
@@ -133,6 +144,12 @@ async def test_a_browser_authenticates_with_its_first_message(
     seq = await submit(log, tenant, "j1")
     message = await recv(feed)
     assert (message["kind"], message["seq"]) == ("job.submitted", seq)
+    await feed.send(json.dumps({"kind": "auth", "key": key}))  # the feed takes nothing after auth
+    error = await recv(feed)
+    assert error["error"]["code"] == "invalid_message"
+    with pytest.raises(ConnectionClosed) as closed:
+        await recv(feed)
+    assert closed.value.code == 4400
 
 
 async def test_bad_keys_and_bad_queries_close_with_a_code_before_any_event(
@@ -164,6 +181,15 @@ async def test_bad_keys_and_bad_queries_close_with_a_code_before_any_event(
         assert error["message"] and closed.reason, options
     error, _ = await refused(server, f"?key={admin}")
     assert "never put an API key in a URL" in error["message"]
+
+    provider_key_id, provider_key, provider_sha = new_key()
+    created = ProviderCreated(display_name="gpu farm")
+    await log.append(provider_subject("farm", created), created)
+    issued = ProviderKeyIssued(key_id=provider_key_id, key_sha256=provider_sha)
+    await log.append(provider_subject("farm", issued), issued)
+    await until_known(server, provider_key)
+    error, closed = await refused(server, headers=auth(provider_key))
+    assert (closed.code, error["code"]) == (4403, "forbidden")
 
     revoked = await server.key(tenant, admin, "viewer")
     key_id = revoked.split("_")[1]
