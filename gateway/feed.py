@@ -58,17 +58,20 @@ family (`job`, `endpoint`) or `telemetry`.
 
 **Messages** (`kind` says which):
 - an event: `{"seq", "stream": "JOBS"|"ENDPOINTS", "subject", "time", "kind": "job.progress",
-  "tenant", "job"|"endpoint", "event": {...}}`; `seq` is the stream sequence.
+  "tenant", "job"|"endpoint", "event": {...}}`; `seq` is the stream sequence. Events of one stream
+  arrive in sequence order; JOBS and ENDPOINTS events interleave in no guaranteed order.
 - `telemetry`: a worker running your work, at most once per worker every few seconds, live only:
   `{"seq", "stream": "HEARTBEATS", "worker", "jobs", "endpoints", "event": {"gpus": [...]}}`.
 - `feed.ready`: replay is over, live events follow; `cursor` is the position reached.
-- `feed.ping`: after 20 s without a message; `cursor` is the position reached.
+- `feed.ping`: after 20 s without a message; `cursor` is the position reached. A client that hears
+  nothing for a minute should assume the connection is dead and reconnect.
 - `feed.error`: `{"error": {"code", "message"}}`, just before a close.
 
 **Resuming**: keep, per stream, the `seq` of the last event received (and take `cursor` from
 `feed.ready` / `feed.ping`, which also advance past events your filters skip); reconnect with
 `after=jobs:<seq>,endpoints:<seq>` and the same filters. The gateway replays what you missed from the
-log, then continues live: no event is missed and none is sent twice.
+log, then continues live: no event is missed and none is sent twice. A cursor beyond the end of
+the log is refused (4400).
 
 **Close codes**: 4000 + the HTTP status the problem would get: 4400 bad query or message (the
 reason says what to fix), 4401 missing, unknown or revoked key, 4403 a provider key, 4404 another

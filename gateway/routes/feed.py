@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.routing import WebSocketRoute
@@ -40,6 +41,7 @@ from gateway.feed import (
     parse_cursor,
 )
 from schemas.api.feed import FeedAuth, FeedError, FeedQuery
+from schemas.envelope import Recorded
 
 if TYPE_CHECKING:
     from gateway.kernel import Kernel
@@ -165,6 +167,9 @@ async def feed_socket(websocket: WebSocket) -> None:
     except FeedClose as exc:
         await _refuse(websocket, exc)
         return
+    except ResontechError as exc:
+        await _refuse(websocket, FeedClose(1011, "log_unavailable", f"{exc}: try again shortly"))
+        return
     except WebSocketDisconnect:
         return
     await FeedSession(websocket, kernel, principal, feed_filter, after).run()
@@ -278,7 +283,6 @@ class FeedSession:
     async def _replay(self, streams: list[str], positions: dict[str, int]) -> None:
         """Send the matching events after ``sent`` up to ``positions``, from the log."""
         subscriber = self.subscriber
-        what = {"JOBS": "job", "ENDPOINTS": "endpoint"}
         for stream in streams:
             start, end = subscriber.sent[stream] + 1, positions[stream]
             if start > end:
@@ -286,19 +290,23 @@ class FeedSession:
             records = self.kernel.event_log.replay(
                 stream, start_seq=start, until_seq=end, subjects=self.filter.subjects(stream)
             )
-            async for record in records:
-                if subscriber.closing is not None:
-                    return
-                tenant, ident = record.token(1), record.token(2)
-                if tenant == self.filter.tenant and self.filter.wants_event(
-                    stream, record.event.event_tag(), ident
-                ):
-                    await self.websocket.send_text(
-                        event_text(record, self.filter.tenant, what[stream], ident)
-                    )
-                    self.hub.sent += 1
-                subscriber.sent[stream] = record.seq
+            async with contextlib.aclosing(records):  # stops the scan's consumer on an early exit
+                await self._send_replayed(stream, records)
             subscriber.sent[stream] = max(subscriber.sent[stream], end)
+
+    async def _send_replayed(self, stream: str, records: AsyncIterator[Recorded[Any]]) -> None:
+        subscriber = self.subscriber
+        what = "job" if stream == "JOBS" else "endpoint"
+        async for record in records:
+            if subscriber.closing is not None:
+                return
+            tenant, ident = record.token(1), record.token(2)
+            if tenant == self.filter.tenant and self.filter.wants_event(
+                stream, record.event.event_tag(), ident
+            ):
+                await self.websocket.send_text(event_text(record, tenant, what, ident))
+                self.hub.sent += 1
+            subscriber.sent[stream] = record.seq
 
     async def _close(self, code: int, reason: str) -> None:
         error = FeedError(code=ERROR_CODES.get(code, "closed"), message=reason)
