@@ -87,7 +87,7 @@ TELEMETRY = "telemetry"
 EVENT_KINDS: frozenset[str] = frozenset(
     t.event_tag() for t in (*typing.get_args(JobEvent), *typing.get_args(EndpointEvent))
 )
-FAMILIES: dict[str, str] = {"job": "JOBS", "endpoint": "ENDPOINTS", TELEMETRY: "HEARTBEATS"}
+FAMILIES: frozenset[str] = frozenset({"job", "endpoint", TELEMETRY})
 TOO_SLOW = 4008
 _JOB_PLACEMENT = (JobPlaced, JobAssignmentRevoked, JobCompleted, JobFailed, JobCancelled)
 _ENDPOINT_PLACEMENT = (EndpointReplicaPlaced, EndpointReplicaRevoked, EndpointScaledToZero, EndpointDeleted)
@@ -155,7 +155,7 @@ def _kinds(text: str | None) -> frozenset[str] | None:
     if text is None:
         return None
     kinds = frozenset(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(kinds - EVENT_KINDS - set(FAMILIES))
+    unknown = sorted(kinds - EVENT_KINDS - FAMILIES)
     if unknown or not kinds:
         raise FeedClose(
             4400,

@@ -13,6 +13,7 @@ import pytest
 from core.log import EventLog
 from core.streams import endpoint_subject, heartbeat_subject, job_subject, provider_subject
 from gateway.auth import new_key
+from gateway.feed import FeedClose, FeedFilter, format_cursor, parse_cursor
 from gateway.wsclient import ConnectionClosed, WebSocket, connect
 from schemas.endpoints import EndpointDeployed, EndpointScaled
 from schemas.jobs import JobCompleted, JobPlaced, JobProgress, JobSubmitted
@@ -392,3 +393,24 @@ async def test_plain_http_on_the_feed_is_426_and_openapi_documents_the_protocol(
     assert {p["name"] for p in operation["parameters"]} == {"after", "job", "endpoint", "kind", "tenant"}
     assert "101" in operation["responses"]
     assert "after=jobs:<seq>,endpoints:<seq>" in document["info"]["description"]
+
+
+def test_cursors_and_filters_in_isolation() -> None:
+    assert parse_cursor("jobs:120,endpoints:7") == {"JOBS": 120, "ENDPOINTS": 7}
+    assert parse_cursor("endpoints:7") == {"ENDPOINTS": 7}
+    assert format_cursor(parse_cursor("endpoints:7,jobs:120")) == "jobs:120,endpoints:7"
+    for bad in ("120", "jobs:-1", "jobs:1,jobs:2", "workers:3", "jobs:"):
+        with pytest.raises(FeedClose) as refused:
+            parse_cursor(bad)
+        assert refused.value.code == 4400
+    both = FeedFilter("acme", jobs="j1", endpoints="e1", kinds="job.progress,endpoint,telemetry")
+    assert both.wants_event("JOBS", "job.progress", "j1")
+    assert not both.wants_event("JOBS", "job.submitted", "j1")
+    assert not both.wants_event("JOBS", "job.progress", "j2")
+    assert both.wants_event("ENDPOINTS", "endpoint.scaled", "e1")
+    assert both.wants_telemetry(["j1"], []) and not both.wants_telemetry(["j2"], ["e2"])
+    assert both.subjects("JOBS") == "job.acme.j1.>" and both.replays("ENDPOINTS")
+    only_jobs = FeedFilter("acme", jobs="j1,j2", kinds="job")
+    assert only_jobs.subjects("JOBS") == "job.acme.>"
+    assert not only_jobs.replays("ENDPOINTS") and not only_jobs.wants_telemetry(["j1"], [])
+    assert not FeedFilter("acme", kinds="telemetry").replays("JOBS")
