@@ -33,9 +33,11 @@ lint: venv
 
 bench: venv
 	$(PY) -m ops.bench.log
+	$(PY) -m ops.bench.gateway
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick
+	$(PY) -m ops.bench.gateway --quick
 
 clean:
 	rm -rf .venv

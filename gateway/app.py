@@ -1,4 +1,5 @@
-"""The gateway's ASGI app: every route under ``/v1``, the OpenAPI document, the docs page.
+"""The gateway's ASGI app: every route under ``/v1``, the feed's WebSocket, ``/metrics``, the OpenAPI
+document (whose description carries the feed's protocol), the docs page.
 
 ``create_app`` builds it; ``app_from_env`` is the factory granian serves
 (``granian --interface asgi --factory gateway.app:app_from_env``, which ``resontech gateway`` runs).
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -18,8 +20,11 @@ from starlette.routing import BaseRoute, Route
 from core import settings as core_settings
 from gateway.api import Operation, openapi, starlette_routes
 from gateway.errors import EXCEPTION_HANDLERS
+from gateway.feed import PROTOCOL
 from gateway.kernel import Kernel
+from gateway.metrics import GatewayMetrics, RequestMetrics
 from gateway.routes import ROUTERS
+from gateway.routes.feed import websocket_routes
 from gateway.settings import GatewaySettings, load_gateway_settings
 
 VERSION = "0.1.0"
@@ -31,6 +36,7 @@ code{background:#f3f3f3;padding:0 .2rem}h2{margin-top:2rem}td{padding:.2rem .6re
 <p>Machine-readable: <a href="/openapi.json">/openapi.json</a> (OpenAPI 3.1). Authenticate with
 <code>Authorization: Bearer rt_...</code>. Errors are <code>{"error": {"code", "message"}}</code>.</p>
 <div id="ops">loading...</div>
+<pre id="about" style="white-space:pre-wrap;font:inherit"></pre>
 <script>
 fetch('/openapi.json').then(r => r.json()).then(doc => {
   const rows = [];
@@ -39,6 +45,7 @@ fetch('/openapi.json').then(r => r.json()).then(doc => {
       rows.push(`<tr><td><code>${method.toUpperCase()}</code></td><td><code>${path}</code></td>` +
                 `<td>${op.summary || ''}</td><td>${(op.tags || []).join(', ')}</td></tr>`);
   document.getElementById('ops').innerHTML = '<table>' + rows.join('') + '</table>';
+  document.getElementById('about').textContent = doc.info.description || '';
 });
 </script></body></html>
 """
@@ -54,6 +61,8 @@ def create_app(
     """The ASGI app. Its lifespan starts the kernel (unless one is given, already started)."""
     ops = operations()
     document = openapi(ops, title="resontech", version=VERSION, server_url=gateway.url)
+    document["info"]["description"] = PROTOCOL  # OpenAPI has no WebSockets: the feed is described here
+    metrics = GatewayMetrics()
 
     async def openapi_json(request: Request) -> Response:
         return JSONResponse(document)
@@ -78,11 +87,18 @@ def create_app(
         Route("/openapi.json", openapi_json, include_in_schema=False),
         Route("/docs", docs, include_in_schema=False),
         *starlette_routes(ops),
+        *websocket_routes(),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=dict(EXCEPTION_HANDLERS))  # type: ignore[arg-type]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(RequestMetrics, metrics=metrics)],
+        exception_handlers=dict(EXCEPTION_HANDLERS),  # type: ignore[arg-type]
+    )
     if kernel is not None:
         app.state.kernel = kernel
     app.state.openapi = document
+    app.state.metrics = metrics
     return app
 
 

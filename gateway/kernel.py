@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from core.log import EventLog
@@ -18,6 +20,7 @@ from core.objects import s3_client
 from core.settings import Settings
 from core.streams import audit_subject
 from gateway.auth import KeyRecord
+from gateway.feed import FeedHub
 from gateway.settings import GatewaySettings
 from projections import ENDPOINTS, LEDGER, LIVENESS, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
 from projections.base import Projection
@@ -45,6 +48,8 @@ class Kernel:
         runners: projection name -> its live :class:`ProjectionRunner`.
         keys: key id -> :class:`KeyRecord`, kept current from TENANTS and PROVIDERS.
         s3: a boto3 client of the object store (blocking: call it through ``asyncio.to_thread``).
+        feed: the live feed's fan-out (attached to the runners once they caught up).
+        applied_at: projection name -> wall time (Unix s) this process last applied an event to it.
     """
 
     def __init__(self, settings: Settings, gateway: GatewaySettings) -> None:
@@ -58,6 +63,8 @@ class Kernel:
         )
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.feed = FeedHub(gateway.feed_queue, gateway.feed_telemetry_s)
+        self.applied_at: dict[str, float] = {}
 
     @property
     def event_log(self) -> EventLog:
@@ -78,7 +85,8 @@ class Kernel:
             self.runners[projection.name] = runner
         self.runners[TENANTS.name].listeners.append(self._index_key)
         self.runners[PROVIDERS.name].listeners.append(self._index_key)
-        for runner in self.runners.values():
+        for name, runner in self.runners.items():
+            runner.listeners.append(self._stamp(name))
             self._tasks.append(
                 asyncio.create_task(runner.run(self._stop), name=f"follow-{runner.projection.name}")
             )
@@ -94,6 +102,7 @@ class Kernel:
                 raise RuntimeError(f"{task.get_name()} stopped") from task.exception()
         if not all(r.caught_up.is_set() for r in self.runners.values()):
             raise TimeoutError(f"projections did not catch up within {timeout:.0f} s")
+        self.feed.attach(self.runners)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -102,6 +111,12 @@ class Kernel:
                 await asyncio.wait_for(task, 5.0)
         if self.log is not None:
             await self.log.close()
+
+    def _stamp(self, name: str) -> Callable[[Recorded[Any]], None]:
+        def stamp(_: Recorded[Any]) -> None:
+            self.applied_at[name] = time.time()
+
+        return stamp
 
     def _index_key(self, record: Recorded[Any]) -> None:
         event = record.event

@@ -28,6 +28,11 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             can be used (``resontech up`` generates a key and writes it to ``dev.env``).
         max_body_bytes: larger request bodies are refused with 413 (default 1 MiB).
         workers: server worker processes (default 1).
+        feed_queue: messages a feed client may fall behind by before it is closed as too slow
+            (default 1,000; see :mod:`gateway.feed`).
+        feed_ping_s: a feed client idle this many seconds gets a ``feed.ping`` (default 20).
+        feed_telemetry_s: at most one ``telemetry`` message per worker per this many seconds
+            (default 5).
     """
 
     host: str = "127.0.0.1"
@@ -36,6 +41,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     operator_key_sha256: str = ""
     max_body_bytes: int = 1_048_576
     workers: int = 1
+    feed_queue: int = 1000
+    feed_ping_s: float = 20.0
+    feed_telemetry_s: float = 5.0
 
     @property
     def url(self) -> str:
@@ -61,4 +69,6 @@ def load_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
         raise ConfigError(f"{PREFIX}PORT must be 1..65535, got {settings.port}")
     if settings.max_body_bytes < 1024:
         raise ConfigError(f"{PREFIX}MAX_BODY_BYTES must be at least 1024")
+    if settings.feed_queue < 1 or settings.feed_ping_s <= 0 or settings.feed_telemetry_s < 0:
+        raise ConfigError(f"{PREFIX}FEED_QUEUE must be >= 1, FEED_PING_S > 0 and FEED_TELEMETRY_S >= 0")
     return settings

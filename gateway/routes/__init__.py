@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from gateway import metrics
 from gateway.api import Router
-from gateway.routes import billing, endpoints, jobs, system, tenants, workers, workspace
+from gateway.routes import billing, endpoints, feed, jobs, system, tenants, workers, workspace
 
 ROUTERS: tuple[Router, ...] = (
     system.router,
@@ -13,5 +14,7 @@ ROUTERS: tuple[Router, ...] = (
     endpoints.router,
     workers.router,
     billing.router,
+    feed.router,
+    metrics.router,
 )
 """Every router the app serves, in OpenAPI order."""

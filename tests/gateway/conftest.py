@@ -1,20 +1,20 @@
 """Gateway fixtures: the app in-process over httpx (lifespan run by hand), an operator key, tenants.
 
 ``api`` talks to the app through ``httpx.ASGITransport``: real routing, auth, log and object store,
-no sockets. Tests that need a real server (WebSockets, the browser, SDK uploads) start one with
-``gateway_server``.
+no sockets. Tests that need a real server (WebSockets, the browser, SDK uploads) use
+``gateway_server``: ``python -m ops.cli gateway`` (granian) in a child process on a free loopback
+port, on the same fresh streams; ``serve_gateway(RESONTECH_GATEWAY_FEED_QUEUE="8")`` starts one with
+extra settings.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +28,14 @@ from gateway.auth import digest
 from gateway.kernel import Kernel
 from gateway.settings import GatewaySettings
 from ops.ports import free_port
+from ops.process import log_tail, spawn, terminate
 from tests.support import REPO
 
 
 class Api:
     """An httpx client on the app, plus the operator key and helpers to make tenants."""
 
-    def __init__(self, client: httpx.AsyncClient, kernel: Kernel, operator_key: str) -> None:
+    def __init__(self, client: httpx.AsyncClient, kernel: Kernel | None, operator_key: str) -> None:
         self.client = client
         self.kernel = kernel
         self.operator_key = operator_key
@@ -90,59 +91,77 @@ async def api(
 MakeTenant = Callable[[], Awaitable[tuple[str, str]]]
 
 
-class ServedGateway:
-    """A real gateway process (``resontech gateway``: granian, uvloop) on a free loopback port."""
+class GatewayServer(Api):
+    """A gateway served by granian in a child process; ``kernel`` is ``None`` (it lives over there).
 
-    def __init__(self, settings: Settings, operator_key: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.operator_key = operator_key
-        self.log_path = log_path
+    Attributes:
+        url / ws_url: ``http://127.0.0.1:<port>`` and ``ws://127.0.0.1:<port>``.
+        log_file: the server's stdout and stderr.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, url: str, operator_key: str, log_file: Path) -> None:
+        super().__init__(client, None, operator_key)
+        self.url = url
+        self.ws_url = "ws" + url.removeprefix("http")
+        self.log_file = log_file
+
+    def output(self) -> str:
+        """The end of the server's log (for assertion messages)."""
+        return "\n".join(log_tail(self.log_file, 40))
+
+
+ServeGateway = Callable[..., Awaitable[GatewayServer]]
+
+
+@pytest.fixture
+async def serve_gateway(
+    log: EventLog, settings: Settings, operator_key: str, tmp_path: Path
+) -> AsyncIterator[ServeGateway]:
+    """Start served gateways with ``await serve_gateway(RESONTECH_GATEWAY_X="...")``; all are stopped
+    after the test."""
+    started: list[tuple[Any, httpx.AsyncClient]] = []
+
+    async def start(**extra_env: str) -> GatewayServer:
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
         env.update(
             RESONTECH_NATS_URL=settings.nats_url,
             RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
             RESONTECH_S3_ACCESS_KEY=settings.s3_access_key,
             RESONTECH_S3_SECRET_KEY=settings.s3_secret_key,
-            RESONTECH_GATEWAY_PORT=str(self.port),
+            RESONTECH_DATA_DIR=str(tmp_path),
+            RESONTECH_GATEWAY_PORT=str(port),
             RESONTECH_GATEWAY_OPERATOR_KEY_SHA256=digest(operator_key),
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **extra_env,
         )
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> None:
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", "gateway"], cwd=REPO, env=self.env, stdout=out, stderr=out
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"gateway exited {self.proc.returncode}:\n{self.log_path.read_text()[-2000:]}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/v1/health", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"gateway not up within {timeout} s:\n{self.log_path.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        log_file = tmp_path / f"gateway-{port}.log"
+        proc = spawn([sys.executable, "-m", "ops.cli", "gateway"], log_file, env)
+        url = f"http://127.0.0.1:{port}"
+        client = httpx.AsyncClient(base_url=url, timeout=10.0)
+        started.append((proc, client))
+        deadline = time.monotonic() + 30.0
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited with {proc.returncode}: {log_tail(log_file, 20)}")
             try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                if (await client.get("/v1/health")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not serve within 30 s: {log_tail(log_file, 20)}")
+            await asyncio.sleep(0.1)
+        return GatewayServer(client, url, operator_key, log_file)
+
+    yield start
+    for proc, client in started:
+        await client.aclose()
+        await asyncio.to_thread(terminate, proc, 10.0)
 
 
 @pytest.fixture
-def gateway_server(
-    log: EventLog, settings: Settings, operator_key: str, tmp_path: Path
-) -> Iterator[ServedGateway]:
-    """A served gateway on empty streams (the operator key is ``gateway_server.operator_key``)."""
-    server = ServedGateway(settings, operator_key, tmp_path / "gateway.log")
-    server.start()
-    yield server
-    server.stop()
+async def gateway_server(serve_gateway: ServeGateway) -> GatewayServer:
+    """A served gateway (granian, real sockets) on the test's fresh streams, with the operator key."""
+    return await serve_gateway()

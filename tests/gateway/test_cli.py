@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 from gateway import Client
-from tests.gateway.conftest import ServedGateway
+from tests.gateway.conftest import GatewayServer
 from tests.support import REPO
 
 
 class Cli:
-    def __init__(self, server: ServedGateway, home: Path) -> None:
+    def __init__(self, server: GatewayServer, home: Path) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
         self.env.update(XDG_CONFIG_HOME=str(home), RESONTECH_DATA_DIR=str(home / "no-stack"))
         self.url = server.url
@@ -34,7 +34,7 @@ class Cli:
         return done
 
 
-def test_login_upload_submit_status_cancel(gateway_server: ServedGateway, tmp_path: Path) -> None:
+def test_login_upload_submit_status_cancel(gateway_server: GatewayServer, tmp_path: Path) -> None:
     with Client(gateway_server.url, gateway_server.operator_key) as operator:
         created = operator.create_tenant("cli-co", "CLI Co")
     cli = Cli(gateway_server, tmp_path / "home")
@@ -72,7 +72,7 @@ def test_login_upload_submit_status_cancel(gateway_server: ServedGateway, tmp_pa
     assert len(missing.stderr.strip().splitlines()) == 1
 
 
-def test_errors_are_one_friendly_line(gateway_server: ServedGateway, tmp_path: Path) -> None:
+def test_errors_are_one_friendly_line(gateway_server: GatewayServer, tmp_path: Path) -> None:
     cli = Cli(gateway_server, tmp_path / "home")
     bad_key = cli("whoami", "--url", gateway_server.url, "--key", "rt_000000000000_" + "y" * 40, ok=False)
     assert bad_key.returncode == 1 and bad_key.stderr.strip() == "error: unknown API key"

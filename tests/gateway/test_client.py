@@ -13,16 +13,16 @@ from botocore.exceptions import ClientError
 from gateway import AsyncClient, Client
 from gateway.client import ApiError, TransferError
 from ops.objectstore import ObjectStoreServer
-from tests.gateway.conftest import ServedGateway
+from tests.gateway.conftest import GatewayServer
 
 
-def make_tenant(server: ServedGateway) -> tuple[str, str]:
+def make_tenant(server: GatewayServer) -> tuple[str, str]:
     with Client(server.url, server.operator_key) as operator:
         created = operator.create_tenant(f"sdk-{os.urandom(3).hex()}", "SDK test")
     return created.tenant.tenant, created.admin_key.key
 
 
-def test_identity_tenancy_and_errors(gateway_server: ServedGateway) -> None:
+def test_identity_tenancy_and_errors(gateway_server: GatewayServer) -> None:
     tenant, key = make_tenant(gateway_server)
     with Client(gateway_server.url, key) as rt:
         me = rt.me()
@@ -45,7 +45,7 @@ def test_identity_tenancy_and_errors(gateway_server: ServedGateway) -> None:
 
 
 def test_small_and_multipart_uploads_round_trip_with_progress(
-    gateway_server: ServedGateway, tmp_path: Path
+    gateway_server: GatewayServer, tmp_path: Path
 ) -> None:
     _, key = make_tenant(gateway_server)
     small = tmp_path / "train.py"
@@ -74,7 +74,7 @@ def test_small_and_multipart_uploads_round_trip_with_progress(
 
 
 def test_a_failed_multipart_upload_is_aborted(
-    gateway_server: ServedGateway, object_store: ObjectStoreServer, tmp_path: Path
+    gateway_server: GatewayServer, object_store: ObjectStoreServer, tmp_path: Path
 ) -> None:
     tenant, key = make_tenant(gateway_server)
     big = tmp_path / "big.bin"
@@ -99,7 +99,7 @@ def test_a_failed_multipart_upload_is_aborted(
     assert uploads == []
 
 
-def test_uploads_into_read_only_prefixes_are_refused(gateway_server: ServedGateway, tmp_path: Path) -> None:
+def test_uploads_into_read_only_prefixes_are_refused(gateway_server: GatewayServer, tmp_path: Path) -> None:
     _, key = make_tenant(gateway_server)
     f = tmp_path / "m.pt"
     f.write_bytes(b"weights")
@@ -108,7 +108,7 @@ def test_uploads_into_read_only_prefixes_are_refused(gateway_server: ServedGatew
     assert refused.value.status == 403 and refused.value.code == "read_only_prefix"
 
 
-async def test_async_client_uploads_and_downloads(gateway_server: ServedGateway, tmp_path: Path) -> None:
+async def test_async_client_uploads_and_downloads(gateway_server: GatewayServer, tmp_path: Path) -> None:
     tenant, key = make_tenant(gateway_server)
     big = tmp_path / "data.bin"
     big.write_bytes(os.urandom(11_000_000))

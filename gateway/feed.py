@@ -1,0 +1,447 @@
+"""The live feed's fan-out: one subscription per stream, shared by every WebSocket client of a process.
+
+The gateway already follows JOBS, ENDPOINTS and HEARTBEATS live for its projections (SCHEDULE,
+ENDPOINTS, LIVENESS). :class:`FeedHub` listens to those runners, so the feed costs no extra NATS
+consumer however many clients connect: each event is matched against the subscribers of its tenant
+(the tenant is the subject's second token, so another tenant's events are never even looked at),
+encoded once, and appended to each matching subscriber's bounded queue. A subscriber whose queue is
+full is closed as too slow, never buffered further. Replays for ``after`` read the stream directly
+(:meth:`core.log.EventLog.replay`); the WebSocket session that ties replay and live together is in
+:mod:`gateway.routes.feed`, and :data:`PROTOCOL` is the contract clients (the SDK, the dashboard)
+rely on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import time
+import typing
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from core.errors import InvalidInput
+from core.streams import token
+from projections import ENDPOINTS, LIVENESS, SCHEDULE
+from projections.endpoints import endpoint_key
+from projections.runner import ProjectionRunner
+from projections.schedule import TERMINAL, job_key
+from schemas.api.feed import FeedError, FeedMessage, FeedTelemetry
+from schemas.endpoints import (
+    EndpointDeleted,
+    EndpointEvent,
+    EndpointReplicaPlaced,
+    EndpointReplicaRevoked,
+    EndpointScaledToZero,
+)
+from schemas.envelope import Recorded
+from schemas.jobs import JobAssignmentRevoked, JobCancelled, JobCompleted, JobEvent, JobFailed, JobPlaced
+from schemas.workers import Heartbeat
+
+PROTOCOL = """\
+## Live feed: `WebSocket /v1/feed`
+
+Your tenant's events as JSON text messages, live, resumable. (A plain HTTP `GET /v1/feed` answers 426.)
+
+**Authenticate** with `Authorization: Bearer rt_...` on the handshake, or (browsers cannot set
+headers) send `{"kind": "auth", "key": "rt_..."}` as the first message within 10 s. Never put a key
+in the URL: a `key` query parameter is refused. The operator names the tenant with `?tenant=`.
+
+**Query parameters**: `after=jobs:<seq>,endpoints:<seq>` resumes after that cursor (a stream left out
+starts live; without `after` the feed starts live); `job=<id>[,<id>...]`, `endpoint=<id>[,...]`
+(with both, events of either); `kind=<kind>[,...]` where a kind is an event tag (`job.progress`), a
+family (`job`, `endpoint`) or `telemetry`.
+
+**Messages** (`kind` says which):
+- an event: `{"seq", "stream": "JOBS"|"ENDPOINTS", "subject", "time", "kind": "job.progress",
+  "tenant", "job"|"endpoint", "event": {...}}`; `seq` is the stream sequence. Events of one stream
+  arrive in sequence order; JOBS and ENDPOINTS events interleave in no guaranteed order.
+- `telemetry`: a worker running your work, at most once per worker every few seconds, live only:
+  `{"seq", "stream": "HEARTBEATS", "worker", "jobs", "endpoints", "event": {"gpus": [...]}}`.
+- `feed.ready`: replay is over, live events follow; `cursor` is the position reached.
+- `feed.ping`: after 20 s without a message; `cursor` is the position reached. A client that hears
+  nothing for a minute should assume the connection is dead and reconnect.
+- `feed.error`: `{"error": {"code", "message"}}`, just before a close.
+
+**Resuming**: keep, per stream, the `seq` of the last event received (and take `cursor` from
+`feed.ready` / `feed.ping`, which also advance past events your filters skip); reconnect with
+`after=jobs:<seq>,endpoints:<seq>` and the same filters. The gateway replays what you missed from the
+log, then continues live: no event is missed and none is sent twice. A cursor beyond the end of
+the log is refused (4400).
+
+**Close codes**: 4000 + the HTTP status the problem would get: 4400 bad query or message (the
+reason says what to fix), 4401 missing, unknown or revoked key, 4403 a provider key, 4404 another
+tenant; 4008 too slow (your queue of unsent messages filled up: reconnect with the `after` in the
+reason); 1011 the event log is unreachable; 1006 (no close frame) the connection dropped, e.g. the
+gateway restarted. After 1011 or 1006 reconnect with your cursor, backing off. Nothing is ever sent
+before authentication succeeds.
+"""
+
+CURSOR_NAMES: dict[str, str] = {"JOBS": "jobs", "ENDPOINTS": "endpoints"}
+"""Resumable streams and their names in a cursor."""
+TELEMETRY = "telemetry"
+EVENT_KINDS: frozenset[str] = frozenset(
+    t.event_tag() for t in (*typing.get_args(JobEvent), *typing.get_args(EndpointEvent))
+)
+FAMILIES: frozenset[str] = frozenset({"job", "endpoint", TELEMETRY})
+TOO_SLOW = 4008
+_JOB_PLACEMENT = (JobPlaced, JobAssignmentRevoked, JobCompleted, JobFailed, JobCancelled)
+_ENDPOINT_PLACEMENT = (EndpointReplicaPlaced, EndpointReplicaRevoked, EndpointScaledToZero, EndpointDeleted)
+_ENCODE = msgspec.json.Encoder().encode
+
+Owner = tuple[str, str, str]
+"""(tenant, ``job`` or ``endpoint``, id): whose work an assignment is."""
+
+
+class FeedClose(Exception):
+    """End a feed session with a close code, after a ``feed.error`` message saying why."""
+
+    def __init__(self, code: int, error: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.error = error
+        self.message = message
+
+
+def iso(ns: int) -> str:
+    """Unix nanoseconds as ISO 8601 UTC with milliseconds."""
+    moment = dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_cursor(text: str) -> dict[str, int]:
+    """``jobs:120,endpoints:7`` -> ``{"JOBS": 120, "ENDPOINTS": 7}``; 4400 when malformed."""
+    by_name = {name: stream for stream, name in CURSOR_NAMES.items()}
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, seq = part.partition(":")
+        stream = by_name.get(name)
+        if stream is None or not seq.isdigit() or stream in out:
+            raise FeedClose(
+                4400,
+                "invalid_query",
+                f"after must read jobs:<seq>,endpoints:<seq> (each at most once), got {text!r}",
+            )
+        out[stream] = int(seq)
+    return out
+
+
+def format_cursor(positions: Mapping[str, int]) -> str:
+    """``{"JOBS": 120, "ENDPOINTS": 7}`` -> ``jobs:120,endpoints:7``."""
+    return ",".join(f"{name}:{positions.get(stream, 0)}" for stream, name in CURSOR_NAMES.items())
+
+
+def _token(value: str, what: str) -> str:
+    try:
+        return token(value, what)
+    except InvalidInput as exc:
+        raise FeedClose(4400, "invalid_query", str(exc)) from None
+
+
+def _ids(text: str | None, what: str) -> frozenset[str] | None:
+    if text is None:
+        return None
+    ids = frozenset(_token(part.strip(), what) for part in text.split(",") if part.strip())
+    if not ids:
+        raise FeedClose(4400, "invalid_query", f"{what} is empty: name at least one id or leave it out")
+    return ids
+
+
+def _kinds(text: str | None) -> frozenset[str] | None:
+    if text is None:
+        return None
+    kinds = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(kinds - EVENT_KINDS - FAMILIES)
+    if unknown or not kinds:
+        raise FeedClose(
+            4400,
+            "invalid_query",
+            f"unknown kind {', '.join(unknown) or '(empty)'}: use job, endpoint, telemetry or an event tag "
+            "such as job.progress",
+        )
+    return kinds
+
+
+class FeedFilter:
+    """What one client asked for: its tenant, and optionally jobs, endpoints and kinds."""
+
+    __slots__ = ("endpoints", "jobs", "kinds", "tenant")
+
+    def __init__(
+        self,
+        tenant: str,
+        *,
+        jobs: str | None = None,
+        endpoints: str | None = None,
+        kinds: str | None = None,
+    ) -> None:
+        self.tenant = _token(tenant, "tenant")  # a subject token, never a wildcard
+        self.jobs = _ids(jobs, "job id")
+        self.endpoints = _ids(endpoints, "endpoint id")
+        self.kinds = _kinds(kinds)
+
+    def wants_kind(self, kind: str) -> bool:
+        return self.kinds is None or kind in self.kinds or kind.split(".", 1)[0] in self.kinds
+
+    def wants_event(self, stream: str, kind: str, ident: str) -> bool:
+        """Whether the event ``kind`` about job or endpoint ``ident`` on ``stream`` matches."""
+        if not self.wants_kind(kind):
+            return False
+        if self.jobs is None and self.endpoints is None:
+            return True
+        wanted = self.jobs if stream == "JOBS" else self.endpoints
+        return wanted is not None and ident in wanted
+
+    def wants_telemetry(self, jobs: Iterable[str], endpoints: Iterable[str]) -> bool:
+        if not self.wants_kind(TELEMETRY):
+            return False
+        if self.jobs is None and self.endpoints is None:
+            return True
+        return bool(self.jobs and self.jobs.intersection(jobs)) or bool(
+            self.endpoints and self.endpoints.intersection(endpoints)
+        )
+
+    def replays(self, stream: str) -> bool:
+        """Whether ``stream`` can hold a matching event at all (else its replay is skipped)."""
+        family = "job" if stream == "JOBS" else "endpoint"
+        if self.kinds is not None and not any(k == family or k.startswith(family + ".") for k in self.kinds):
+            return False
+        if self.jobs is None and self.endpoints is None:
+            return True
+        return (self.jobs if stream == "JOBS" else self.endpoints) is not None
+
+    def subjects(self, stream: str) -> str:
+        """The narrowest subject filter a replay of ``stream`` can use."""
+        family = "job" if stream == "JOBS" else "endpoint"
+        ids = self.jobs if stream == "JOBS" else self.endpoints
+        if ids is not None and len(ids) == 1:
+            return f"{family}.{self.tenant}.{next(iter(ids))}.>"
+        return f"{family}.{self.tenant}.>"
+
+
+class Subscriber:
+    """One client's bounded queue of encoded messages, and how far it has been sent.
+
+    Attributes:
+        pending: ``(stream, seq, text)`` not yet sent, at most ``limit``.
+        sent: stream -> sequence of the last event sent (or skipped as matched by nothing up to it).
+        closing: ``(code, reason)`` once the hub dropped the client; the session closes with it.
+    """
+
+    __slots__ = ("closed", "closing", "filter", "limit", "pending", "sent", "wake")
+
+    def __init__(self, feed_filter: FeedFilter, limit: int) -> None:
+        self.filter = feed_filter
+        self.limit = limit
+        self.pending: deque[tuple[str, int, str]] = deque()
+        self.wake = asyncio.Event()
+        self.closing: tuple[int, str] | None = None
+        self.closed = asyncio.Event()
+        self.sent: dict[str, int] = {}
+
+    def offer(self, stream: str, seq: int, text: str) -> bool:
+        """Queue one message; ``False`` (and nothing queued) when the queue is full."""
+        if self.closing is not None:
+            return True
+        if len(self.pending) >= self.limit:
+            return False
+        self.pending.append((stream, seq, text))
+        self.wake.set()
+        return True
+
+    def close(self, code: int, reason: str) -> None:
+        """Drop what is queued (freeing it now) and ask the session to close."""
+        if self.closing is None:
+            self.closing = (code, reason)
+        self.pending.clear()
+        self.wake.set()
+        self.closed.set()
+
+    def cursor(self) -> str:
+        return format_cursor(self.sent)
+
+
+def event_text(record: Recorded[Any], tenant: str, what: str, ident: str) -> str:
+    """The feed message of a JOBS or ENDPOINTS event, as sent."""
+    message = FeedMessage(
+        kind=record.event.event_tag(),
+        seq=record.seq,
+        stream=record.stream,
+        subject=record.subject,
+        time=iso(record.time_ns),
+        tenant=tenant,
+        job=ident if what == "job" else None,
+        endpoint=ident if what == "endpoint" else None,
+        event=record.event,
+    )
+    return _ENCODE(message).decode()
+
+
+def control_text(kind: str, cursor: str | None = None, error: FeedError | None = None) -> str:
+    """A ``feed.*`` message."""
+    return _ENCODE(FeedMessage(kind=kind, time=iso(time.time_ns()), cursor=cursor, error=error)).decode()
+
+
+class FeedHub:
+    """Fans the gateway's live JOBS, ENDPOINTS and HEARTBEATS records out to feed subscribers.
+
+    Args:
+        queue_size: each subscriber's queue bound (``RESONTECH_GATEWAY_FEED_QUEUE``).
+        telemetry_s: the least interval between two ``telemetry`` messages of one worker.
+
+    Attributes:
+        sent: messages handed to clients (counted by the sessions).
+        dropped: clients closed as too slow.
+    """
+
+    def __init__(self, queue_size: int = 1000, telemetry_s: float = 5.0) -> None:
+        self.queue_size = queue_size
+        self.telemetry_s = telemetry_s
+        self.sent = 0
+        self.dropped = 0
+        self._by_tenant: dict[str, set[Subscriber]] = {}
+        self._runners: dict[str, ProjectionRunner[Any]] = {}
+        self._owners: dict[str, Owner] = {}
+        self._work: dict[Owner, frozenset[str]] = {}
+        self._beat_sent: dict[str, float] = {}
+
+    # -- wiring -----------------------------------------------------------------------------------
+
+    def attach(self, runners: Mapping[str, ProjectionRunner[Any]]) -> None:
+        """Listen to the kernel's live runners; the assignment index starts from their current state."""
+        jobs, endpoints = runners[SCHEDULE.name], runners[ENDPOINTS.name]
+        self._runners = {"JOBS": jobs, "ENDPOINTS": endpoints}
+        for job in jobs.state.jobs.values():
+            self._index_job(job.tenant, job.job_id)
+        for endpoint in endpoints.state.endpoints.values():
+            self._index_endpoint(endpoint.tenant, endpoint.endpoint_id)
+        jobs.listeners.append(self._on_job)
+        endpoints.listeners.append(self._on_endpoint)
+        runners[LIVENESS.name].listeners.append(self._on_beat)
+
+    def positions(self) -> dict[str, int]:
+        """Stream -> the last sequence this process has applied (and so fanned out)."""
+        return {stream: runner.seq for stream, runner in self._runners.items()}
+
+    def subscribe(self, subscriber: Subscriber) -> dict[str, int]:
+        """Start delivering live events to ``subscriber``; returns :meth:`positions` at this instant,
+        so that every later event has a higher sequence."""
+        self._by_tenant.setdefault(subscriber.filter.tenant, set()).add(subscriber)
+        return self.positions()
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        subscribers = self._by_tenant.get(subscriber.filter.tenant)
+        if subscribers is not None:
+            subscribers.discard(subscriber)
+            if not subscribers:
+                del self._by_tenant[subscriber.filter.tenant]
+
+    @property
+    def subscribers(self) -> int:
+        return sum(len(s) for s in self._by_tenant.values())
+
+    # -- fan-out ----------------------------------------------------------------------------------
+
+    def _offer(self, subscriber: Subscriber, stream: str, seq: int, text: str) -> None:
+        if not subscriber.offer(stream, seq, text):
+            self.dropped += 1
+            self.unsubscribe(subscriber)
+            subscriber.close(TOO_SLOW, f"too slow: reconnect with after={subscriber.cursor()}")
+
+    def _fan_out(self, record: Recorded[Any], tenant: str, what: str, ident: str) -> None:
+        subscribers = self._by_tenant.get(tenant)
+        if not subscribers:
+            return
+        kind = record.event.event_tag()
+        text = None
+        for subscriber in list(subscribers):
+            if subscriber.filter.wants_event(record.stream, kind, ident):
+                text = text or event_text(record, tenant, what, ident)
+                self._offer(subscriber, record.stream, record.seq, text)
+
+    def _on_job(self, record: Recorded[Any]) -> None:
+        tenant, job_id = record.token(1), record.token(2)
+        if isinstance(record.event, _JOB_PLACEMENT):
+            self._index_job(tenant, job_id)
+        self._fan_out(record, tenant, "job", job_id)
+
+    def _on_endpoint(self, record: Recorded[Any]) -> None:
+        tenant, endpoint_id = record.token(1), record.token(2)
+        if isinstance(record.event, _ENDPOINT_PLACEMENT):
+            self._index_endpoint(tenant, endpoint_id)
+        self._fan_out(record, tenant, "endpoint", endpoint_id)
+
+    def _on_beat(self, record: Recorded[Any]) -> None:
+        beat = record.event
+        if not self._by_tenant or not isinstance(beat, Heartbeat):
+            return
+        owners = [self._owners[a] for a in beat.running if a in self._owners]
+        if not any(tenant in self._by_tenant for tenant, _, _ in owners):
+            return
+        worker = record.token(1)
+        now = time.monotonic()
+        if now - self._beat_sent.get(worker, -math.inf) < self.telemetry_s:
+            return
+        self._beat_sent[worker] = now
+        work: dict[str, tuple[list[str], list[str]]] = {}
+        for tenant, what, ident in sorted(set(owners)):
+            jobs, endpoints = work.setdefault(tenant, ([], []))
+            (jobs if what == "job" else endpoints).append(ident)
+        readings = FeedTelemetry(gpus=beat.gpus, cpu_pct=beat.cpu_pct, memory_used_mb=beat.memory_used_mb)
+        for tenant, (jobs, endpoints) in work.items():
+            text = None
+            for subscriber in list(self._by_tenant.get(tenant, ())):
+                if subscriber.filter.wants_telemetry(jobs, endpoints):
+                    text = text or _telemetry_text(record, tenant, worker, jobs, endpoints, readings)
+                    self._offer(subscriber, record.stream, record.seq, text)
+
+    # -- which tenant's work each assignment is (for telemetry) ---------------------------------
+
+    def _index(self, owner: Owner, current: frozenset[str]) -> None:
+        for assignment_id in self._work.pop(owner, frozenset()) - current:
+            self._owners.pop(assignment_id, None)
+        for assignment_id in current:
+            self._owners[assignment_id] = owner
+        if current:
+            self._work[owner] = current
+
+    def _index_job(self, tenant: str, job_id: str) -> None:
+        job = self._runners["JOBS"].state.jobs.get(job_key(tenant, job_id))
+        live = job is not None and job.state not in TERMINAL
+        current = (
+            frozenset(a.assignment_id for a in job.assignments.values()) if live and job else frozenset()
+        )
+        self._index((tenant, "job", job_id), current)
+
+    def _index_endpoint(self, tenant: str, endpoint_id: str) -> None:
+        endpoint = self._runners["ENDPOINTS"].state.endpoints.get(endpoint_key(tenant, endpoint_id))
+        live = endpoint is not None and endpoint.state != "deleted"
+        replicas = endpoint.replicas.values() if live and endpoint else ()
+        self._index((tenant, "endpoint", endpoint_id), frozenset(r.assignment_id for r in replicas))
+
+
+def _telemetry_text(
+    record: Recorded[Any],
+    tenant: str,
+    worker: str,
+    jobs: list[str],
+    endpoints: list[str],
+    readings: FeedTelemetry,
+) -> str:
+    message = FeedMessage(
+        kind=TELEMETRY,
+        seq=record.seq,
+        stream=record.stream,
+        subject=record.subject,
+        time=iso(record.time_ns),
+        tenant=tenant,
+        worker=worker,
+        jobs=jobs,
+        endpoints=endpoints,
+        event=readings,
+    )
+    return _ENCODE(message).decode()
