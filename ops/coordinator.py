@@ -28,12 +28,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from core import placement
 from core.candidates import CandidateIndex
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
 from core.pricing import list_price_micros
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
+from ops.workspecs import Presign, federated_spec, presigner
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS
 from projections.admission import health_verdicts, preemption_victims, quota_usage, request_for_job, triage
 from projections.capacity import candidates, tier_of
@@ -96,6 +99,7 @@ class Coordinator:
         self.placements = 0
         self.conflicts = 0
         self.decision_ms: list[float] = []
+        self.presign = presigner(event_log.settings)
 
     @property
     def runners(self) -> tuple[ProjectionRunner[Any], ...]:
@@ -282,7 +286,9 @@ class Coordinator:
                     continue
                 record = self.registry.state.workers.get(assignment.worker_id)
                 tier = tier_of(record, time.time_ns()) if record else "unverified"
-                command = start_command(job, assignment, tier)
+                command = start_command(job, assignment, tier, presign=self.presign)
+                if command is None:  # not startable yet (a federated job's federation is not ready)
+                    continue
                 try:
                     await self.log.append(
                         command_subject(assignment.worker_id),
@@ -393,10 +399,16 @@ class Coordinator:
         return True
 
 
-def start_command(job: JobRecord, assignment: Any, tier: str = "unverified") -> StartWork:
-    """The ``start_work`` command for one assignment of ``job``; resumes from its last checkpoint."""
+def start_command(
+    job: JobRecord, assignment: Any, tier: str = "unverified", *, presign: Presign | None = None
+) -> StartWork | None:
+    """The ``start_work`` command for one assignment of ``job``; resumes from its last checkpoint.
+
+    ``None`` when the assignment cannot start yet (:mod:`ops.workspecs`); ``presign`` makes the
+    download URLs a federated shard needs.
+    """
     resources = job.resources
-    return StartWork(
+    command = StartWork(
         tenant=job.tenant,
         work_id=job.job_id,
         work_kind="job",
@@ -417,6 +429,10 @@ def start_command(job: JobRecord, assignment: Any, tier: str = "unverified") -> 
         ),
         price_micros_per_gpu_hour=list_price_micros(resources.gpu_type, job.pool),
     )
+    if job.kind == "federated":
+        spec = federated_spec(job, assignment, command.spec, presign) if presign else None
+        return None if spec is None else msgspec.structs.replace(command, spec=spec)
+    return command
 
 
 RUNTIME_OF_KIND = {"process": "process", "federated": "nvflare-client", "ddp": "torchrun"}

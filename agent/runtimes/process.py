@@ -37,8 +37,25 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the agent dies (``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 class ProcessRuntime:
-    """Runs ``spec.command`` (argv, no shell) as a local process."""
+    """Runs ``spec.command`` (argv, no shell) as a local process.
+
+    Args:
+        die_with_agent: SIGKILL the workload when the agent process dies, however it dies. Off for
+            plain processes (an agent restarted after a crash reaps and reports them); on for work
+            whose identity must not outlive its assignment, such as an NVFlare client, which a
+            replacement on another worker takes over.
+    """
+
+    def __init__(self, *, die_with_agent: bool = False) -> None:
+        self.die_with_agent = die_with_agent
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
         """Start the command. Raises :class:`StartFailed` for an empty command or one that cannot run."""
@@ -56,6 +73,7 @@ class ProcessRuntime:
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
                 limit=LINE_LIMIT,
+                preexec_fn=_die_with_parent if self.die_with_agent else None,
             )
         except OSError as exc:
             raise StartFailed(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from None
@@ -179,3 +197,32 @@ def reap_orphans(work_dir: Path) -> list[str]:
         with contextlib.suppress(OSError):
             pid_file.unlink()
     return reaped
+
+
+def tagged_pids(name: str, value: str) -> list[int]:
+    """The processes whose environment holds ``name=value``.
+
+    Environments are inherited, so this finds a workload's whole tree, even the children that left
+    its process group (NVFlare starts each job's process in a session of its own).
+    """
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_tagged(name: str, value: str) -> list[int]:
+    """SIGKILL every process whose environment holds ``name=value``; return their pids."""
+    pids = tagged_pids(name, value)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids

@@ -1,0 +1,131 @@
+"""The ``nvflare-client`` runtime: one NVFlare client of a federated job's federation.
+
+The assignment brings everything (``WorkSpec`` of :func:`ops.workspecs.federated_spec`):
+
+* ``downloads["kit.zip"]``: the slot's client startup kit (its certificate and key), unpacked into
+  ``<workdir>/kit``; ``downloads["shard.zip"]``: the slot's shard, unpacked into ``<workdir>/data``,
+  the ``RESONTECH_DATA_ROOT`` the training script reads. A shard that cannot be fetched or unpacked
+  fails the start with a message that names it.
+* ``options``: ``site`` (the NVFlare identity, ``site-N``; a replacement for a lost worker gets the same
+  one), ``shard`` (its key, for messages), ``rounds`` and ``local_epochs`` (given to the script as
+  ``RESONTECH_ROUNDS`` and ``RESONTECH_LOCAL_EPOCHS``).
+
+The client is NVFlare's ``client_train`` run with the agent's own Python (never a ``python3`` from
+PATH, as NVFlare's start scripts do), in the workload's clean environment. It dies with the agent
+(``PR_SET_PDEATHSIG``): a client that outlived its agent would hold the site's identity that the
+replacement takes over. NVFlare runs the script in a job process of its own session; the whole tree is
+found by the ``RESONTECH_ASSIGNMENT_ID`` in its environment and killed when the client ends or is
+stopped.
+
+NVFlare prefixes what the script prints with its log format, so a ``RESONTECH_PROGRESS {...}`` the
+script prints arrives mid-line: :func:`protocol_line` cuts the prefix off, and the agent turns it into
+a ``progress`` event (round, epoch, loss) as for any workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+from agent.fetch import FetchFailed, download, unpack
+from agent.protocol import PROGRESS
+from agent.runtimes.base import StartFailed
+from agent.runtimes.process import ProcessRuntime, ProcessWorkload, kill_tagged
+from schemas.commands import WorkSpec
+
+KIT = "kit.zip"
+SHARD = "shard.zip"
+ORG = "resontech"
+
+
+def protocol_line(line: str) -> str:
+    """``line`` from its ``RESONTECH_PROGRESS`` on, if it has one; else unchanged."""
+    at = line.find(PROGRESS + " ")
+    return line[at:] if at > 0 else line
+
+
+def client_argv(kit: Path, site: str) -> list[str]:
+    """NVFlare's client, run directly with this Python, from the unpacked kit."""
+    return [
+        sys.executable, "-u", "-m", "nvflare.private.fed.app.client.client_train",
+        "-m", str(kit), "-s", "fed_client.json",
+        "--set", "secure_train=true", f"uid={site}", f"org={ORG}", "config_folder=config",
+    ]  # fmt: skip
+
+
+def _fetch(spec: WorkSpec, workdir: Path) -> None:
+    shard = spec.options.get("shard", "the shard")
+    for name, dest, what in (
+        (KIT, workdir / "kit", "the startup kit"),
+        (SHARD, workdir / "data", f"shard {shard}"),
+    ):
+        archive = workdir / "downloads" / name
+        download(spec.downloads[name], archive, what)
+        unpack(archive, dest, what)
+        archive.unlink()
+
+
+class NvflareClientRuntime:
+    """Starts an NVFlare client from the assignment's kit and shard (see the module docstring)."""
+
+    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> FlareClientWorkload:
+        site = spec.options.get("site", "")
+        missing = [name for name in (KIT, SHARD) if name not in spec.downloads]
+        if not site or missing:
+            raise StartFailed(
+                f"an nvflare-client assignment needs a site and {KIT} and {SHARD} (missing {missing})"
+            )
+        for sub in (workdir, workdir / "tmp"):
+            sub.mkdir(parents=True, exist_ok=True)
+        try:
+            await asyncio.to_thread(_fetch, spec, workdir)
+        except FetchFailed as exc:
+            raise StartFailed(exc.message) from None
+        client_env = dict(env)
+        client_env.update(
+            RESONTECH_SITE=site,
+            RESONTECH_ROUNDS=spec.options.get("rounds", ""),
+            RESONTECH_LOCAL_EPOCHS=spec.options.get("local_epochs", "1"),
+        )
+        client = WorkSpec(runtime="process", command=client_argv(workdir / "kit", site))
+        inner = await ProcessRuntime(die_with_agent=True).start(client, workdir, client_env)
+        return FlareClientWorkload(inner, env["RESONTECH_ASSIGNMENT_ID"])
+
+
+class FlareClientWorkload:
+    """A running NVFlare client (see :class:`agent.runtimes.base.Workload`)."""
+
+    def __init__(self, inner: ProcessWorkload, assignment_id: str) -> None:
+        self._inner = inner
+        self._assignment_id = assignment_id
+
+    @property
+    def pid(self) -> int | None:
+        return self._inner.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._inner.returncode
+
+    async def lines(self) -> AsyncIterator[str]:
+        async for line in self._inner.lines():
+            yield protocol_line(line)
+
+    async def wait(self) -> int:
+        code = await self._inner.wait()
+        self._kill_tree()
+        return code
+
+    async def cancel(self, grace_s: float) -> int:
+        code = await self._inner.cancel(grace_s)
+        self._kill_tree()
+        return code
+
+    def log_tail(self, n: int = 40) -> str:
+        return self._inner.log_tail(n)
+
+    def _kill_tree(self) -> None:
+        """Kill the job processes NVFlare started in sessions of their own."""
+        kill_tagged("RESONTECH_ASSIGNMENT_ID", self._assignment_id)

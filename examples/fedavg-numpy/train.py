@@ -1,0 +1,55 @@
+"""Federated linear regression with NumPy: an NVFlare Client API script, run by every site.
+
+Each site reads its shard (``data.npz`` with ``x`` and ``y``) from ``RESONTECH_DATA_ROOT``, runs
+``RESONTECH_LOCAL_EPOCHS`` epochs of full-batch gradient descent from the global model it receives,
+and sends back its weights with its sample count (``NUM_STEPS_CURRENT_ROUND``), which FedAvg weighs by.
+``RESONTECH_PROGRESS`` lines reach the job's feed (round, epoch, loss).
+
+Usage (as the job's script): ``train.py [--lr 0.1]``.
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+import nvflare.client as flare
+
+
+def mse(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean((x @ w + b - y) ** 2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=0.1)
+    args = parser.parse_args()
+    with np.load(os.path.join(os.environ["RESONTECH_DATA_ROOT"], "data.npz")) as shard:
+        x, y = shard["x"], shard["y"]
+    epochs = int(os.environ.get("RESONTECH_LOCAL_EPOCHS") or 1)
+    flare.init()
+    while flare.is_running():
+        model = flare.receive()
+        params = model.params or {}
+        w = params.get("w", np.zeros(x.shape[1]))  # an empty model: every site starts from zeros
+        b = params.get("b", np.zeros(1))
+        round_number = model.current_round + 1
+        for epoch in range(1, epochs + 1):
+            error = x @ w + b - y
+            w = w - args.lr * 2 * x.T @ error / len(y)
+            b = b - args.lr * 2 * np.mean(error, keepdims=True)
+            loss = mse(w, b, x, y)
+            report = {"round": round_number, "train_epoch": epoch, "loss": loss}
+            print("RESONTECH_PROGRESS " + json.dumps(report), flush=True)
+        flare.send(
+            flare.FLModel(
+                params={"w": w, "b": b},
+                metrics={"loss": loss},
+                meta={"NUM_STEPS_CURRENT_ROUND": len(y)},
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Federated jobs end to end: real agents, coordinator, federation service and NVFlare."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.log import EventLog
+from core.settings import Settings
+from gateway.workspace import bucket_for
+from schemas import (
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobFederationReady,
+    JobFederationRun,
+    JobProgress,
+    JobRoundCompleted,
+)
+from tests.federated import TENANT, kernel, s3, submit, upload_example
+from tests.support import AgentProcess, of, records, registered
+
+pytestmark = pytest.mark.slow
+
+
+async def wait_for(log: EventLog, kind: type, what: str, timeout: float = 120.0) -> list:
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = await records(log, "JOBS")
+        if of(found, kind) or of(found, JobFailed, slot=None):
+            return found
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
+
+
+async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-fedavg", tmp_path)
+    await registered(log, agents("fl-a"))
+    await registered(log, agents("fl-b"))
+    async with kernel(log, tmp_path / "federations"):
+        await submit(log, "np-fedavg", rounds=2, local_epochs=3, args=["--lr", "0.1"])
+        found = await wait_for(log, JobCompleted, "job.completed")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [ready] = of(found, JobFederationReady)
+    assert ready.sites == ["site-1", "site-2"] and ready.server.startswith("localhost:")
+    [run] = of(found, JobFederationRun)
+    assert (run.first_round, run.rounds, run.reason) == (1, 2, "start")
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2]
+    checkpoints = of(found, JobCheckpointed)
+    assert [c.object_key for c in checkpoints] == [
+        "jobs/np-fedavg/model_out/rounds/round-00001.npz",
+        "jobs/np-fedavg/model_out/rounds/round-00002.npz",
+    ]
+    site_progress = [e for e in of(found, JobProgress) if e.slot is not None]
+    assert {(e.slot, e.round, e.train_epoch) for e in site_progress} >= {(0, 1, 1), (1, 2, 3)}
+    assert all(e.loss is not None for e in site_progress)
+    [completed] = of(found, JobCompleted)
+    assert "jobs/np-fedavg/model_out/model.npz" in completed.outputs
+    client = s3(settings)
+    body = client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/model_out/model.npz")["Body"].read()
+    with np.load(io.BytesIO(body)) as model:
+        assert set(model.files) == {"w", "b"}
+    metrics = json.loads(
+        client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/files_out/metrics.json")["Body"].read()
+    )
+    assert [r["round"] for r in metrics["rounds"]] == [1, 2] and all(r["clients"] == 2 for r in metrics["rounds"])
