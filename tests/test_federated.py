@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,28 @@ async def wait_for(log: EventLog, kind: type, what: str, timeout: float = 120.0)
     raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
 
 
+def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """What the example's FedAvg computes, without NVFlare: each site's gradient descent from the global
+    model, then the average weighted by sample count."""
+    sites = []
+    for path in sorted(shards.glob("shard-*.zip")):
+        with zipfile.ZipFile(path) as archive, np.load(io.BytesIO(archive.read("data.npz"))) as data:
+            sites.append((data["x"], data["y"]))
+    w, b = np.zeros(sites[0][0].shape[1]), np.zeros(1)
+    for _ in range(rounds):
+        results = []
+        for x, y in sites:
+            lw, lb = w, b
+            for _ in range(epochs):
+                error = x @ lw + lb - y
+                lw, lb = lw - lr * 2 * x.T @ error / len(y), lb - lr * 2 * np.mean(error, keepdims=True)
+            results.append((lw, lb, len(y)))
+        total = sum(n for _, _, n in results)
+        w = sum(lw * n for lw, _, n in results) / total
+        b = sum(lb * n for _, lb, n in results) / total
+    return w, b
+
+
 async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
@@ -70,6 +93,9 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     body = client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/model_out/model.npz")["Body"].read()
     with np.load(io.BytesIO(body)) as model:
         assert set(model.files) == {"w", "b"}
+        w, b = fedavg_by_hand(tmp_path / "np-fedavg-shards", rounds=2, epochs=3, lr=0.1)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
     metrics = json.loads(
         client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/files_out/metrics.json")["Body"].read()
     )

@@ -161,9 +161,9 @@ class Federation:
                 await self.admin.connect()
             return False
         await self._collect_rounds(job)
+        if self.reported >= (job.rounds or 0):  # the last global model is in: no need to wait for
+            return await self._complete(job)  # NVFlare's own end of the run (several seconds)
         if self.run is None:
-            if self.reported >= (job.rounds or 0):
-                return await self._complete(job)
             if await self._ready(job):
                 await self._submit(job)
             return False
@@ -185,6 +185,9 @@ class Federation:
         s3, spec = self.ctx.s3, job.federated
         sites = [flare.site_name(slot) for slot in range(job.shards)]
         shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.name, job.shards)
+        self.prov = await asyncio.to_thread(
+            provision, self.dir, tenant=self.tenant, job_id=self.job_id, host=self.ctx.host, sites=sites
+        )
         code = self.dir / "code"
         shutil.rmtree(code, ignore_errors=True)
         self.script = await asyncio.to_thread(ws.fetch_code, s3, self.tenant, spec.script, code)
@@ -193,9 +196,6 @@ class Federation:
             self.initial_model = await asyncio.to_thread(
                 ws.fetch_object, s3, bucket_for(self.tenant), spec.initial_model, dest, "the initial model"
             )
-        self.prov = await asyncio.to_thread(
-            provision, self.dir, tenant=self.tenant, job_id=self.job_id, host=self.ctx.host, sites=sites
-        )
         kit_files = {site: self.prov.kit_zip(site) for site in sites}
         self.kits = await asyncio.to_thread(ws.upload_kits, s3, self.tenant, self.job_id, kit_files)
         self.server = FlareServer(self.prov, f"{self.tenant}/{self.job_id}")

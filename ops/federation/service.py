@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 from agent.runtimes.process import kill_tagged
@@ -32,6 +33,9 @@ from projections.schedule import TERMINAL, ScheduleState, job_key
 
 log = logging.getLogger("resontech.federation")
 HOST_ENV = "RESONTECH_FEDERATION_HOST"
+RETRY_S = 5.0
+"""A federation task that crashed (a bug, not a failed job) is started again after this long; it
+resumes from the job's last checkpointed round."""
 
 
 class FederationService:
@@ -53,6 +57,7 @@ class FederationService:
         self.tick_s = tick_s
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.crashed: dict[str, float] = {}
 
     def _state(self) -> ScheduleState:
         return self.schedule.state
@@ -83,12 +88,16 @@ class FederationService:
             await asyncio.gather(*self.tasks.values(), follower, return_exceptions=True)
 
     def _spawn(self, ctx: Context) -> None:
+        now = time.monotonic()
         for key, task in list(self.tasks.items()):
             if task.done():
                 if not task.cancelled() and task.exception() is not None:
-                    log.error("federation %s crashed", key, exc_info=task.exception())
+                    log.error("federation %s crashed; again in %.0fs", key, RETRY_S, exc_info=task.exception())
+                    self.crashed[key] = now
                 del self.tasks[key]
         for key, job in self._state().jobs.items():
+            if now - self.crashed.get(key, -RETRY_S) < RETRY_S:
+                continue
             if job.kind == "federated" and job.state not in TERMINAL and key not in self.tasks:
                 federation = Federation(ctx, job.tenant, job.job_id)
                 self.tasks[key] = asyncio.create_task(federation.drive(), name=f"federation {key}")
