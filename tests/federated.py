@@ -1,13 +1,14 @@
 """Helpers for the federated tests: a workspace with an example's code and shards, and the kernel
-services (coordinator, federation service) running in the test's event loop."""
+services (coordinator, federation service) as processes."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import os
+import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ from core.objects import s3_client
 from core.settings import Settings
 from core.streams import job_subject
 from gateway.workspace import bucket_for, provision
-from ops.coordinator import Coordinator
-from ops.federation import FederationService
+from agent.runtimes.process import kill_tagged
+from ops.federation.server import TAG
 from schemas import FederatedTraining, JobResources, JobSubmitted
 from tests.support import REPO
 
@@ -74,19 +75,59 @@ async def submit(
     return job_id
 
 
-@contextlib.asynccontextmanager
-async def kernel(log: EventLog, root: Path) -> AsyncIterator[tuple[Coordinator, FederationService]]:
-    """A coordinator and a federation service, each on its own connection, until the block ends."""
-    coordinator_log = await EventLog.connect(log.settings, name="coordinator")
-    federation_log = await EventLog.connect(log.settings, name="federation")
-    coordinator = Coordinator(coordinator_log, tick_s=0.1)
-    federation = FederationService(federation_log, root)
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(federation.run(stop))]
+class Kernel:
+    """The coordinator and the federation service as processes (``resontech coordinator`` and
+    ``resontech federation``), as the dev stack runs them: NVFlare's admin client threads must not
+    share an event loop (and a GIL) with the coordinator's lost-worker detection."""
+
+    def __init__(self, settings: Settings, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        self.env.update(
+            RESONTECH_NATS_URL=settings.nats_url,
+            RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
+            RESONTECH_S3_ACCESS_KEY=settings.s3_access_key,
+            RESONTECH_S3_SECRET_KEY=settings.s3_secret_key,
+            RESONTECH_DATA_DIR=str(data_dir),
+        )
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def federations(self) -> Path:
+        return self.data_dir / "federations"
+
+    def start(self, service: str) -> None:
+        log_file = self.data_dir / f"{service}.log"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with log_file.open("ab") as out:
+            self.procs[service] = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", service], cwd=REPO, env=self.env, stdout=out, stderr=out
+            )
+
+    def stop(self, service: str) -> None:
+        proc = self.procs.pop(service)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def logs(self, service: str) -> str:
+        path = self.data_dir / f"{service}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+@contextlib.contextmanager
+def kernel(settings: Settings, data_dir: Path) -> Iterator[Kernel]:
+    """A coordinator and a federation service running until the block ends."""
+    k = Kernel(settings, data_dir)
+    k.start("coordinator")
+    k.start("federation")
     try:
-        yield coordinator, federation
+        yield k
     finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-        await coordinator_log.close()
-        await federation_log.close()
+        for service in list(k.procs):
+            k.stop(service)
+        for job_dir in k.federations.glob("*/*"):  # nothing of NVFlare outlives the test
+            kill_tagged(TAG, f"{job_dir.parent.name}/{job_dir.name}")

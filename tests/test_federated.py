@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,11 +16,13 @@ from core.log import EventLog
 from core.settings import Settings
 from gateway.workspace import bucket_for
 from schemas import (
+    JobAssignmentRevoked,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
     JobFederationReady,
     JobFederationRun,
+    JobPlaced,
     JobProgress,
     JobRoundCompleted,
 )
@@ -27,6 +30,8 @@ from tests.federated import TENANT, kernel, s3, submit, upload_example
 from tests.support import AgentProcess, of, records, registered
 
 pytestmark = pytest.mark.slow
+HEARTBEAT = ("--heartbeat", "1.0")
+"""Agents beat every second (lost after 3 s of silence): NVFlare keeps these two cores busy."""
 
 
 async def wait_for(log: EventLog, kind: type, what: str, timeout: float = 120.0) -> list:
@@ -68,9 +73,9 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
     upload_example(settings, "fedavg-numpy", "np-fedavg", tmp_path)
-    await registered(log, agents("fl-a"))
-    await registered(log, agents("fl-b"))
-    async with kernel(log, tmp_path / "federations"):
+    await registered(log, agents("fl-a", *HEARTBEAT))
+    await registered(log, agents("fl-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
         await submit(log, "np-fedavg", rounds=2, local_epochs=3, args=["--lr", "0.1"])
         found = await wait_for(log, JobCompleted, "job.completed")
     assert not of(found, JobFailed, slot=None), of(found, JobFailed)
@@ -100,3 +105,36 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
         client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/files_out/metrics.json")["Body"].read()
     )
     assert [r["round"] for r in metrics["rounds"]] == [1, 2] and all(r["clients"] == 2 for r in metrics["rounds"])
+
+
+async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_every_round(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-recover", tmp_path)
+    by_worker = {}
+    for name in ("rc-a", "rc-b", "rc-c"):
+        agent = agents(name, *HEARTBEAT)
+        by_worker[await registered(log, agent)] = agent
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-recover", rounds=3, local_epochs=2, args=["--delay", "1"])
+        found = await wait_for(log, JobRoundCompleted, "round 1")
+        [placed] = of(found, JobPlaced)
+        victim = next(a for a in placed.assignments if a.slot == 0)
+        killed_at = time.time()
+        by_worker[victim.worker_id].kill()
+        found = await wait_for(log, JobCompleted, "job.completed after the kill", timeout=180)
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    revoked = of(found, JobAssignmentRevoked)
+    assert [(r.slot, r.worker_id, r.reason) for r in revoked] == [(0, victim.worker_id, "worker lost")]
+    replacement = of(found, JobPlaced)[1].assignments[0]
+    assert (replacement.slot, replacement.epoch) == (0, 2) and replacement.worker_id != victim.worker_id
+    first, again = of(found, JobFederationRun)
+    assert (first.first_round, first.rounds) == (1, 3)
+    assert again.first_round >= 2 and again.first_round + again.rounds - 1 == 3
+    assert "site-1 lost" in again.reason
+    assert again.resume_from == f"jobs/np-recover/model_out/rounds/round-{again.first_round - 1:05d}.npz"
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
+    assert of(found, JobCompleted)[0].outputs[0] == "jobs/np-recover/model_out/model.npz"
+    # The replacement ran site-1 with the same shard; the lost worker's metering ended at the kill.
+    ticks = [r.event for r in await records(log, "METERING") if r.event.assignment_id == victim.assignment_id]
+    assert ticks and max(t.end_ms for t in ticks) <= killed_at * 1000 + 1

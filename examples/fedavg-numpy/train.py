@@ -5,12 +5,14 @@ Each site reads its shard (``data.npz`` with ``x`` and ``y``) from ``RESONTECH_D
 and sends back its weights with its sample count (``NUM_STEPS_CURRENT_ROUND``), which FedAvg weighs by.
 ``RESONTECH_PROGRESS`` lines reach the job's feed (round, epoch, loss).
 
-Usage (as the job's script): ``train.py [--lr 0.1]``.
+Usage (as the job's script): ``train.py [--lr 0.1] [--delay 0]``; ``--delay`` sleeps that many seconds
+per local epoch, to make a demo (or a recovery test) slow enough to watch.
 """
 
 import argparse
 import json
 import os
+import time
 
 import numpy as np
 
@@ -24,6 +26,7 @@ def mse(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--delay", type=float, default=0.0)
     args = parser.parse_args()
     with np.load(os.path.join(os.environ["RESONTECH_DATA_ROOT"], "data.npz")) as shard:
         x, y = shard["x"], shard["y"]
@@ -40,6 +43,7 @@ def main() -> None:
             w = w - args.lr * 2 * x.T @ error / len(y)
             b = b - args.lr * 2 * np.mean(error, keepdims=True)
             loss = mse(w, b, x, y)
+            time.sleep(args.delay)
             report = {"round": round_number, "train_epoch": epoch, "loss": loss}
             print("RESONTECH_PROGRESS " + json.dumps(report), flush=True)
         flare.send(
