@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.objects import s3_client
 from core.settings import Settings
 from core.streams import job_subject
 from gateway.workspace import bucket_for, provision
-from agent.runtimes.process import kill_tagged
 from ops.federation.server import TAG
 from schemas import FederatedTraining, JobResources, JobSubmitted
 from tests.support import REPO
@@ -28,6 +28,12 @@ TENANT = "acme"
 
 def s3(settings: Settings) -> Any:
     return s3_client(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key)
+
+
+def read_object(settings: Settings, key: str) -> bytes:
+    """An object of the tenant's workspace."""
+    body: bytes = s3(settings).get_object(Bucket=bucket_for(TENANT), Key=key)["Body"].read()
+    return body
 
 
 def upload_example(settings: Settings, example: str, name: str, tmp: Path, *extra: str) -> None:
@@ -68,7 +74,9 @@ async def submit(
         local_epochs=local_epochs,
         resources=JobResources(),
         federated=FederatedTraining(
-            script=f"jobs/{name}/scripts/train.py", args=args or [], framework=framework  # type: ignore[arg-type]
+            script=f"jobs/{name}/scripts/train.py",
+            args=args or [],
+            framework=framework,  # type: ignore[arg-type]
         ),
     )
     await log.append(job_subject(TENANT, job_id, event), event, event_id=f"submit-{job_id}")

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.settings import Settings
 from gateway.workspace import bucket_for
+from ops.federation.server import TAG
 from schemas import (
     JobAssignmentRevoked,
     JobCheckpointed,
@@ -26,7 +28,7 @@ from schemas import (
     JobProgress,
     JobRoundCompleted,
 )
-from tests.federated import TENANT, kernel, s3, submit, upload_example
+from tests.federated import TENANT, kernel, submit, upload_example
 from tests.support import AgentProcess, of, records, registered
 
 pytestmark = pytest.mark.slow
@@ -95,16 +97,22 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     [completed] = of(found, JobCompleted)
     assert "jobs/np-fedavg/model_out/model.npz" in completed.outputs
     client = s3(settings)
-    body = client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/model_out/model.npz")["Body"].read()
+    body = client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/model_out/model.npz")[
+        "Body"
+    ].read()
     with np.load(io.BytesIO(body)) as model:
         assert set(model.files) == {"w", "b"}
         w, b = fedavg_by_hand(tmp_path / "np-fedavg-shards", rounds=2, epochs=3, lr=0.1)
         np.testing.assert_allclose(model["w"], w, rtol=1e-6)
         np.testing.assert_allclose(model["b"], b, rtol=1e-6)
     metrics = json.loads(
-        client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/files_out/metrics.json")["Body"].read()
+        client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/files_out/metrics.json")[
+            "Body"
+        ].read()
     )
-    assert [r["round"] for r in metrics["rounds"]] == [1, 2] and all(r["clients"] == 2 for r in metrics["rounds"])
+    assert [r["round"] for r in metrics["rounds"]] == [1, 2] and all(
+        r["clients"] == 2 for r in metrics["rounds"]
+    )
 
 
 async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_every_round(
@@ -138,3 +146,26 @@ async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_ev
     # The replacement ran site-1 with the same shard; the lost worker's metering ended at the kill.
     ticks = [r.event for r in await records(log, "METERING") if r.event.assignment_id == victim.assignment_id]
     assert ticks and max(t.end_ms for t in ticks) <= killed_at * 1000 + 1
+
+
+async def test_a_dead_fl_server_is_restarted_and_the_job_resumes_from_its_last_global_model(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-server", tmp_path)
+    await registered(log, agents("sv-a", *HEARTBEAT))
+    await registered(log, agents("sv-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel") as k:
+        await submit(log, "np-server", rounds=3, local_epochs=2, args=["--delay", "1"])
+        await wait_for(log, JobRoundCompleted, "round 1")
+        server_tree = kill_tagged(TAG, f"{TENANT}/np-server")  # the FL server and its run's process
+        assert server_tree
+        found = await wait_for(log, JobCompleted, "job.completed after the FL server died", timeout=180)
+        assert "restarting it" in k.logs("federation")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    first, again = of(found, JobFederationRun)
+    assert first.first_round == 1 and again.reason == "the FL server restarted"
+    assert again.first_round >= 2 and again.resume_from == (
+        f"jobs/np-server/model_out/rounds/round-{again.first_round - 1:05d}.npz"
+    )
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
+    assert len(of(found, JobPlaced)) == 1  # the clients stayed where they were
