@@ -15,7 +15,6 @@ import pytest
 from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.settings import Settings
-from gateway.workspace import bucket_for
 from ops.federation.server import TAG
 from schemas import (
     JobAssignmentRevoked,
@@ -96,23 +95,13 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     assert all(e.loss is not None for e in site_progress)
     [completed] = of(found, JobCompleted)
     assert "jobs/np-fedavg/model_out/model.npz" in completed.outputs
-    client = s3(settings)
-    body = client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/model_out/model.npz")[
-        "Body"
-    ].read()
-    with np.load(io.BytesIO(body)) as model:
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-fedavg/model_out/model.npz"))) as model:
         assert set(model.files) == {"w", "b"}
         w, b = fedavg_by_hand(tmp_path / "np-fedavg-shards", rounds=2, epochs=3, lr=0.1)
         np.testing.assert_allclose(model["w"], w, rtol=1e-6)
         np.testing.assert_allclose(model["b"], b, rtol=1e-6)
-    metrics = json.loads(
-        client.get_object(Bucket=bucket_for(TENANT), Key="jobs/np-fedavg/files_out/metrics.json")[
-            "Body"
-        ].read()
-    )
-    assert [r["round"] for r in metrics["rounds"]] == [1, 2] and all(
-        r["clients"] == 2 for r in metrics["rounds"]
-    )
+    metrics = json.loads(read_object(settings, "jobs/np-fedavg/files_out/metrics.json"))["rounds"]
+    assert [r["round"] for r in metrics] == [1, 2] and all(r["clients"] == 2 for r in metrics)
 
 
 async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_every_round(
