@@ -27,7 +27,7 @@ from schemas import (
     JobProgress,
     JobRoundCompleted,
 )
-from tests.federated import TENANT, kernel, submit, upload_example
+from tests.federated import TENANT, kernel, read_object, submit, upload_example
 from tests.support import AgentProcess, of, records, registered
 
 pytestmark = pytest.mark.slow
