@@ -36,6 +36,13 @@ def read_object(settings: Settings, key: str) -> bytes:
     return body
 
 
+def upload(settings: Settings, key: str, body: bytes) -> None:
+    """Put one object in the tenant's workspace."""
+    client = s3(settings)
+    provision(client, bucket_for(TENANT))
+    client.put_object(Bucket=bucket_for(TENANT), Key=key, Body=body)
+
+
 def upload_example(settings: Settings, example: str, name: str, tmp: Path, *extra: str) -> None:
     """Upload ``examples/<example>/train.py`` and the shards its ``make_shards.py`` makes to job ``name``."""
     client = s3(settings)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from agent.runtimes.process import kill_tagged
+from agent.runtimes.process import kill_tagged, tagged_pids
 from core.log import EventLog
 from core.settings import Settings
 from ops.federation.server import TAG
@@ -27,21 +29,22 @@ from schemas import (
     JobProgress,
     JobRoundCompleted,
 )
-from tests.federated import TENANT, kernel, read_object, submit, upload_example
-from tests.support import AgentProcess, of, records, registered
+from tests.federated import TENANT, kernel, read_object, submit, upload, upload_example
+from tests.support import AgentProcess, of, records, registered, until
 
 pytestmark = pytest.mark.slow
 HEARTBEAT = ("--heartbeat", "1.0")
 """Agents beat every second (lost after 3 s of silence): NVFlare keeps these two cores busy."""
 
 
-async def wait_for(log: EventLog, kind: type, what: str, timeout: float = 120.0) -> list:
-    import asyncio
-    import time
-
+async def wait_for(
+    log: EventLog, kind: type, what: str, timeout: float = 120.0, subjects: str | None = None
+) -> list[Any]:
+    """The JOBS records once one of ``kind`` is there (or the job failed)."""
     deadline = time.monotonic() + timeout
+    found: list[Any] = []
     while time.monotonic() < deadline:
-        found = await records(log, "JOBS")
+        found = await records(log, "JOBS", subjects)
         if of(found, kind) or of(found, JobFailed, slot=None):
             return found
         await asyncio.sleep(0.25)
@@ -158,3 +161,67 @@ async def test_a_dead_fl_server_is_restarted_and_the_job_resumes_from_its_last_g
     )
     assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
     assert len(of(found, JobPlaced)) == 1  # the clients stayed where they were
+
+
+RAISES_ON_SITE_2 = """
+import nvflare.client as flare
+
+flare.init()
+while flare.is_running():
+    model = flare.receive()
+    if flare.get_site_name() == "site-2":
+        raise ValueError("row 17 of the shard has 4 columns, expected 3")
+    flare.send(flare.FLModel(params={"w": [1.0]}, meta={"NUM_STEPS_CURRENT_ROUND": 1}))
+"""
+
+
+async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-raise", tmp_path)
+    upload(settings, "jobs/np-raise/scripts/train.py", RAISES_ON_SITE_2.encode())
+    await registered(log, agents("rs-a", *HEARTBEAT))
+    await registered(log, agents("rs-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-raise", rounds=2)
+        found = await wait_for(log, JobFailed, "job.failed")
+        [failed] = of(found, JobFailed, slot=None)
+        assert failed.reason == (
+            "training failed on site-2 (shard 1): ValueError: row 17 of the shard has 4 columns, expected 3"
+        )
+        assert "Traceback" in failed.log_tail and 'raise ValueError("row 17' in failed.log_tail
+        # Nothing hangs: the clients are stopped and the FL server is gone.
+        assignments = [a.assignment_id for a in of(found, JobPlaced)[0].assignments]
+        await until(
+            lambda: (
+                not any(tagged_pids("RESONTECH_ASSIGNMENT_ID", a) for a in assignments)
+                and not tagged_pids(TAG, f"{TENANT}/np-raise")
+            ),
+            "the clients and the FL server stopped",
+            timeout=30,
+        )
+    assert not of(found, JobCompleted)
+
+
+async def test_missing_or_corrupt_shards_fail_the_job_naming_the_shard(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-short", tmp_path, "--shards", "1")
+    upload_example(settings, "fedavg-numpy", "np-corrupt", tmp_path)
+    upload(settings, "jobs/np-corrupt/shards/shard-1.zip", b"this is not a zip file")
+    await registered(log, agents("bd-a", *HEARTBEAT))
+    await registered(log, agents("bd-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-short", rounds=1)
+        await submit(log, "np-corrupt", rounds=1)
+        short = await wait_for(log, JobFailed, "np-short failed", subjects="job.acme.np-short.>")
+        corrupt = await wait_for(log, JobFailed, "np-corrupt failed", subjects="job.acme.np-corrupt.>")
+    [failed] = of(short, JobFailed)
+    assert failed.reason == (
+        "federation failed: the job has 2 shards but jobs/np-short/shards/ holds 1 shard ZIP(s): "
+        "nothing for slot 1"
+    )
+    job_failure = of(corrupt, JobFailed, slot=None)[0]
+    assert job_failure.reason.startswith(
+        "shard 1 failed: cannot start: shard jobs/np-corrupt/shards/shard-1.zip is not a valid ZIP file"
+    )
