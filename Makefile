@@ -27,8 +27,8 @@ browser:
 	@./ops/browser.sh
 
 lint: venv
-	$(PY) -m ruff check schemas core projections gateway agent ops tests
-	$(PY) -m ruff format --check schemas core projections gateway agent ops tests
+	$(PY) -m ruff check schemas core projections gateway agent ops tests examples
+	$(PY) -m ruff format --check schemas core projections gateway agent ops tests examples
 	$(PY) -m mypy
 
 bench: venv

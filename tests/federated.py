@@ -44,7 +44,8 @@ def upload(settings: Settings, key: str, body: bytes) -> None:
 
 
 def upload_example(settings: Settings, example: str, name: str, tmp: Path, *extra: str) -> None:
-    """Upload ``examples/<example>/train.py`` and the shards its ``make_shards.py`` makes to job ``name``."""
+    """Upload an example's scripts (to ``jobs/<name>/scripts/``) and what its ``make_shards.py`` makes:
+    shard ZIPs (to ``shards/``) and an initial model (to ``init/``)."""
     client = s3(settings)
     bucket = bucket_for(TENANT)
     provision(client, bucket)
@@ -59,6 +60,8 @@ def upload_example(settings: Settings, example: str, name: str, tmp: Path, *extr
             client.upload_file(str(path), bucket, f"jobs/{name}/scripts/{path.name}")
     for path in sorted(shards.glob("*.zip")):
         client.upload_file(str(path), bucket, f"jobs/{name}/shards/{path.name}")
+    for path in sorted(shards.glob("*.pt")):
+        client.upload_file(str(path), bucket, f"jobs/{name}/init/{path.name}")
 
 
 async def submit(
@@ -71,6 +74,7 @@ async def submit(
     framework: str = "numpy",
     args: list[str] | None = None,
     job_id: str | None = None,
+    initial_model: str | None = None,
 ) -> str:
     job_id = job_id or name
     event = JobSubmitted(
@@ -84,6 +88,7 @@ async def submit(
             script=f"jobs/{name}/scripts/train.py",
             args=args or [],
             framework=framework,  # type: ignore[arg-type]
+            initial_model=initial_model,
         ),
     )
     await log.append(job_subject(TENANT, job_id, event), event, event_id=f"submit-{job_id}")

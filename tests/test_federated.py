@@ -225,3 +225,33 @@ async def test_missing_or_corrupt_shards_fail_the_job_naming_the_shard(
     assert job_failure.reason.startswith(
         "shard 1 failed: cannot start: shard jobs/np-corrupt/shards/shard-1.zip is not a valid ZIP file"
     )
+
+
+async def test_a_torch_mlp_trains_federated_from_an_initial_model(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    import torch
+
+    upload_example(settings, "fedavg-torch", "mlp", tmp_path)
+    await registered(log, agents("pt-a", *HEARTBEAT))
+    await registered(log, agents("pt-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(
+            log, "mlp", rounds=2, local_epochs=2, framework="pytorch", initial_model="jobs/mlp/init/model.pt"
+        )
+        found = await wait_for(log, JobCompleted, "job.completed")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [run] = of(found, JobFederationRun)
+    assert run.resume_from == "jobs/mlp/init/model.pt"
+    rounds = of(found, JobRoundCompleted)
+    assert [r.round for r in rounds] == [1, 2] and set(rounds[-1].metrics) == {"loss", "accuracy"}
+    assert rounds[-1].metrics["accuracy"] > 0.8  # the blobs are easy; FedAvg of two skewed sites learns them
+    assert of(found, JobCompleted)[0].outputs[:2] == [
+        "jobs/mlp/model_out/model.npz",
+        "jobs/mlp/model_out/model.pt",
+    ]
+    state = torch.load(io.BytesIO(read_object(settings, "jobs/mlp/model_out/model.pt")), weights_only=True)
+    initial = torch.load(tmp_path / "mlp-shards" / "model.pt", weights_only=True)
+    assert state.keys() == initial.keys() and not torch.equal(state["net.0.weight"], initial["net.0.weight"])
+    progress = [e for e in of(found, JobProgress) if e.slot is not None]
+    assert {e.round for e in progress} == {1, 2} and all("accuracy" in e.metrics for e in progress)

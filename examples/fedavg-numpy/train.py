@@ -15,7 +15,6 @@ import os
 import time
 
 import numpy as np
-
 import nvflare.client as flare
 
 
