@@ -164,6 +164,7 @@ async def test_a_dead_fl_server_is_restarted_and_the_job_resumes_from_its_last_g
 
 
 RAISES_ON_SITE_2 = """
+import json, os
 import nvflare.client as flare
 
 flare.init()
@@ -171,6 +172,11 @@ while flare.is_running():
     model = flare.receive()
     if flare.get_site_name() == "site-2":
         raise ValueError("row 17 of the shard has 4 columns, expected 3")
+    kernel = [k for k in os.environ if "SECRET" in k or k.startswith(("RESONTECH_NATS", "AWS_"))]
+    workdir = os.path.dirname(os.environ["RESONTECH_DATA_ROOT"])
+    seen = {"kernel_env": len(kernel), "in_workdir": int(os.getcwd().startswith(workdir)),
+            "has_shard": int(os.path.exists(os.path.join(os.environ["RESONTECH_DATA_ROOT"], "data.npz")))}
+    print("RESONTECH_PROGRESS " + json.dumps({"round": 1, "metrics": seen}), flush=True)
     flare.send(flare.FLModel(params={"w": [1.0]}, meta={"NUM_STEPS_CURRENT_ROUND": 1}))
 """
 
@@ -180,8 +186,9 @@ async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
 ) -> None:
     upload_example(settings, "fedavg-numpy", "np-raise", tmp_path)
     upload(settings, "jobs/np-raise/scripts/train.py", RAISES_ON_SITE_2.encode())
-    await registered(log, agents("rs-a", *HEARTBEAT))
-    await registered(log, agents("rs-b", *HEARTBEAT))
+    secrets = {"RESONTECH_S3_SECRET_KEY": "agent-secret", "AWS_SECRET_ACCESS_KEY": "agent-secret"}
+    await registered(log, agents("rs-a", *HEARTBEAT, env=secrets))
+    await registered(log, agents("rs-b", *HEARTBEAT, env=secrets))
     with kernel(settings, tmp_path / "kernel"):
         await submit(log, "np-raise", rounds=2)
         found = await wait_for(log, JobFailed, "job.failed")
@@ -201,6 +208,10 @@ async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
             timeout=30,
         )
     assert not of(found, JobCompleted)
+    # Site-1's script ran in its assignment's directory, with its shard, and none of the kernel's
+    # or the agent's credentials in its environment.
+    [seen] = [e.metrics for e in of(found, JobProgress) if e.slot == 0]
+    assert seen == {"kernel_env": 0.0, "in_workdir": 1.0, "has_shard": 1.0}
 
 
 async def test_missing_or_corrupt_shards_fail_the_job_naming_the_shard(
