@@ -28,6 +28,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             can be used (``resontech up`` generates a key and writes it to ``dev.env``).
         max_body_bytes: larger request bodies are refused with 413 (default 1 MiB).
         workers: server worker processes (default 1).
+        agent_nats_url: the NATS URL(s) handed to enrolling agents (default: the gateway's own
+            ``RESONTECH_NATS_URL``; set it when agents reach NATS at another address).
     """
 
     host: str = "127.0.0.1"
@@ -36,6 +38,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     operator_key_sha256: str = ""
     max_body_bytes: int = 1_048_576
     workers: int = 1
+    agent_nats_url: str = ""
 
     @property
     def url(self) -> str:

@@ -276,7 +276,7 @@ def test_a_service_that_dies_is_reported_and_the_rest_keeps_running(
 def test_start_up_failure_stops_what_had_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def broken(url: str) -> None:
+    async def broken(settings: Settings) -> None:
         raise RuntimeError("no streams today")
 
     monkeypatch.setattr(devstack, "_ensure_streams", broken)
@@ -312,7 +312,8 @@ def test_up_refuses_a_busy_port_or_an_unwritable_dir(
 
 
 async def _stream_names(settings: Settings) -> set[str]:
-    nc = await nats.connect(settings.nats_url)
+    # the dev stack's NATS runs with auth: dev.env carries the kernel's user
+    nc = await nats.connect(settings.nats_url, user=settings.nats_user, password=settings.nats_password)
     try:
         return {info.config.name for info in await nc.jetstream().streams_info()}
     finally:

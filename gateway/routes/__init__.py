@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.api import Router
-from gateway.routes import system, tenants
+from gateway.routes import providers, system, tenants
 
-ROUTERS: tuple[Router, ...] = (system.router, tenants.router)
+ROUTERS: tuple[Router, ...] = (system.router, tenants.router, providers.router)
 """Every router the app serves, in OpenAPI order."""
