@@ -36,6 +36,9 @@ log = logging.getLogger("resontech.natsauth")
 class AgentUsersSync:
     """Follows PROVIDERS and rewrites ``agents_file``, calling ``reload`` after every change.
 
+    ``reload`` runs in a thread and may block until the server applied the file
+    (:meth:`ops.natsserver.NatsServer.reload` does).
+
     Attributes:
         synced_seq: the PROVIDERS sequence the file on disk reflects (0 before the first sync).
     """
@@ -88,7 +91,7 @@ class AgentUsersSync:
             current = None
         if current != text:
             _write_private(self.agents_file, text)
-            self.reload()
+            await asyncio.to_thread(self.reload)
             log.info("agent users: %d live, server reloaded (PROVIDERS seq %d)", len(users), seq)
         async with self.synced:
             self.synced_seq = seq

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import nats
 
 from core.natsauth import KERNEL_USER, agent_users, bcrypt_hash, server_accounts
 from ops.ports import free_port
-from ops.process import LocalServer, ensure_writable_dir, find_binary, run_async, tcp_open
+from ops.process import LocalServer, ServerStartError, ensure_writable_dir, find_binary, run_async, tcp_open
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class NatsServer(LocalServer):
         self.config_file = self.config_dir / f"{self.store_dir.name}.conf"
         log = Path(log_file).absolute() if log_file else self.config_dir / f"{self.store_dir.name}.log"
         super().__init__(host=host, port=port, log_file=log)
-        self.monitor_port = monitor_port
+        # with auth, reload() watches the monitoring endpoint to know when a reload took effect
+        self.monitor_port = 0 if auth is not None and monitor_port is None else monitor_port
         self.max_memory = max_memory
         self.max_file = max_file
         self.pid_file = self.config_dir / f"{self.store_dir.name}.pid"
@@ -108,13 +111,40 @@ class NatsServer(LocalServer):
         super().__enter__()
         return self
 
-    def reload(self) -> None:
-        """Make the running server re-read its configuration (SIGHUP), e.g. a rewritten agents file.
+    def reload(self, timeout: float = 10.0) -> None:
+        """Make the running server re-read its configuration (SIGHUP), e.g. a rewritten agents file,
+        and return once it has and JetStream answers again.
 
         Connected clients whose user is gone are disconnected; changed permissions apply at once.
+        Reloading accounts interrupts the JetStream API for some tens of milliseconds (nats-server
+        2.15), hence the wait.
+
+        Raises:
+            ServerStartError: the server did not apply the configuration within ``timeout`` seconds.
         """
-        if self._proc is not None and self._proc.poll() is None:
-            os.kill(self._proc.pid, signal.SIGHUP)
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        before = self._config_load_time()
+        os.kill(self._proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        credentials = self.kernel_credentials
+        while self._config_load_time() == before or not run_async(
+            lambda: _jetstream_answers(self.url, credentials)
+        ):
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"nats-server did not reload within {timeout:g}s; see {self.log_file}")
+            time.sleep(0.02)
+
+    def _config_load_time(self) -> str:
+        """When the server last loaded its configuration (``/varz``); empty without monitoring."""
+        if not self.monitor_port:
+            return ""
+        url = f"http://{self.host}:{self.monitor_port}/varz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return str(json.load(response).get("config_load_time", ""))
+        except (OSError, ValueError):
+            return ""
 
     def _prepare(self) -> None:
         ensure_writable_dir(self.store_dir, "JetStream store dir")
