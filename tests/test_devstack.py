@@ -163,6 +163,8 @@ def test_up_serves_then_sigint_stops_everything(tmp_path: Path, reap: list[subpr
     settings = load(env={}, env_file=data_dir / "dev.env")
     assert settings.data_dir == str(data_dir.absolute())
     assert {s.name for s in STREAMS} <= asyncio.run(_stream_names(settings))
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):  # dev.env has the kernel user
+        asyncio.run(nats.connect(settings.nats_url, allow_reconnect=False, connect_timeout=2))
     s3 = s3_client(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key)
     s3.create_bucket(Bucket="work")
     assert (data_dir / "objects" / "work").is_dir()
