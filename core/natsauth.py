@@ -164,7 +164,8 @@ def server_accounts(kernel_users: Mapping[str, str], agents_file: str) -> str:
     Args:
         kernel_users: user -> bcrypt hash of its password, for the kernel's services.
         agents_file: the file holding the agents' ``users = [...]``, relative to the configuration
-            file (nats-server resolves every include so), rewritten by :func:`agent_users` and reloaded while the server runs.
+            file (nats-server resolves every include so); :func:`agent_users` renders it, and it is
+            rewritten and reloaded while the server runs.
     """
     users = ", ".join(f"{{user: {_q(u)}, password: {_q(h)}}}" for u, h in sorted(kernel_users.items()))
     services = kernel_services()
