@@ -32,7 +32,7 @@ from schemas.endpoints import EndpointReplicaPlaced, EndpointReplicaReady
 from schemas.jobs import JobFailed, JobPlaced, JobProgress, JobStarted, JobSubmitted
 from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, GpuTelemetry, Provenance
-from tests.gateway.conftest import GatewayServer
+from tests.gateway.conftest import GatewayServer, ServeGateway
 
 CHROMIUM = os.environ.get("RESONTECH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -140,9 +140,9 @@ async def until_http(server: GatewayServer, path: str, key: str, check: Any, wha
 
 
 async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
-    gateway_server: GatewayServer, log: EventLog, browser: Browser, tmp_path: Path
+    serve_gateway: ServeGateway, log: EventLog, browser: Browser, tmp_path: Path
 ) -> None:
-    server = gateway_server
+    server = await serve_gateway(RESONTECH_GATEWAY_FEED_PING_S="0.5")  # a revoked key is noticed at a ping
     tenant, key = await server.tenant()
     other, other_key = await server.tenant()
     theirs = await submit(server, other_key, "their-secret-job")
@@ -277,6 +277,25 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
     content = await page.content()
     assert "their-" not in content and theirs not in content and other not in content
     await page.screenshot(path=str(tmp_path / "dashboard-jobs.png"), full_page=True)
+
+    # The session survives a reload of the page (the key is in sessionStorage).
+    await page.reload()
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    await expect(page.locator("#jobs-table tbody tr")).to_have_count(3)
+
+    # A viewer reads but cannot cancel; when its key is revoked the feed closes and says why.
+    viewer = await server.key(tenant, key, "viewer")
+    await page.click("#sign-out")
+    await dashboard.sign_in(viewer)
+    await expect(page.locator("#who")).to_have_text(f"tenant:{tenant} \u00b7 viewer")
+    await page.click(f'tr[data-job="{marker}"]')
+    await expect(page.locator("#job-title")).to_contain_text("queued")
+    await expect(page.locator("#job-cancel")).to_be_hidden()
+    viewer_id = viewer.split("_")[1]
+    revoked = await server.request("DELETE", f"/v1/tenants/{tenant}/keys/{viewer_id}", key)
+    assert revoked.status_code == 204, revoked.text
+    await expect(page.locator("#banner-text")).to_have_text(f"API key {viewer_id} was revoked")
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "failed")
 
     # A bad key: the API's error in the banner, no session kept.
     await page.click("#sign-out")
