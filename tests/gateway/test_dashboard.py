@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, WebSocketRoute, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, WebSocketRoute, async_playwright, expect
 
 from core.log import EventLog
 from core.streams import (
@@ -89,6 +89,7 @@ class FeedProxy:
         self.routes: list[tuple[WebSocketRoute, WebSocketRoute]] = []
         self.swallow = False
         self.swallowed: list[str] = []
+        self.forwarded: list[str] = []
 
     def handle(self, page_side: WebSocketRoute) -> None:
         server_side = page_side.connect_to_server()
@@ -97,6 +98,7 @@ class FeedProxy:
             if self.swallow:
                 self.swallowed.append(str(message))
             else:
+                self.forwarded.append(str(message))
                 page_side.send(message)
 
         server_side.on_message(forward)
@@ -207,12 +209,32 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
     assert resumed_from is not None, proxy.routes[1][0].url
     assert int(resumed_from.group(1)) < missed
 
-    # Escaping: a reason full of markup is shown as text, never run.
+    # Escaping: a reason full of markup is shown as text, never run. The job fails while the page
+    # is still reading the new job (the answer, read before the failure, arrives after it): the
+    # page must read it again rather than keep the stale answer.
+    answered, release = asyncio.Event(), asyncio.Event()
+
+    async def late(route: Route) -> None:
+        response = await route.fetch()
+        answered.set()
+        await release.wait()
+        await route.fulfill(response=response)
+
+    await page.route(re.compile(r"/v1/jobs/job-[0-9a-f]+$"), late)
     hostile = await submit(server, key, "hostile")
+    await asyncio.wait_for(answered.wait(), 10)
     markup = '<img src=x onerror="window.__pwned=1"><b>bold</b>'
-    await append_job_events(log, tenant, hostile, JobFailed(reason=markup))
+    failed = await append_job_events(log, tenant, hostile, JobFailed(reason=markup))
+    for _ in range(100):
+        if any(f'"seq":{failed},' in m for m in proxy.forwarded):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the gateway never sent seq {failed}")
+    release.set()
     await expect(dashboard.job(hostile, "reason")).to_have_text(markup)
     await expect(dashboard.job(hostile, "state")).to_have_text("failed")
+    await page.unroute(re.compile(r"/v1/jobs/job-[0-9a-f]+$"))
     assert await page.evaluate("window.__pwned === undefined")
     assert await page.locator("#jobs-table img, #jobs-table b").count() == 0
 

@@ -131,6 +131,7 @@ async function signIn(key) {
   banner.clear();
   if (!/^[\x21-\x7e]+$/.test(key)) { // a header cannot carry it; the API would never know it anyway
     report({code: 'invalid_key', message: 'an API key is one word of plain ASCII (rt_...): check what was pasted'});
+    $('sign-in').hidden = false;
     return;
   }
   session.key = key;
@@ -139,6 +140,7 @@ async function signIn(key) {
   } catch (error) {
     session.forget();
     report(error);
+    $('sign-in').hidden = false;
     $('key').focus();
     return;
   }
@@ -178,7 +180,10 @@ function main() {
   $('tenant-select').addEventListener('change', (e) => pickTenant(e.target.value));
   window.addEventListener('hashchange', () => session.me && showTab(location.hash.slice(1)));
   const stored = session.stored();
-  if (stored) signIn(stored);
+  if (stored) {
+    $('sign-in').hidden = true; // signed in already in this tab: no flash of the form
+    signIn(stored);
+  }
 }
 
 main();

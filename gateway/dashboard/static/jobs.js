@@ -161,9 +161,9 @@ export const jobs = {
     const row = this.rows.get(id);
     if (m.kind === 'job.progress' && row && !this.refresher.busy(id)) {
       if (current(row.job, m.event)) this.apply(id, withProgress(row.job, m.event));
-    } else if (row || m.kind === 'job.submitted' || this.detail?.id === id) {
+    } else if (row || this.fresh.has(id) || m.kind === 'job.submitted' || this.detail?.id === id) {
       if (!row && m.kind === 'job.submitted') this.fresh.add(id); // new since the list was read: goes on top
-      this.refresher.request(id);
+      this.refresher.request(id); // while the new row's first read is in flight, this reads it again
     }
     if (this.detail?.id === id) this.liveEvent(m);
   },
