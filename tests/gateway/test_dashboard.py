@@ -376,6 +376,7 @@ async def test_the_operator_picks_a_tenant_and_pages_through_a_thousand_jobs(
     await log.append(job_subject(tenant, "late", newest), newest)
     await expect(rows).to_have_count(1001)
     await expect(rows.first).to_contain_text("late-arrival")
+    await page.evaluate("window.scrollTo(0, 0)")
     await page.screenshot(path=str(tmp_path / "dashboard-operator.png"))
 
     await page.select_option("#tenant-select", small)
