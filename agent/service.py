@@ -40,6 +40,7 @@ from typing import Any
 
 from agent import host, reports
 from agent.devices import DeviceSource
+from agent.downloads import fetch_all
 from agent.heartbeat import Heartbeats, append_reliably
 from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, requested_vram_mb
@@ -261,6 +262,7 @@ class Agent:
         self._state.running[cmd.assignment_id] = cmd  # before it starts: a crash is reported after
         self._state.save()
         try:
+            await fetch_all(cmd.spec.downloads, workdir)
             workload = await RUNTIMES[cmd.spec.runtime]().start(cmd.spec, workdir, env)
         except StartFailed as exc:
             self._state.running.pop(cmd.assignment_id, None)

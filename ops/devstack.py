@@ -279,7 +279,7 @@ class _Stack:
         ]
         if "gateway" in self.services:
             gateway_url = self.env["RESONTECH_GATEWAY_URL"]
-            rows.append(("gateway", f"{gateway_url}  (docs {gateway_url}/docs)", self.logs / "gateway.log"))
+            rows.append(("gateway", f"{gateway_url}  (dashboard /, docs /docs)", self.logs / "gateway.log"))
         rows += [
             (name, f"pid {p.pid}", self.logs / f"{name}.log")
             for name, p in self.services.items()
