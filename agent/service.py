@@ -18,7 +18,9 @@ Life of an agent:
    decided by the policy (:func:`agent.policy.decide`): refused -> ``rejected``; accepted -> the
    runtime starts it -> ``started``. ``StopWork`` sends SIGTERM to the named assignment and SIGKILL
    after the grace period: ``stop_grace_s`` with ``checkpoint`` (time to write a checkpoint and print
-   ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without.
+   ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without. A ``StartWork`` refused while
+   other work is being stopped is judged again once that work has ended: the coordinator places
+   preempting work on capacity it has just revoked.
 4. Each assignment's output lines become progress / checkpoint / ready events (:mod:`agent.protocol`);
    usage ticks every ``metering_interval_s`` and a final one at the exit, then the end events of
    :mod:`agent.reports`.
@@ -249,6 +251,8 @@ class Agent:
     async def _start(self, cmd: StartWork) -> None:
         await self._supersede(cmd)
         reason = self._refusal(cmd)
+        if reason is not None and await self._wait_for_stopping():
+            reason = self._refusal(cmd)  # what was being stopped (a preemption) released its share
         if reason is not None:
             log.info("rejected %s: %s", cmd.assignment_id, reason)
             await self._emit([reports.rejected(cmd, self.worker_id, reason)])
@@ -289,6 +293,17 @@ class Agent:
         tasks = [r.task for r in older if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=QUICK_STOP_S + 2 * self.core.ack_timeout_s)
+
+    async def _wait_for_stopping(self) -> bool:
+        """Wait (bounded by the stop grace) for workloads already told to stop to exit; whether any
+        were. The coordinator places preempting work as soon as it sent the victim's stop, so the
+        capacity it counted on frees up once the victim has checkpointed."""
+        stopping = [r.task for r in self._assignments.by_id.values() if r.cause != "exited" and r.task]
+        if not stopping:
+            return False
+        log.info("waiting for %d stopping workload(s) to release their share", len(stopping))
+        await asyncio.wait(stopping, timeout=self.settings.stop_grace_s + 2 * self.core.ack_timeout_s)
+        return True
 
     def _refusal(self, cmd: StartWork) -> str | None:
         if cmd.spec.runtime not in RUNTIMES:
