@@ -4,6 +4,7 @@
 PY := .venv/bin/python
 DATA_DIR ?= .resontech
 PYTEST_ARGS ?=
+LINTED := $(wildcard schemas core projections gateway agent ops tests)
 
 .PHONY: up down test lint bench bench-quick venv clean
 
@@ -23,8 +24,8 @@ test: venv
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 lint: venv
-	$(PY) -m ruff check schemas core projections gateway agent ops tests
-	$(PY) -m ruff format --check schemas core projections gateway agent ops tests
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
 
 bench: venv
