@@ -14,6 +14,7 @@ import bisect
 import heapq
 from collections import Counter
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import msgspec
 
@@ -54,6 +55,40 @@ Shelf = tuple[int, int, list[Key]]  # (-free GPUs, -most usable VRAM of one GPU,
 Profile = tuple[tuple[int, ...], int, int]  # (vram_limit_mb, cpus, memory_mb): what an idle host offers
 
 
+class Filing(NamedTuple):
+    """Where a candidate is filed: everything :meth:`CandidateIndex.place` reads off a worker
+    without looking at the candidate itself."""
+
+    key: Key
+    family: str
+    region: str
+    lanes: tuple[Lane, ...]
+    parked: str | None  # the state, or ``policy_concurrency``: on no shelf, only counted
+    free: int  # free GPUs
+    vram: int  # the most usable VRAM of one GPU
+    profile: Profile
+    live: bool  # not deregistered
+
+
+def filing(c: Candidate, weights: RankWeights) -> Filing:
+    """Where ``c`` is filed in an index with ``weights``."""
+    limit = c.policy.max_concurrent
+    parked: str | None = c.state if c.state != "available" else None
+    if parked is None and limit is not None and c.assignments >= limit:
+        parked = "policy_concurrency"
+    return Filing(
+        key=(-base_score(c, weights), c.worker_id),
+        family=c.gpu_family,
+        region=c.region,
+        lanes=lanes(c),
+        parked=parked,
+        free=max(0, c.gpus_total - c.gpus_used),
+        vram=c.vram_usable_mb[-1] if c.vram_usable_mb else 0,
+        profile=(tuple(c.vram_limit_mb), c.cpus, c.memory_mb),
+        live=c.state != "deregistered",
+    )
+
+
 class CandidateIndex:
     """Candidates kept in sorted lists ("shelves"), for placement that inspects few workers.
 
@@ -80,7 +115,7 @@ class CandidateIndex:
     def __init__(self, candidates: Iterable[Candidate] = (), weights: RankWeights = DEFAULT_WEIGHTS) -> None:
         self.weights = weights
         self._by_id: dict[str, Candidate] = {}
-        self._keys: dict[str, Key] = {}
+        self._filed: dict[str, Filing] = {}
         # lane -> family -> region -> shelves, most free GPUs first; and each shelf by its key
         self._shelves: dict[Lane, dict[str, dict[str, list[Shelf]]]] = {}
         self._shelf: dict[tuple[Lane, str, str, int, int], list[Key]] = {}
@@ -103,18 +138,21 @@ class CandidateIndex:
         return [self._by_id[w] for w in sorted(self._by_id)]
 
     def upsert(self, c: Candidate) -> None:
-        """Add the worker or replace its candidate."""
-        self.remove(c.worker_id)
+        """Add the worker or replace its candidate (re-shelved only where its filing changed)."""
+        filed = filing(c, self.weights)
+        old = self._filed.get(c.worker_id)
         self._by_id[c.worker_id] = c
-        self._keys[c.worker_id] = (-base_score(c, self.weights), c.worker_id)
-        self._file(c, 1)
+        if old == filed:
+            return  # e.g. new telemetry that moves neither its score nor its free VRAM
+        if old is not None:
+            self._file(old, -1)
+        self._filed[c.worker_id] = filed
+        self._file(filed, 1)
 
     def remove(self, worker_id: str) -> None:
         """Forget the worker (no-op if unknown)."""
-        c = self._by_id.pop(worker_id, None)
-        if c is not None:
-            self._file(c, -1)
-            del self._keys[worker_id]
+        if self._by_id.pop(worker_id, None) is not None:
+            self._file(self._filed.pop(worker_id), -1)
 
     def beat(self, worker_id: str, time_ns: int, interval_s: float) -> None:
         """Record a heartbeat (cheap: the worker stays on its shelf). Call it for every beat, or
@@ -137,32 +175,25 @@ class CandidateIndex:
             cpus, memory_mb = (request.cpus, request.memory_mb) if request else (0.0, 0)
             self.upsert(occupy(c, a, cpus=cpus, memory_mb=memory_mb, sign=-1))
 
-    def _file(self, c: Candidate, sign: int) -> None:
-        """Shelve (``sign=1``) or unshelve (``-1``) the worker in each of its lanes."""
-        key, family = self._keys[c.worker_id], c.gpu_family
-        limit = c.policy.max_concurrent
-        parked: str | None = c.state if c.state != "available" else None
-        if parked is None and limit is not None and c.assignments >= limit:
-            parked = "policy_concurrency"
-        free, vram = max(0, c.gpus_total - c.gpus_used), c.vram_usable_mb[-1] if c.vram_usable_mb else 0
-        profile = (tuple(c.vram_limit_mb), c.cpus, c.memory_mb)
-        for lane in lanes(c):
-            self._sizes.setdefault(lane, Counter())[family] += sign
-            if c.state != "deregistered":
+    def _file(self, f: Filing, sign: int) -> None:
+        """Shelve (``sign=1``) or unshelve (``-1``) a worker filed as ``f`` in each of its lanes."""
+        for lane in f.lanes:
+            self._sizes.setdefault(lane, Counter())[f.family] += sign
+            if f.live:
                 self._live[lane] += sign
-                self._profiles.setdefault(lane, {}).setdefault(family, Counter())[profile] += sign
-            if parked is not None:
-                self._parked.setdefault(lane, {}).setdefault(family, Counter())[parked] += sign
+                self._profiles.setdefault(lane, {}).setdefault(f.family, Counter())[f.profile] += sign
+            if f.parked is not None:
+                self._parked.setdefault(lane, {}).setdefault(f.family, Counter())[f.parked] += sign
             else:
-                ordered = self._shelf.get((lane, family, c.region, free, vram))
+                ordered = self._shelf.get((lane, f.family, f.region, f.free, f.vram))
                 if ordered is None:
-                    ordered = self._shelf[lane, family, c.region, free, vram] = []
-                    regions = self._shelves.setdefault(lane, {}).setdefault(family, {})
-                    bisect.insort(regions.setdefault(c.region, []), (-free, -vram, ordered))
+                    ordered = self._shelf[lane, f.family, f.region, f.free, f.vram] = []
+                    regions = self._shelves.setdefault(lane, {}).setdefault(f.family, {})
+                    bisect.insort(regions.setdefault(f.region, []), (-f.free, -f.vram, ordered))
                 if sign > 0:
-                    bisect.insort(ordered, key)
+                    bisect.insort(ordered, f.key)
                 else:
-                    del ordered[bisect.bisect_left(ordered, key)]
+                    del ordered[bisect.bisect_left(ordered, f.key)]
 
     def place(
         self, request: PlacementRequest, weights: RankWeights | None = None, *, now_ns: int
