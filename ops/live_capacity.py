@@ -17,7 +17,7 @@ A unit test drives random event sequences through it and compares with a rebuild
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -70,8 +70,8 @@ class LiveCapacity:
         self.weights = weights
         self.index = CandidateIndex((), weights)
         self.usage: Usage = {}
-        self.jobs_on: dict[str, Counter[str]] = {}
-        self.priorities: dict[tuple[str, str], Counter[int]] = {}
+        self.jobs_on: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.priorities: defaultdict[tuple[str, str], Counter[int]] = defaultdict(Counter)
         self.freed = True
         self._use: dict[str, list[float]] = {}  # worker -> [gpus, cpus, memory_mb, assignments]
         self._holds: dict[tuple[str, str], dict[str, _Hold]] = {}  # (kind, key) -> assignment id -> hold
@@ -186,7 +186,7 @@ class LiveCapacity:
         or private work, and no job of the tenant's pool of a lower priority holds a worker."""
         if request.pool == "managed":
             return True
-        held = self.priorities.get((request.tenant, request.pool), Counter())
+        held = self.priorities.get((request.tenant, request.pool)) or Counter()
         return any(priority < request.priority for priority in held)
 
     def _set(self, key: tuple[str, str], active: dict[str, _Hold]) -> None:
@@ -214,8 +214,8 @@ class LiveCapacity:
         pools = self.usage.setdefault(hold.tenant, {})
         pools[hold.pool] = pools.get(hold.pool, 0) + sign * a.gpus
         if key[0] == "job":
-            _tally(self.jobs_on.setdefault(a.worker_id, Counter()), key[1], sign)
-            _tally(self.priorities.setdefault((hold.tenant, hold.pool), Counter()), hold.priority, sign)
+            _tally(self.jobs_on[a.worker_id], key[1], sign)
+            _tally(self.priorities[hold.tenant, hold.pool], hold.priority, sign)
         c = self.index.get(a.worker_id)
         if c is not None:
             self.index.upsert(occupy(c, a, cpus=hold.cpus, memory_mb=hold.memory_mb, sign=sign))
