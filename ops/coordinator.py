@@ -80,6 +80,8 @@ REBUILD_S = 60.0
 """How often every worker's candidate is read again (uptime and tiers change with the clock alone)."""
 RECHECK_S = 1.0
 """How often queued jobs that nothing touched are tried again anyway (maintenance windows end)."""
+MAX_SHARD_ATTEMPTS = 3
+"""A shard whose agent stopped it (a retryable failure) this many times fails its job."""
 DECISIONS_KEPT = 100_000
 """Decision times kept in :attr:`Coordinator.decision_ms` (the newest)."""
 
@@ -516,13 +518,17 @@ class Coordinator:
 
     async def settle_failures(self, jobs: Collection[str] | None = None) -> None:
         """A shard that failed fails its job (tenant code crashed); one stopped by its agent
-        (``retryable``) is revoked and placed again."""
+        (``retryable``) is revoked and placed again, until it was stopped :data:`MAX_SHARD_ATTEMPTS`
+        times: then the job fails with the last reason."""
         for _, job in self._jobs(jobs):
             if job.state in TERMINAL or not job.failed_slots:
                 continue
             fatal = sorted(slot for slot, retryable in job.failed_slots.items() if not retryable)
-            if fatal:
-                reason = f"shard {fatal[0]} failed: {job.failure_reason}"
+            spent = sorted(s for s in job.failed_slots if job.retries.get(s, 0) >= MAX_SHARD_ATTEMPTS)
+            if fatal or spent:
+                slot = (fatal or spent)[0]
+                how = "failed" if fatal else f"was stopped {job.retries[slot]} times, the last"
+                reason = f"shard {slot} {how}: {job.failure_reason}"
                 await self._append_job(job, JobFailed(reason=reason, log_tail=job.log_tail, retryable=False))
                 continue
             for slot in job.failed_slots:
