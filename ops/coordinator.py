@@ -78,6 +78,8 @@ CHUNK_S = 0.05
 """A chunk of appends goes out once producing it (deciding) took this long, even if smaller."""
 REBUILD_S = 60.0
 """How often every worker's candidate is read again (uptime and tiers change with the clock alone)."""
+DEADLINE_SLACK_S = 0.005
+"""Wake this long after a heartbeat deadline, so that it has passed by the clock ``step`` reads."""
 RECHECK_S = 1.0
 """How often queued jobs that nothing touched are tried again anyway (maintenance windows end)."""
 MAX_SHARD_ATTEMPTS = 3
@@ -92,8 +94,8 @@ class Coordinator:
     Args:
         event_log: the log.
         name: instance name, recorded as ``by`` on the events it appends.
-        tick_s: how often to re-decide without a new event (default 0.2 s), which bounds how late a
-            silent worker is noticed.
+        tick_s: how often to re-decide without a new event (default 0.2 s); a silent worker is
+            noticed at its heartbeat deadline, without waiting for the tick.
         weights: ranking weights for placement.
 
     Attributes:
@@ -152,7 +154,7 @@ class Coordinator:
             log.info("%s caught up; deciding", self.name)
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=self.tick_s)
+                    await asyncio.wait_for(self._changed.wait(), timeout=self._wait_s())
                 self._changed.clear()
                 await self.step(time.time_ns())
         finally:
@@ -160,6 +162,14 @@ class Coordinator:
             for task in tasks:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await task
+
+    def _wait_s(self) -> float:
+        """How long to wait for a change: ``tick_s``, or less when a heartbeat deadline comes first,
+        so that a silent worker is noticed when its deadline passes, not up to a tick later."""
+        deadline = self._silence.next_deadline_ns()
+        if deadline is None:
+            return self.tick_s
+        return min(self.tick_s, max(0.0, (deadline - time.time_ns()) / 1e9) + DEADLINE_SLACK_S)
 
     async def step(self, now_ns: int) -> None:
         """One round of decisions at ``now_ns``, about what changed since the previous round."""
@@ -290,6 +300,8 @@ class Coordinator:
             record = self.registry.state.workers.get(worker_id)
             if record is None or record.state in ("lost", "deregistered"):
                 continue
+            if worker_id not in self._silence.overdue:
+                continue  # it beat again while this step awaited the appends before
             beat = self.liveness.state.beats[worker_id]
             silent = (now_ns - beat.time_ns) / 1e9
             if await self._append_worker(worker_id, WorkerLost(silent_s=silent, last_heartbeat_seq=beat.seq)):

@@ -37,6 +37,14 @@ class Silence:
         heapq.heappush(self._deadlines, (deadline, worker_id, beat.seq))
         return silent
 
+    def next_deadline_ns(self) -> float | None:
+        """When the earliest latest beat runs out (Unix ns), or ``None`` for none. Deadlines of beats
+        a newer beat replaced are dropped on the way: they would only wake the caller for nothing."""
+        heap = self._deadlines
+        while heap and self._latest[heap[0][1]].seq != heap[0][2]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
     def expire(self, now_ns: int) -> list[str]:
         """Move the workers whose latest beat is too old at ``now_ns`` into :attr:`overdue`; return them."""
         late = []
