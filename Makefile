@@ -30,9 +30,11 @@ lint: venv
 
 bench: venv
 	$(PY) -m ops.bench.log
+	$(PY) -m ops.bench.schedule
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick
+	$(PY) -m ops.bench.schedule --quick
 
 clean:
 	rm -rf .venv
