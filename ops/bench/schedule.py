@@ -299,7 +299,7 @@ async def fleet_child(url: str, workers: int, seconds: float) -> None:
                 "tick_p50_s": p(ticks, 0.5),
                 "tick_max_s": max(ticks, default=0.0),
                 "elapsed_s": elapsed,
-                "peak_rss_mb": self_peak_rss_mb(),
+                "peak_rss_mb": process_peak_rss_mb(os.getpid()),  # ru_maxrss counts the parent at fork
             }
         ),
         flush=True,
