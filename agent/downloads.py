@@ -25,7 +25,7 @@ CHUNK = 1 << 20
 def target_of(workdir: Path, name: str) -> Path:
     """Where ``name`` goes under ``workdir``; refuses absolute paths and ``..``."""
     relative = PurePosixPath(name)
-    if not name or relative.is_absolute() or any(part in ("", ".", "..") for part in relative.parts):
+    if not name or name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
         raise StartFailed(f"download target {name!r} must be a relative path inside the working dir")
     return workdir.joinpath(*relative.parts)
 
