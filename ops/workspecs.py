@@ -5,9 +5,11 @@ A federated shard runs the ``nvflare-client`` runtime (:mod:`agent.runtimes.nvfl
 only once the job's federation is provisioned (``job.federation_ready``): until then there is no spec
 and the coordinator sends nothing. Its spec carries the slot's NVFlare identity and two presigned GETs,
 made when the command is sent, valid for an hour and usable without any credential: the slot's
-client startup kit (from the kernel's kit bucket) and the slot's shard ZIP (from the tenant's
-workspace). A replacement for a lost worker gets the same identity and shard. Nothing else of the
-tenant's workspace is reachable from the agent.
+client startup kit (from the kernel's kit bucket, fetched as ``startup-kit.zip``) and the slot's shard
+ZIP (from the tenant's workspace, fetched under its workspace key, as every job input is). Not the
+job's other inputs: a federated shard sees its own shard and nothing else of the workspace (its
+training code reaches it through NVFlare). A replacement for a lost worker gets the same identity
+and shard.
 """
 
 from __future__ import annotations
@@ -17,28 +19,13 @@ from typing import Any
 
 import msgspec
 
-from core.objects import s3_client
-from core.settings import Settings
-from gateway.workspace import DOWNLOAD_URL_TTL_S, bucket_for
+from agent.runtimes.nvflare import KIT_FILE
+from gateway.workspace import bucket_for
 from projections.schedule import JobRecord
 from schemas import WorkSpec
 
 Presign = Callable[[str, str], str]
-"""``presign(bucket, key)`` -> a GET URL valid for an hour."""
-
-
-def presigner(settings: Settings) -> Presign:
-    """A :data:`Presign` for the object store of ``settings`` (signing is local: no request is made)."""
-    s3 = s3_client(
-        settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, region=settings.s3_region
-    )
-
-    def presign(bucket: str, key: str) -> str:
-        params = {"Bucket": bucket, "Key": key}
-        url: str = s3.generate_presigned_url("get_object", Params=params, ExpiresIn=DOWNLOAD_URL_TTL_S)
-        return url
-
-    return presign
+"""``presign(bucket, key)`` -> a GET URL valid for an hour (:meth:`ops.inputs.Presigner.url`)."""
 
 
 def federated_spec(job: JobRecord, assignment: Any, base: WorkSpec, presign: Presign) -> WorkSpec | None:
@@ -54,8 +41,8 @@ def federated_spec(job: JobRecord, assignment: Any, base: WorkSpec, presign: Pre
         command=[],
         resume_from=None,
         downloads={
-            "kit.zip": presign(federation.kit_bucket, federation.kits[slot]),
-            "shard.zip": presign(bucket_for(job.tenant), shard),
+            KIT_FILE: presign(federation.kit_bucket, federation.kits[slot]),
+            shard: presign(bucket_for(job.tenant), shard),
         },
         options={
             "site": federation.sites[slot],

@@ -1,14 +1,16 @@
 """The ``nvflare-client`` runtime: one NVFlare client of a federated job's federation.
 
-The assignment brings everything (``WorkSpec`` of :func:`ops.workspecs.federated_spec`):
+The assignment brings everything (``WorkSpec`` of :func:`ops.workspecs.federated_spec`), and the agent
+has fetched its two downloads into the working dir before the start (:mod:`agent.downloads`):
 
-* ``downloads["kit.zip"]``: the slot's client startup kit (its certificate and key), unpacked into
-  ``<workdir>/kit``; ``downloads["shard.zip"]``: the slot's shard, unpacked into ``<workdir>/data``,
-  the ``RESONTECH_DATA_ROOT`` the training script reads. A shard that cannot be fetched or unpacked
-  fails the start with a message that names it.
+* :data:`KIT_FILE`, the slot's client startup kit (its certificate and key), unpacked into
+  ``<workdir>/kit``; the slot's shard ZIP, fetched under its workspace key (``options["shard"]``),
+  unpacked into ``<workdir>/data``, the ``RESONTECH_DATA_ROOT`` the training script reads. Both ZIPs
+  are deleted once unpacked. A shard that cannot be fetched or unpacked fails the start with a message
+  that names it.
 * ``options``: ``site`` (the NVFlare identity, ``site-N``; a replacement for a lost worker gets the same
-  one), ``shard`` (its key, for messages), ``rounds`` and ``local_epochs`` (given to the script as
-  ``RESONTECH_ROUNDS`` and ``RESONTECH_LOCAL_EPOCHS``).
+  one), ``rounds`` and ``local_epochs`` (given to the script as ``RESONTECH_ROUNDS`` and
+  ``RESONTECH_LOCAL_EPOCHS``).
 
 The client is NVFlare's ``client_train`` run with the agent's own Python (never a ``python3`` from
 PATH, as NVFlare's start scripts do), in the workload's clean environment. It dies with the agent
@@ -29,14 +31,14 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from agent.fetch import FetchFailed, download, unpack
+from agent.archives import BadArchive, unpack
 from agent.protocol import PROGRESS
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessRuntime, ProcessWorkload, kill_tagged
 from schemas.commands import WorkSpec
 
-KIT = "kit.zip"
-SHARD = "shard.zip"
+KIT_FILE = "startup-kit.zip"
+"""The kit's name in ``WorkSpec.downloads`` (the shard's is its workspace key)."""
 ORG = "resontech"
 
 
@@ -55,14 +57,12 @@ def client_argv(kit: Path, site: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _fetch(spec: WorkSpec, workdir: Path) -> None:
-    shard = spec.options.get("shard", "the shard")
+def _unpack(workdir: Path, shard: str) -> None:
     for name, dest, what in (
-        (KIT, workdir / "kit", "the startup kit"),
-        (SHARD, workdir / "data", f"shard {shard}"),
+        (KIT_FILE, workdir / "kit", "the startup kit"),
+        (shard, workdir / "data", f"shard {shard}"),
     ):
-        archive = workdir / "downloads" / name
-        download(spec.downloads[name], archive, what)
+        archive = workdir / name
         unpack(archive, dest, what)
         archive.unlink()
 
@@ -71,17 +71,13 @@ class NvflareClientRuntime:
     """Starts an NVFlare client from the assignment's kit and shard (see the module docstring)."""
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> FlareClientWorkload:
-        site = spec.options.get("site", "")
-        missing = [name for name in (KIT, SHARD) if name not in spec.downloads]
-        if not site or missing:
-            raise StartFailed(
-                f"an nvflare-client assignment needs a site and {KIT} and {SHARD} (missing {missing})"
-            )
-        for sub in (workdir, workdir / "tmp"):
-            sub.mkdir(parents=True, exist_ok=True)
+        site, shard = spec.options.get("site", ""), spec.options.get("shard", "")
+        if not site or not shard or set(spec.downloads) != {KIT_FILE, shard}:
+            raise StartFailed(f"an nvflare-client assignment needs a site, its {KIT_FILE} and its shard")
+        (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         try:
-            await asyncio.to_thread(_fetch, spec, workdir)
-        except FetchFailed as exc:
+            await asyncio.to_thread(_unpack, workdir, shard)
+        except BadArchive as exc:
             raise StartFailed(exc.message) from None
         client_env = dict(env)
         client_env.update(

@@ -92,7 +92,9 @@ class FederationService:
         for key, task in list(self.tasks.items()):
             if task.done():
                 if not task.cancelled() and task.exception() is not None:
-                    log.error("federation %s crashed; again in %.0fs", key, RETRY_S, exc_info=task.exception())
+                    log.error(
+                        "federation %s crashed; again in %.0fs", key, RETRY_S, exc_info=task.exception()
+                    )
                     self.crashed[key] = now
                 del self.tasks[key]
         for key, job in self._state().jobs.items():
