@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from agent.fetch import FetchFailed, unpack
+from agent.archives import BadArchive, unpack
 from agent.runtimes.nvflare import protocol_line
 from core import flare
 from ops.coordinator import start_command
@@ -173,10 +173,10 @@ def test_a_shard_unpacks_into_the_data_root_and_unsafe_or_corrupt_ones_are_refus
         (_zip(tmp_path / "abs.zip", {"/etc/cron.d/x": b"x"}), "unsafe path"),
         (_zip(tmp_path / "link.zip", {}, symlink="data.npz"), "symbolic link"),
     ]:
-        with pytest.raises(FetchFailed, match=problem):
+        with pytest.raises(BadArchive, match=problem):
             unpack(archive, tmp_path / "out", "shard b.zip")
     (tmp_path / "junk.zip").write_bytes(b"not a zip")
-    with pytest.raises(FetchFailed, match=r"shard c\.zip is not a valid ZIP file"):
+    with pytest.raises(BadArchive, match=r"shard c\.zip is not a valid ZIP file"):
         unpack(tmp_path / "junk.zip", tmp_path / "out", "shard c.zip")
     assert not (tmp_path / "out").exists() and not (tmp_path / "escape.txt").exists()
 
@@ -215,7 +215,7 @@ def test_a_federated_shard_starts_only_once_its_federation_is_ready_with_only_it
     spec: WorkSpec = command.spec
     assert spec.runtime == "nvflare-client" and spec.command == [] and spec.resume_from is None
     assert presigned == [(flare.KIT_BUCKET, "acme/j1/site-2.zip"), ("rt-acme", "jobs/mnist/shards/b.zip")]
-    assert set(spec.downloads) == {"kit.zip", "shard.zip"}
+    assert set(spec.downloads) == {"startup-kit.zip", "jobs/mnist/shards/b.zip"}
     expected: dict[str, Any] = {
         "site": "site-2",
         "server": "localhost:4321",
