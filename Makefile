@@ -35,11 +35,13 @@ bench: venv
 	$(PY) -m ops.bench.log
 	$(PY) -m ops.bench.schedule
 	$(PY) -m ops.bench.gateway
+	$(PY) -m ops.bench.training
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick
 	$(PY) -m ops.bench.schedule --quick
 	$(PY) -m ops.bench.gateway --quick
+	$(PY) -m ops.bench.training --quick
 
 clean:
 	rm -rf .venv
