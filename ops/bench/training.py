@@ -251,7 +251,7 @@ async def recovery_trial(log: EventLog, platform: Platform, name: str, spare: in
     placed = next(r.event for r in found if r.subject.endswith(".placed"))
     victim_id = next(a.worker_id for a in placed.assignments if a.slot == 0)
     victim = next(
-        a for a in platform.agents.values() if a.state_dir.joinpath("worker_id").read_text() == victim_id
+        a for a in platform.agents.values() if (a.state_dir / "worker_id").read_text().strip() == victim_id
     )
     killed = time.time()
     victim.kill()

@@ -60,6 +60,8 @@ ERROR_LOG_WAIT_S = 8.0
 """After a failed run, how long to wait for the failing client's error log to reach the server."""
 MAX_RUNS = 20
 """Runs one job may need (restarts included) before it fails instead of trying again."""
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
+"""An FL server that dies more often than this fails the job instead of restarting again."""
 COMPONENT_SOURCE = Path(__file__).with_name("resontech_fedavg.py")
 
 
@@ -115,6 +117,7 @@ class Federation:
     script: str = ""
     initial_model: Path | None = None
     next_status_at: float = 0.0
+    restarts: list[float] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -238,6 +241,10 @@ class Federation:
 
     async def _restart_server(self, why: str) -> None:
         assert self.server is not None and self.admin is not None and self.prov is not None
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self.restarts) > MAX_RESTARTS:
+            raise JobEnded(f"the FL server keeps dying ({len(self.restarts)} times in a minute): {why}")
         log.warning("%s: %s; restarting it", self.key, why)
         self.admin.drop()
         self.run = None
