@@ -30,7 +30,7 @@ from schemas import (
     JobRoundCompleted,
 )
 from tests.federated import TENANT, kernel, read_object, submit, upload, upload_example
-from tests.support import AgentProcess, of, records, registered, until
+from tests.support import AgentProcess, of, records, registered
 
 pytestmark = pytest.mark.slow
 HEARTBEAT = ("--heartbeat", "1.0")
@@ -73,6 +73,21 @@ def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tupl
     return w, b
 
 
+async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
+    """Every client of the job and its FL server are gone (the job's end stops them)."""
+    assignments = [a.assignment_id for placed in of(found, JobPlaced) for a in placed.assignments]
+
+    def left() -> list[str]:
+        pids = [p for a in assignments for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", a)]
+        pids += tagged_pids(TAG, f"{TENANT}/{job}")
+        return [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160] for p in pids]
+
+    deadline = time.monotonic() + timeout
+    while (still := left()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+    assert not still, f"still running {timeout:.0f}s after the job ended: {still}"
+
+
 async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
@@ -82,6 +97,7 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     with kernel(settings, tmp_path / "kernel"):
         await submit(log, "np-fedavg", rounds=2, local_epochs=3, args=["--lr", "0.1"])
         found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "np-fedavg")
     assert not of(found, JobFailed, slot=None), of(found, JobFailed)
     [ready] = of(found, JobFederationReady)
     assert ready.sites == ["site-1", "site-2"] and ready.server.startswith("localhost:")
@@ -123,6 +139,7 @@ async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_ev
         killed_at = time.time()
         by_worker[victim.worker_id].kill()
         found = await wait_for(log, JobCompleted, "job.completed after the kill", timeout=180)
+        await all_stopped(found, "np-recover")
     assert not of(found, JobFailed, slot=None), of(found, JobFailed)
     revoked = of(found, JobAssignmentRevoked)
     assert [(r.slot, r.worker_id, r.reason) for r in revoked] == [(0, victim.worker_id, "worker lost")]
@@ -197,16 +214,7 @@ async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
             "training failed on site-2 (shard 1): ValueError: row 17 of the shard has 4 columns, expected 3"
         )
         assert "Traceback" in failed.log_tail and 'raise ValueError("row 17' in failed.log_tail
-        # Nothing hangs: the clients are stopped and the FL server is gone.
-        assignments = [a.assignment_id for a in of(found, JobPlaced)[0].assignments]
-        await until(
-            lambda: (
-                not any(tagged_pids("RESONTECH_ASSIGNMENT_ID", a) for a in assignments)
-                and not tagged_pids(TAG, f"{TENANT}/np-raise")
-            ),
-            "the clients and the FL server stopped",
-            timeout=30,
-        )
+        await all_stopped(found, "np-raise")  # nothing hangs
     assert not of(found, JobCompleted)
     # Site-1's script ran in its assignment's directory, with its shard, and none of the kernel's
     # or the agent's credentials in its environment.
@@ -251,6 +259,7 @@ async def test_a_torch_mlp_trains_federated_from_an_initial_model(
             log, "mlp", rounds=2, local_epochs=2, framework="pytorch", initial_model="jobs/mlp/init/model.pt"
         )
         found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "mlp")
     assert not of(found, JobFailed, slot=None), of(found, JobFailed)
     [run] = of(found, JobFederationRun)
     assert run.resume_from == "jobs/mlp/init/model.pt"
