@@ -12,6 +12,7 @@ Layout of ``<data dir>/federations/<tenant>/<job_id>/`` (everything NVFlare writ
     runs/<n>/            each run's generated NVFlare job folder and its starting model
     rounds/              the global model of every round, as the server writes it
     server.log           the FL server's output
+    server.pid           its pid, for people (the kernel finds its processes by their tag)
 
 Commands start with ``sys.executable`` (never a ``python3`` from PATH, as NVFlare's start scripts
 do), with a clean environment whose ``HOME`` is the federation directory (so nothing lands in
@@ -30,7 +31,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from agent.runtimes.process import kill_tagged, tagged_pids
+from agent.runtimes.process import kill_tagged
 from core import flare
 from core.errors import ResontechError
 from ops.ports import free_port
@@ -178,7 +178,6 @@ class FlareServer:
         self.tag = tag
         self.log_file = provisioned.root / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.started_at = 0.0
 
     def start(self) -> None:
         """Start it, first killing whatever an earlier kernel process left of this federation."""
@@ -193,7 +192,6 @@ class FlareServer:
         Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
         self.proc = spawn(argv, self.log_file, env)
         (self.p.root / "server.pid").write_text(str(self.proc.pid))
-        self.started_at = time.time()
         log.info(
             "FL server of %s started on %s:%d (pid %d)", self.tag, self.p.host, self.p.port, self.proc.pid
         )
@@ -214,10 +212,6 @@ class FlareServer:
             self.proc.kill()
             self.proc.wait()
         kill_tagged(TAG, self.tag)
-
-    def running_pids(self) -> list[int]:
-        """Every live process of this federation."""
-        return tagged_pids(TAG, self.tag)
 
 
 class FlareAdmin:
