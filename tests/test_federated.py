@@ -15,11 +15,15 @@ import numpy as np
 import pytest
 
 from agent.runtimes.process import kill_tagged, tagged_pids
+from core import flare
 from core.log import EventLog
 from core.settings import Settings
+from core.streams import job_subject
 from ops.federation.server import TAG
+from ops.federation.workspace import list_keys
 from schemas import (
     JobAssignmentRevoked,
+    JobCancelled,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
@@ -29,8 +33,8 @@ from schemas import (
     JobProgress,
     JobRoundCompleted,
 )
-from tests.federated import TENANT, kernel, read_object, submit, upload, upload_example
-from tests.support import AgentProcess, of, records, registered
+from tests.federated import TENANT, kernel, read_object, s3, submit, upload, upload_example
+from tests.support import AgentProcess, of, records, registered, until
 
 pytestmark = pytest.mark.slow
 HEARTBEAT = ("--heartbeat", "1.0")
@@ -73,6 +77,11 @@ def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tupl
     return w, b
 
 
+def kits_left(settings: Settings, job: str) -> list[str]:
+    """The job's client kits still in the kernel's kit bucket."""
+    return sorted(key for key, _ in list_keys(s3(settings), flare.KIT_BUCKET, f"{TENANT}/{job}/"))
+
+
 async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
     """Every client of the job and its FL server are gone (the job's end stops them)."""
     assignments = [a.assignment_id for placed in of(found, JobPlaced) for a in placed.assignments]
@@ -98,6 +107,7 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
         await submit(log, "np-fedavg", rounds=2, local_epochs=3, args=["--lr", "0.1"])
         found = await wait_for(log, JobCompleted, "job.completed")
         await all_stopped(found, "np-fedavg")
+        await until(lambda: not kits_left(settings, "np-fedavg"), "the kits (the clients' keys) deleted")
     assert not of(found, JobFailed, slot=None), of(found, JobFailed)
     [ready] = of(found, JobFederationReady)
     assert ready.sites == ["site-1", "site-2"] and ready.server.startswith("localhost:")
@@ -275,3 +285,20 @@ async def test_a_torch_mlp_trains_federated_from_an_initial_model(
     assert state.keys() == initial.keys() and not torch.equal(state["net.0.weight"], initial["net.0.weight"])
     progress = [e for e in of(found, JobProgress) if e.slot is not None]
     assert {e.round for e in progress} == {1, 2} and all("accuracy" in e.metrics for e in progress)
+
+
+async def test_a_cancelled_federated_job_stops_its_clients_and_server_and_deletes_its_kits(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-cancel", tmp_path)
+    await registered(log, agents("cn-a", *HEARTBEAT))
+    await registered(log, agents("cn-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-cancel", rounds=50, args=["--delay", "1"])
+        found = await wait_for(log, JobFederationRun, "the first run")
+        assert kits_left(settings, "np-cancel") == ["acme/np-cancel/site-1.zip", "acme/np-cancel/site-2.zip"]
+        cancelled = JobCancelled(by="tenant:acme", reason="enough")
+        await log.append(job_subject(TENANT, "np-cancel", cancelled), cancelled)
+        await all_stopped(found, "np-cancel")
+        await until(lambda: not kits_left(settings, "np-cancel"), "the kits deleted")
+    assert not of(await records(log, "JOBS"), JobCompleted)
