@@ -4,8 +4,10 @@
   :func:`agent.runtimes.base.workload_env`, stdin closed, and stdout and stderr captured together to
   ``<workdir>/log.txt`` (at most :data:`MAX_LOG_BYTES`; later output is still read, not stored).
 * ``cancel`` sends SIGTERM to the whole group, then SIGKILL after the grace period.
-* When the main process exits, whatever it left behind in its group is killed, so nothing keeps
-  running (and computing, unmetered) after the agent reported the exit.
+* When the main process exits, whatever it left behind is killed, so nothing keeps running (and
+  computing, unmetered) after the agent reported the exit: its process group, and any process that
+  left the group (``setsid``: torchrun starts every rank in a session of its own) but still carries
+  the assignment id in its environment (:func:`kill_marked`).
 * ``<workdir>/pid`` names the main process while it runs: :func:`reap_orphans` kills what a crashed
   agent left behind when it starts again.
 """
@@ -20,7 +22,7 @@ import signal
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from agent.runtimes.base import StartFailed
+from agent.runtimes.base import StartFailed, checkpoint_dir
 from schemas.commands import WorkSpec
 
 log = logging.getLogger("resontech.agent")
@@ -29,6 +31,7 @@ PID_FILE = "pid"
 MAX_LOG_BYTES = 64 * 1024 * 1024
 LINE_LIMIT = 1024 * 1024
 _EOF = None
+MARKER = "RESONTECH_ASSIGNMENT_ID"
 _POLL_S = 0.2
 
 
@@ -44,31 +47,57 @@ class ProcessRuntime:
         """Start the command. Raises :class:`StartFailed` for an empty command or one that cannot run."""
         if not spec.command:
             raise StartFailed("empty command")
-        for sub in (workdir, workdir / "data", workdir / "tmp"):
-            sub.mkdir(parents=True, exist_ok=True)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *spec.command,
-                cwd=workdir,
-                env=dict(env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                limit=LINE_LIMIT,
-            )
-        except OSError as exc:
-            raise StartFailed(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from None
-        (workdir / PID_FILE).write_text(str(proc.pid))
-        return ProcessWorkload(proc, workdir)
+        prepare(workdir)
+        return await spawn(spec.command, workdir, env)
+
+
+def prepare(workdir: Path) -> None:
+    """Create the per-assignment folders a workload finds (data, checkpoints, tmp)."""
+    for sub in (workdir, workdir / "data", checkpoint_dir(workdir), workdir / "tmp"):
+        sub.mkdir(parents=True, exist_ok=True)
+
+
+async def spawn(
+    argv: list[str],
+    workdir: Path,
+    env: Mapping[str, str],
+    *,
+    cwd: Path | None = None,
+    workload: type[ProcessWorkload] | None = None,
+) -> ProcessWorkload:
+    """Start ``argv`` as the workload of ``workdir`` (in ``cwd``, default ``workdir``).
+
+    Raises:
+        StartFailed: the executable cannot run.
+    """
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd or workdir,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            limit=LINE_LIMIT,
+        )
+    except OSError as exc:
+        raise StartFailed(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+    (workdir / PID_FILE).write_text(str(proc.pid))
+    return (workload or ProcessWorkload)(proc, workdir, marker=env.get(MARKER))
 
 
 class ProcessWorkload:
-    """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`)."""
+    """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`).
 
-    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path) -> None:
+    Args:
+        marker: the workload's ``RESONTECH_ASSIGNMENT_ID``: processes carrying it are killed with it.
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path, *, marker: str | None = None) -> None:
         self._proc = proc
         self.workdir = workdir
+        self.marker = marker
         self.log_path = workdir / LOG_FILE
         # Unbounded: the agent always drains it, and a slow server must never block the workload's
         # output (backpressure would stall training, not the agent).
@@ -118,6 +147,8 @@ class ProcessWorkload:
             # then end the group, so the output ends too and nothing runs on after the reported exit.
             await asyncio.wait([self._pump], timeout=1.0)
         _signal_group(proc.pid, signal.SIGKILL)
+        if self.marker:
+            await asyncio.to_thread(kill_marked, self.marker)
         await asyncio.wait([self._pump], timeout=1.0)
         self._pump.cancel()  # only a process that left the group (setsid) can still hold the output
         await asyncio.wait([self._pump])
@@ -141,6 +172,8 @@ class ProcessWorkload:
             await asyncio.wait([self._reaper], timeout=grace_s)
             if self._proc.returncode is None:
                 _signal_group(self._proc.pid, signal.SIGKILL)
+                if self.marker:
+                    await asyncio.to_thread(kill_marked, self.marker)
         return await self.wait()
 
     def log_tail(self, n: int = 40) -> str:
@@ -158,6 +191,26 @@ def log_tail(path: Path, n: int = 40) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
+def _marked(pid: str, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_marked(assignment_id: str) -> list[int]:
+    """SIGKILL every process whose environment names ``assignment_id`` (whatever its session);
+    return their pids. Only processes this user may read are seen, which is all a workload starts."""
+    marker = f"{MARKER}={assignment_id}".encode()
+    killed = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+    return killed
+
+
 def reap_orphans(work_dir: Path) -> list[str]:
     """Kill workloads a previous run of the agent left running; return their assignment ids.
 
@@ -172,8 +225,9 @@ def reap_orphans(work_dir: Path) -> list[str]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except (OSError, ValueError):
             environ = b""
-        if f"RESONTECH_ASSIGNMENT_ID={assignment_id}".encode() in environ.split(b"\0"):
+        if f"{MARKER}={assignment_id}".encode() in environ.split(b"\0"):
             _signal_group(pid, signal.SIGKILL)
+            kill_marked(assignment_id)
             reaped.append(assignment_id)
             log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)
         with contextlib.suppress(OSError):
