@@ -6,10 +6,13 @@ every ``tick_s``) it:
 1. marks workers whose heartbeats stopped ``lost`` and revokes their assignments, and marks lost
    workers that heartbeat again ``recovered`` (their old work stays fenced by epoch);
 2. revokes assignments an agent rejected, and cordons workers the health controller condemns;
-3. places queued work with :func:`core.placement.place`, appending ``job.placed`` with the job's
+3. keeps gang jobs (``ddp``) whole (:mod:`projections.gangs`): revokes and stops what is left of a
+   gang that lost a shard, and fails a gang on a failed rank only once it cannot be collateral
+   damage of a lost peer;
+4. places queued work with :func:`core.placement.place`, appending ``job.placed`` with the job's
    expected sequence, so that two coordinators never both place the same job;
-4. sends every placed assignment's ``start_work`` command, idempotently (the command id is derived
-   from the assignment id).
+5. sends every placed assignment's ``start_work`` command (:mod:`ops.workspecs`), idempotently (the
+   command id is derived from the assignment id).
 
 Every append that depends on what the coordinator read carries the expected sequence of the
 aggregate it decided about; a :class:`ConcurrencyConflict` means another coordinator (or the agent)
@@ -32,9 +35,10 @@ from core import placement
 from core.candidates import CandidateIndex
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
-from core.pricing import list_price_micros
+from core.objects import s3_client
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
-from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS
+from ops.workspecs import StartCommands, WorkSpecError
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs
 from projections.admission import health_verdicts, preemption_victims, quota_usage, request_for_job, triage
 from projections.capacity import candidates, tier_of
 from projections.liveness import overdue
@@ -48,12 +52,10 @@ from schemas import (
     JobFailed,
     JobPlaced,
     JobQueued,
-    StartWork,
     StopWork,
     WorkerCordoned,
     WorkerLost,
     WorkerRecovered,
-    WorkSpec,
 )
 
 log = logging.getLogger("resontech.coordinator")
@@ -71,6 +73,8 @@ class Coordinator:
         tick_s: how often to re-decide without a new event (default 0.2 s), which bounds how late a
             silent worker is noticed.
         weights: ranking weights for placement.
+        objects: the object store's S3 client, to presign the URLs of start commands (``None``: job
+            kinds that need URLs fail to start).
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Coordinator:
         name: str = "coordinator",
         tick_s: float = 0.2,
         weights: placement.RankWeights = placement.DEFAULT_WEIGHTS,
+        objects: Any | None = None,
     ) -> None:
         self.log = event_log
         self.name = name
@@ -93,6 +98,8 @@ class Coordinator:
         self._changed = asyncio.Event()
         self._commanded: set[str] = set()
         self._failures: dict[str, list[int]] = {}
+        self._starts = StartCommands(objects)
+        self._gang_failing_since: dict[str, int] = {}
         self.placements = 0
         self.conflicts = 0
         self.decision_ms: list[float] = []
@@ -127,6 +134,7 @@ class Coordinator:
         await self.recover(now_ns)
         await self.revoke_rejected()
         await self.cordon_unhealthy(now_ns)
+        await self.settle_gangs(now_ns)
         await self.settle_failures()
         await self.complete_jobs()
         await self.place_queued(now_ns)
@@ -231,8 +239,8 @@ class Coordinator:
         )
         appends = []
         for job in await self._admitted(usage):
-            if not missing_slots(job):
-                continue
+            if not missing_slots(job) or gangs.partial(job):
+                continue  # a gang is placed whole, once settle_gangs has freed every shard
             started = time.perf_counter()
             request = request_for_job(job)
             decision = index.place(request, now_ns=now_ns)
@@ -254,7 +262,7 @@ class Coordinator:
         """A shard that failed fails its job (tenant code crashed); one stopped by its agent
         (``retryable``) is revoked and placed again."""
         for job in list(self.schedule.state.jobs.values()):
-            if job.state in TERMINAL or not job.failed_slots:
+            if job.state in TERMINAL or not job.failed_slots or gangs.is_gang(job):
                 continue
             fatal = sorted(slot for slot, retryable in job.failed_slots.items() if not retryable)
             if fatal:
@@ -265,6 +273,84 @@ class Coordinator:
                 assignment = job.assignments.get(slot)
                 if assignment is not None:
                     await self._revoke(job, assignment, f"retry: {job.failure_reason}")
+
+    # -- gangs ---------------------------------------------------------------------------------
+
+    async def settle_gangs(self, now_ns: int) -> None:
+        """Keep gang jobs whole: restart a gang that lost a shard or had a rank stopped by its agent;
+        fail it on a failed rank once no lost peer can explain the failure (:mod:`projections.gangs`)."""
+        for key, job in list(self.schedule.state.jobs.items()):
+            if job.state in TERMINAL or not gangs.is_gang(job):
+                continue
+            if gangs.partial(job):
+                await self._restart_gang(job, f"gang restart: {job.queue_reason or 'a shard was lost'}")
+                continue
+            failing = f"{key}@{job.epoch}"
+            if not job.failed_slots:
+                self._gang_failing_since.pop(failing, None)
+                continue
+            since = self._gang_failing_since.setdefault(failing, now_ns)
+            verdict = gangs.verdict(
+                job, failing_since_ns=since, now_ns=now_ns, grace_ns=self._gang_grace_ns(job)
+            )
+            if verdict == "restart":
+                await self._restart_gang(job, f"gang restart: {job.failure_reason}")
+            elif verdict == "fail":
+                slot = min(job.failed_slots, key=int)
+                reason = f"shard {slot} failed: {job.failure_reason}"
+                if await self._append_job(job, JobFailed(reason=reason, log_tail=job.log_tail)):
+                    self._gang_failing_since.pop(failing, None)
+
+    def _gang_grace_ns(self, job: JobRecord) -> int:
+        """How long a failed rank waits for a peer to be declared lost: one heartbeat interval more
+        than the slowest peer's loss deadline, plus two decision ticks."""
+        beats = self.liveness.state.beats
+        interval = max(
+            (beats[a.worker_id].interval_s for a in job.assignments.values() if a.worker_id in beats),
+            default=1.0,
+        )
+        return int(((LOST_AFTER_INTERVALS + 1) * interval + 2 * self.tick_s) * 1e9)
+
+    async def _restart_gang(self, job: JobRecord, reason: str) -> None:
+        """Revoke every assignment a gang still holds, in one run of chained appends, and stop the
+        workloads of those whose worker is alive."""
+        seq = job.last_seq
+        for assignment in sorted(job.assignments.values(), key=lambda a: a.slot):
+            event = JobAssignmentRevoked(
+                assignment_id=assignment.assignment_id,
+                worker_id=assignment.worker_id,
+                slot=assignment.slot,
+                epoch=assignment.epoch,
+                reason=reason,
+            )
+            try:
+                position = await self.log.append(
+                    job_subject(job.tenant, job.job_id, event),
+                    event,
+                    expected_seq=seq,
+                    expected_filter=job_filter(job.tenant, job.job_id),
+                )
+            except ConcurrencyConflict:
+                self.conflicts += 1
+                return
+            seq = position.seq
+            record = self.registry.state.workers.get(assignment.worker_id)
+            if str(assignment.slot) in job.done or record is None or record.state in ("lost", "deregistered"):
+                continue
+            stop = StopWork(
+                work_id=job.job_id,
+                assignment_id=assignment.assignment_id,
+                epoch=assignment.epoch,
+                reason=reason,
+            )
+            try:
+                await self.log.append(
+                    command_subject(assignment.worker_id),
+                    stop,
+                    event_id=f"gang-stop-{assignment.assignment_id}",
+                )
+            except (AppendTimeout, AppendRejected) as exc:  # its peers are gone: it fails on its own
+                log.warning("stop for %s not sent: %s", assignment.assignment_id, exc)
 
     async def complete_jobs(self) -> None:
         """Append ``job.completed`` for a live job all of whose shards completed."""
@@ -282,7 +368,16 @@ class Coordinator:
                     continue
                 record = self.registry.state.workers.get(assignment.worker_id)
                 tier = tier_of(record, time.time_ns()) if record else "unverified"
-                command = start_command(job, assignment, tier)
+                try:
+                    command = await self._starts.command(
+                        job, assignment, tier=tier, workers=self.registry.state.workers
+                    )
+                except WorkSpecError as exc:
+                    await self._append_job(job, JobFailed(reason=f"cannot start: {exc.message}"))
+                    break
+                except Exception as exc:  # the object store did not answer a listing: next step
+                    log.warning("start command for %s not built yet: %s", assignment.assignment_id, exc)
+                    continue
                 try:
                     await self.log.append(
                         command_subject(assignment.worker_id),
@@ -393,36 +488,6 @@ class Coordinator:
         return True
 
 
-def start_command(job: JobRecord, assignment: Any, tier: str = "unverified") -> StartWork:
-    """The ``start_work`` command for one assignment of ``job``; resumes from its last checkpoint."""
-    resources = job.resources
-    return StartWork(
-        tenant=job.tenant,
-        work_id=job.job_id,
-        work_kind="job",
-        assignment_id=assignment.assignment_id,
-        slot=assignment.slot,
-        epoch=assignment.epoch,
-        spec=WorkSpec(
-            runtime=RUNTIME_OF_KIND.get(job.kind, job.kind),
-            command=list(job.command),
-            env=dict(job.env),
-            gpus=resources.gpus,
-            vram_mb=resources.vram_mb,
-            cpus=resources.cpus,
-            pool=job.pool,
-            tier=tier,
-            shards=job.shards,
-            resume_from=job.last_checkpoint.object_key if job.last_checkpoint else None,
-        ),
-        price_micros_per_gpu_hour=list_price_micros(resources.gpu_type, job.pool),
-    )
-
-
-RUNTIME_OF_KIND = {"process": "process", "federated": "nvflare-client", "ddp": "torchrun"}
-"""The agent runtime that runs each job kind (the training issue adds the last two)."""
-
-
 async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event | None = None) -> None:
     """Run one coordinator until SIGINT/SIGTERM (or ``stop``)."""
     import signal
@@ -434,11 +499,13 @@ async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    coordinator = Coordinator(event_log, name=name)
+    objects = s3_client(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
+                        region=settings.s3_region, read_timeout=10.0)  # fmt: skip
+    coordinator = Coordinator(event_log, name=name, objects=objects)
     try:
         await coordinator.run(stop)
     finally:
         await event_log.close()
 
 
-__all__: Sequence[str] = ("Coordinator", "serve", "start_command")
+__all__: Sequence[str] = ("Coordinator", "serve")
