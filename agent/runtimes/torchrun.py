@@ -108,8 +108,14 @@ class TorchrunWorkload(ProcessWorkload):
     """A torchrun node: a process workload whose log tail stops at torchrun's failure report."""
 
     def log_tail(self, n: int = 40) -> str:
-        lines = log_tail(self.log_path, 400).splitlines()
-        for index, line in enumerate(lines):
-            if FAILURE_REPORT in line:
-                return "\n".join(lines[max(0, index + 1 - n) : index + 1])
-        return "\n".join(lines[-n:])
+        return before_report(log_tail(self.log_path, 400), n)
+
+
+def before_report(text: str, n: int = 40) -> str:
+    """The last ``n`` lines of ``text`` up to torchrun's first failure report (included), or of all
+    of it when there is none."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if FAILURE_REPORT in line:
+            return "\n".join(lines[max(0, index + 1 - n) : index + 1])
+    return "\n".join(lines[-n:])
