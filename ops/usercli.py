@@ -9,6 +9,7 @@ Output is a short human summary, or with ``--json`` the API's own JSON. Errors a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -243,6 +244,24 @@ def cmd_why(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    from gateway.wsclient import ConnectionClosed, HandshakeError
+    from ops.watch import watch
+
+    job_id, tenant = job_ref(args.job)
+    with client(args) as rt:
+        rt.job(job_id, tenant=tenant)  # an unknown job is an error here, not a silent wait
+        config = rt.config
+    try:
+        return asyncio.run(watch(config.url, config.key, job_id, tenant=tenant))
+    except HandshakeError as exc:
+        raise SystemExit(f"error: the feed refused: {exc.status} {exc.message}") from None
+    except ConnectionClosed as exc:
+        raise SystemExit(f"error: the feed closed ({exc.code}): {exc.reason}") from None
+    except KeyboardInterrupt:
+        return 130
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     job_id, tenant = job_ref(args.job)
     with client(args) as rt:
@@ -385,6 +404,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     for name, handler, text in (
         ("status", cmd_status, "a job's state, shards, progress, checkpoint and log tail"),
         ("why", cmd_why, "why a job is pending, or why it runs where it runs"),
+        ("watch", cmd_watch, "a job's events live (progress, checkpoints, failures) until it ends"),
         ("cancel", cmd_cancel, "cancel a job (running shards checkpoint and stop)"),
     ):
         p = user(name, handler, text)
