@@ -35,7 +35,6 @@ from core import placement
 from core.candidates import CandidateIndex
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
-from core.objects import s3_client
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
 from ops.workspecs import StartCommands, WorkSpecError
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs
@@ -73,8 +72,6 @@ class Coordinator:
         tick_s: how often to re-decide without a new event (default 0.2 s), which bounds how late a
             silent worker is noticed.
         weights: ranking weights for placement.
-        objects: the object store's S3 client, to presign the URLs of start commands (``None``: job
-            kinds that need URLs fail to start).
     """
 
     def __init__(
@@ -84,7 +81,6 @@ class Coordinator:
         name: str = "coordinator",
         tick_s: float = 0.2,
         weights: placement.RankWeights = placement.DEFAULT_WEIGHTS,
-        objects: Any | None = None,
     ) -> None:
         self.log = event_log
         self.name = name
@@ -98,7 +94,7 @@ class Coordinator:
         self._changed = asyncio.Event()
         self._commanded: set[str] = set()
         self._failures: dict[str, list[int]] = {}
-        self._starts = StartCommands(objects)
+        self._starts = StartCommands.from_settings(event_log.settings)
         self._gang_failing_since: dict[str, int] = {}
         self.placements = 0
         self.conflicts = 0
@@ -499,9 +495,7 @@ async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    objects = s3_client(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key,
-                        region=settings.s3_region, read_timeout=10.0)  # fmt: skip
-    coordinator = Coordinator(event_log, name=name, objects=objects)
+    coordinator = Coordinator(event_log, name=name)
     try:
         await coordinator.run(stop)
     finally:

@@ -29,8 +29,10 @@ from typing import Any
 import msgspec
 
 from core.errors import ResontechError
+from core.objects import s3_client
 from core.pricing import list_price_micros
 from core.rendezvous import rendezvous
+from core.settings import Settings
 from gateway.workspace import bucket_for
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
@@ -70,6 +72,19 @@ class StartCommands:
     def __init__(self, s3: Any | None) -> None:
         self.s3 = s3
         self._inputs: dict[tuple[str, str, int], dict[str, str]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StartCommands:
+        """Presigning with the object store of ``settings`` (signing is local: no request is made)."""
+        return cls(
+            s3_client(
+                settings.s3_endpoint,
+                settings.s3_access_key,
+                settings.s3_secret_key,
+                region=settings.s3_region,
+                read_timeout=10.0,
+            )
+        )
 
     async def command(
         self, job: JobRecord, assignment: Assignment, *, tier: str, workers: Mapping[str, WorkerRecord]

@@ -66,10 +66,11 @@ def make_data() -> Any:
 
 
 @contextlib.asynccontextmanager
-async def coordinator(log: EventLog, s3: Any) -> AsyncIterator[Coordinator]:
-    """A coordinator that presigns with ``s3``, on its own connection, until the block ends."""
+async def coordinator(log: EventLog) -> AsyncIterator[Coordinator]:
+    """A coordinator (presigning for the session's object store), on its own connection, until the
+    block ends."""
     own = await EventLog.connect(log.settings, name="coordinator")
-    instance = Coordinator(own, tick_s=0.1, objects=s3)
+    instance = Coordinator(own, tick_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(instance.run(stop))
     try:
@@ -138,7 +139,7 @@ async def test_a_two_node_ddp_job_trains_checkpoints_to_the_workspace_and_comple
         await registered(log, agents("n1", *HEARTBEAT)),
         await registered(log, agents("n2", *HEARTBEAT)),
     }
-    async with coordinator(log, s3):
+    async with coordinator(log):
         await submit(log, tenant, "mlp-1", "--epochs", "4", "--checkpoint-every", "2")
         jobs = await job_until(log, ended, "the job ended")
     assert of(jobs, JobCompleted), [e for e in of(jobs, JobFailed)]
@@ -171,7 +172,7 @@ async def test_a_lost_worker_restarts_the_gang_from_the_last_checkpoint_not_from
         await registered(log, agent): agent
         for agent in (agents("k1", *HEARTBEAT), agents("k2", *HEARTBEAT), agents("k3", *HEARTBEAT))
     }
-    async with coordinator(log, s3):
+    async with coordinator(log):
         await submit(
             log, tenant, "mlp-2", "--epochs", "12", "--checkpoint-every", "2", "--min-epoch-seconds", "0.5"
         )
@@ -180,7 +181,7 @@ async def test_a_lost_worker_restarts_the_gang_from_the_last_checkpoint_not_from
         victim = next(a for a in placed.assignments if a.slot == 0)  # the master's host dies
         killed_at = time.monotonic()
         nodes[victim.worker_id].kill()
-        kill_marked(victim.assignment_id)  # with its workloads, as when the host goes down
+        kill_marked(nodes[victim.worker_id].state_dir / "work" / victim.assignment_id)  # the host goes down
         jobs = await job_until(log, lambda rs: len(of(rs, JobPlaced)) > 1, "the gang placed again")
         replaced_in = time.monotonic() - killed_at
         jobs = await job_until(log, ended, "the job ended")
@@ -222,10 +223,10 @@ raise ValueError(f"boom in the training code on rank {dist.get_rank()}")
 async def test_training_code_that_raises_fails_the_job_with_its_traceback(
     log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer
 ) -> None:
-    tenant, s3 = workspace(object_store, script=BOOM)
+    tenant, _ = workspace(object_store, script=BOOM)
     await registered(log, agents("b1", *HEARTBEAT))
     await registered(log, agents("b2", *HEARTBEAT))
-    async with coordinator(log, s3):
+    async with coordinator(log):
         await submit(log, tenant, "boom")
         jobs = await job_until(log, ended, "the job failed")
     [failed] = [e for e in of(jobs, JobFailed) if e.slot is None]
@@ -241,7 +242,7 @@ async def test_an_input_gone_from_the_workspace_fails_the_job_naming_it(
     await registered(log, agents("g1", *HEARTBEAT))
     await registered(log, agents("g2", *HEARTBEAT))
     s3.delete_object(Bucket=f"rt-{tenant}", Key=DATA)  # deleted after the gateway checked it
-    async with coordinator(log, s3):
+    async with coordinator(log):
         await submit(log, tenant, "gone")
         jobs = await job_until(log, ended, "the job failed", timeout=60)
     [failed] = [e for e in of(jobs, JobFailed) if e.slot is None]

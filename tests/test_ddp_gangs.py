@@ -16,7 +16,6 @@ import pytest
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_subject, worker_subject
 from ops.coordinator import Coordinator
-from ops.objectstore import ObjectStoreServer
 from schemas import (
     Heartbeat,
     JobAssignmentRevoked,
@@ -61,14 +60,14 @@ class Hosts:
 
 
 @contextlib.asynccontextmanager
-async def fleet(log: EventLog, interval_s: float, s3: Any) -> AsyncIterator[Hosts]:
+async def fleet(log: EventLog, interval_s: float) -> AsyncIterator[Hosts]:
     """Two beating hosts and a coordinator, until the block ends."""
     hosts = Hosts(log, interval_s)
     await hosts.register("w-a", "w-b")
     beating = asyncio.create_task(hosts.run())
     own = await EventLog.connect(log.settings, name="coordinator")
     stop = asyncio.Event()
-    deciding = asyncio.create_task(Coordinator(own, tick_s=0.1, objects=s3).run(stop))
+    deciding = asyncio.create_task(Coordinator(own, tick_s=0.1).run(stop))
     try:
         yield hosts
     finally:
@@ -111,19 +110,14 @@ def job_failed(found: list[Recorded[Any]]) -> list[JobFailed]:
 
 
 @pytest.fixture
-def s3(object_store: ObjectStoreServer) -> Any:
-    return object_store.client()
-
-
-@pytest.fixture
 def tenant() -> str:
     return f"g{secrets.token_hex(4)}"
 
 
 async def test_a_rank_failing_because_its_peer_died_waits_for_the_loss_and_the_gang_restarts(
-    log: EventLog, s3: Any, tenant: str
+    log: EventLog, tenant: str
 ) -> None:
-    async with fleet(log, 0.5, s3) as hosts:
+    async with fleet(log, 0.5) as hosts:
         placed = await started_gang(log, tenant)
         dead = next(a for a in placed.assignments if a.slot == 0).worker_id
         hosts.alive.discard(dead)  # its host went down: no beat after this
@@ -140,10 +134,8 @@ async def test_a_rank_failing_because_its_peer_died_waits_for_the_loss_and_the_g
     assert not job_failed(jobs)
 
 
-async def test_a_rank_stopped_by_its_agent_restarts_the_whole_gang(
-    log: EventLog, s3: Any, tenant: str
-) -> None:
-    async with fleet(log, 0.5, s3):
+async def test_a_rank_stopped_by_its_agent_restarts_the_whole_gang(log: EventLog, tenant: str) -> None:
+    async with fleet(log, 0.5):
         await started_gang(log, tenant)
         await fail(log, tenant, 0, retryable=True)
         jobs = await job_until(log, lambda rs: len(of(rs, JobPlaced)) == 2, "the gang placed again")
@@ -152,8 +144,8 @@ async def test_a_rank_stopped_by_its_agent_restarts_the_whole_gang(
     assert not job_failed(jobs)
 
 
-async def test_every_rank_failing_fails_the_job_at_once(log: EventLog, s3: Any, tenant: str) -> None:
-    async with fleet(log, 30.0, s3):  # a peer's loss would take 90 s to show: nothing waits for it
+async def test_every_rank_failing_fails_the_job_at_once(log: EventLog, tenant: str) -> None:
+    async with fleet(log, 30.0):  # a peer's loss would take 90 s to show: nothing waits for it
         await started_gang(log, tenant)
         await fail(log, tenant, 0, tail="ValueError: boom")
         await fail(log, tenant, 1, tail="ValueError: boom")
@@ -164,9 +156,9 @@ async def test_every_rank_failing_fails_the_job_at_once(log: EventLog, s3: Any, 
 
 
 async def test_one_failed_rank_with_every_peer_alive_fails_the_job_after_the_grace(
-    log: EventLog, s3: Any, tenant: str
+    log: EventLog, tenant: str
 ) -> None:
-    async with fleet(log, 0.5, s3):
+    async with fleet(log, 0.5):
         await started_gang(log, tenant)
         await fail(log, tenant, 1, tail="ValueError: rank 1 only")
         jobs = await job_until(log, job_failed, "the job failed")

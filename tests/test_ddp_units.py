@@ -231,8 +231,10 @@ async def test_gpu_nodes_run_a_rank_per_gpu_on_nccl_through_real_torchrun(
     prints what it was given instead of initialising NCCL (there is no GPU here)."""
     s3, name = bucket
     names = "'LOCAL_RANK', 'WORLD_SIZE', 'RESONTECH_DDP_BACKEND', 'CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS'"
-    show = f"import os; print('RANK', *(os.environ.get(k) for k in ({names})), flush=True)".encode()
-    s3.put_object(Bucket=name, Key="scripts/show.py", Body=show)
+    show = (  # one write per line: the ranks share the pipe
+        f"import os, sys; sys.stdout.write(' '.join(['RANK', *(os.environ[k] for k in ({names}))]) + '\\n')"
+    )
+    s3.put_object(Bucket=name, Key="scripts/show.py", Body=show.encode())
     url = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "scripts/show.py"})
     port = free_port()
     spec = WorkSpec(
@@ -250,7 +252,7 @@ async def test_gpu_nodes_run_a_rank_per_gpu_on_nccl_through_real_torchrun(
     lines = [line async for line in workload.lines()]
     assert await workload.wait() == 0, "\n".join(lines)
     ranks = sorted(line.split()[1:] for line in lines if line.startswith("RANK "))
-    assert ranks == [["0", "2", "nccl", "0,1", "4"], ["1", "2", "nccl", "0,1", "4"]]
+    assert ranks == [["0", "2", "nccl", "0,1", "4"], ["1", "2", "nccl", "0,1", "4"]], "\n".join(lines)
 
 
 async def test_a_node_that_cannot_start_says_why(tmp_path: Path, bucket: tuple[Any, str]) -> None:

@@ -7,7 +7,7 @@
 * When the main process exits, whatever it left behind is killed, so nothing keeps running (and
   computing, unmetered) after the agent reported the exit: its process group, and any process that
   left the group (``setsid``: torchrun starts every rank in a session of its own) but still carries
-  the assignment id in its environment (:func:`kill_marked`).
+  the workload's marks in its environment (:func:`kill_marked`).
 * ``<workdir>/pid`` names the main process while it runs: :func:`reap_orphans` kills what a crashed
   agent left behind when it starts again.
 """
@@ -84,20 +84,15 @@ async def spawn(
     except OSError as exc:
         raise StartFailed(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     (workdir / PID_FILE).write_text(str(proc.pid))
-    return (workload or ProcessWorkload)(proc, workdir, marker=env.get(MARKER))
+    return (workload or ProcessWorkload)(proc, workdir)
 
 
 class ProcessWorkload:
-    """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`).
+    """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`)."""
 
-    Args:
-        marker: the workload's ``RESONTECH_ASSIGNMENT_ID``: processes carrying it are killed with it.
-    """
-
-    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path, *, marker: str | None = None) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path) -> None:
         self._proc = proc
         self.workdir = workdir
-        self.marker = marker
         self.log_path = workdir / LOG_FILE
         # Unbounded: the agent always drains it, and a slow server must never block the workload's
         # output (backpressure would stall training, not the agent).
@@ -147,8 +142,7 @@ class ProcessWorkload:
             # then end the group, so the output ends too and nothing runs on after the reported exit.
             await asyncio.wait([self._pump], timeout=1.0)
         _signal_group(proc.pid, signal.SIGKILL)
-        if self.marker:
-            await asyncio.to_thread(kill_marked, self.marker)
+        await asyncio.to_thread(kill_marked, self.workdir)
         await asyncio.wait([self._pump], timeout=1.0)
         self._pump.cancel()  # only a process that left the group (setsid) can still hold the output
         await asyncio.wait([self._pump])
@@ -172,8 +166,7 @@ class ProcessWorkload:
             await asyncio.wait([self._reaper], timeout=grace_s)
             if self._proc.returncode is None:
                 _signal_group(self._proc.pid, signal.SIGKILL)
-                if self.marker:
-                    await asyncio.to_thread(kill_marked, self.marker)
+                await asyncio.to_thread(kill_marked, self.workdir)
         return await self.wait()
 
     def log_tail(self, n: int = 40) -> str:
@@ -191,20 +184,23 @@ def log_tail(path: Path, n: int = 40) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def _marked(pid: str, marker: bytes) -> bool:
+def _marked(pid: str, marks: set[bytes]) -> bool:
     try:
-        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return marks <= set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
     except OSError:
         return False
 
 
-def kill_marked(assignment_id: str) -> list[int]:
-    """SIGKILL every process whose environment names ``assignment_id`` (whatever its session);
-    return their pids. Only processes this user may read are seen, which is all a workload starts."""
-    marker = f"{MARKER}={assignment_id}".encode()
+def kill_marked(workdir: Path) -> list[int]:
+    """SIGKILL every process marked as the workload of ``workdir``, whatever its session, and return
+    their pids. The marks are what :func:`agent.runtimes.base.workload_env` sets and children
+    inherit: ``HOME`` is the folder and ``RESONTECH_ASSIGNMENT_ID`` its name (unique on the host:
+    the folder lies in one agent's state dir). Only processes this user may read are seen, which is
+    every process a workload starts."""
+    marks = {f"HOME={workdir}".encode(), f"{MARKER}={workdir.name}".encode()}
     killed = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marker):
+        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marks):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(pid), signal.SIGKILL)
                 killed.append(int(pid))
@@ -227,7 +223,7 @@ def reap_orphans(work_dir: Path) -> list[str]:
             environ = b""
         if f"{MARKER}={assignment_id}".encode() in environ.split(b"\0"):
             _signal_group(pid, signal.SIGKILL)
-            kill_marked(assignment_id)
+            kill_marked(pid_file.parent)
             reaped.append(assignment_id)
             log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)
         with contextlib.suppress(OSError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def report(keyword: str, **fields: Any) -> None:
-    """One line of the workload protocol (rank 0 only)."""
-    print(f"RESONTECH_{keyword} {json.dumps(fields)}", flush=True)
+    """One line of the workload protocol, in one write: every rank of the node shares the agent's
+    pipe, and ``print`` writes the newline separately, so another rank's output could split it."""
+    sys.stdout.write(f"RESONTECH_{keyword} {json.dumps(fields)}\n")
+    sys.stdout.flush()
 
 
 def arguments() -> argparse.Namespace:
@@ -56,7 +59,8 @@ def arguments() -> argparse.Namespace:
 
 def mlp(features: int, classes: int) -> nn.Module:
     torch.manual_seed(0)  # every rank starts from the same weights (DDP also broadcasts rank 0's)
-    return nn.Sequential(nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, classes))
+    w = 64
+    return nn.Sequential(nn.Linear(features, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, classes))
 
 
 def save_checkpoint(state: dict[str, Any], epoch: int, step: int) -> None:
@@ -91,7 +95,8 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         first_epoch, step = state["epoch"] + 1, state["step"]
         if rank == 0:
-            print(f"resumed from {os.environ.get('RESONTECH_RESUME_FROM', resume)}: epoch {state['epoch']}, step {step}")
+            source = os.environ.get("RESONTECH_RESUME_FROM", resume)
+            print(f"resumed from {source}: epoch {state['epoch']}, step {step}", flush=True)
     ddp = DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -107,15 +112,16 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             step += 1
-            totals += torch.stack([loss.detach() * len(y), (logits.argmax(1) == y).sum(), torch.tensor(len(y))])
+            correct = (logits.argmax(1) == y).sum().item()
+            totals += torch.tensor([loss.item() * len(y), correct, len(y)], device=device)
         dist.all_reduce(totals)
         if rank == 0:
             loss_mean, accuracy = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
             report("PROGRESS", train_epoch=epoch, step=step, loss=round(loss_mean, 5),
                    metrics={"accuracy": round(accuracy, 4), "world_size": world})  # fmt: skip
             if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step}
-                save_checkpoint(state, epoch, step)
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                save_checkpoint({**state, "epoch": epoch, "step": step}, epoch, step)
         time.sleep(max(0.0, args.min_epoch_seconds - (time.monotonic() - started)))
     dist.destroy_process_group()
 
