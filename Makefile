@@ -33,10 +33,12 @@ lint: venv
 
 bench: venv
 	$(PY) -m ops.bench.log
+	$(PY) -m ops.bench.schedule
 	$(PY) -m ops.bench.gateway
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick
+	$(PY) -m ops.bench.schedule --quick
 	$(PY) -m ops.bench.gateway --quick
 
 clean:

@@ -13,16 +13,30 @@ checkpoint that did arrive.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from pathlib import Path
+from collections.abc import AsyncIterator
+from pathlib import Path, PurePosixPath
 
+import httpx
 import msgspec
 
 from agent.protocol import CheckpointLine
-from agent.transfer import TransferFailed, inside, upload
+from core.errors import ResontechError
 
 log = logging.getLogger("resontech.agent")
+CHUNK = 1 << 20
+UPLOAD_TIMEOUT_S = 600.0
+"""The longest one checkpoint upload may take."""
+_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+"""Per read/write/connect: a stalled upload fails long before its deadline."""
+
+
+class UploadFailed(ResontechError):
+    """A checkpoint could not be uploaded; the message names it and says why."""
+
+    code = "upload_failed"
 
 
 class CheckpointUploads:
@@ -50,11 +64,9 @@ class CheckpointUploads:
             return None
         key, url = self.targets[self.count % len(self.targets)]
         try:
-            path = inside(self.folder, line.path)
-            if not _plain_file_in(path, self.folder):
-                raise TransferFailed(f"checkpoint {line.path!r} is not a file in the checkpoint folder")
+            path = _file_in(self.folder, line.path)
             size = await upload(url, path, f"checkpoint {line.path}")
-        except TransferFailed as exc:
+        except UploadFailed as exc:
             log.warning("%s: %s", self.name, exc.message)
             return None
         self.count += 1
@@ -64,6 +76,40 @@ class CheckpointUploads:
         return msgspec.structs.replace(line, object_key=key, path=None)
 
 
-def _plain_file_in(path: Path, folder: Path) -> bool:
-    """True for a regular file (not a link) that really lies inside ``folder``."""
-    return not path.is_symlink() and path.is_file() and path.resolve().is_relative_to(folder.resolve())
+def _file_in(folder: Path, name: str) -> Path:
+    """``folder / name`` when that is a regular file (not a link) that really lies in ``folder``.
+
+    Raises:
+        UploadFailed: it is not.
+    """
+    parts = PurePosixPath(name).parts
+    path = folder.joinpath(*parts)
+    if PurePosixPath(name).is_absolute() or ".." in parts or path.is_symlink() or not path.is_file():
+        raise UploadFailed(f"checkpoint {name!r} is not a file in the checkpoint folder")
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise UploadFailed(f"checkpoint {name!r} lies outside the checkpoint folder")
+    return path
+
+
+async def _chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as source:
+        while chunk := await asyncio.to_thread(source.read, CHUNK):
+            yield chunk
+
+
+async def upload(url: str, path: Path, what: str) -> int:
+    """PUT the file ``path`` to a presigned ``url``; return its size in bytes.
+
+    Raises:
+        UploadFailed: the store refused it (an expired URL) or it did not finish in time.
+    """
+    try:
+        size = (await asyncio.to_thread(path.stat)).st_size
+        async with asyncio.timeout(UPLOAD_TIMEOUT_S), httpx.AsyncClient(timeout=_TIMEOUT) as client:
+            response = await client.put(url, content=_chunks(path), headers={"Content-Length": str(size)})
+            response.raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        raise UploadFailed(f"cannot upload {what}: HTTP {exc.response.status_code}") from None
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        raise UploadFailed(f"cannot upload {what}: {type(exc).__name__}: {exc}") from None
+    return size

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
-from core.settings import Settings
+from core.settings import Settings, read_env_file
 
 if TYPE_CHECKING:
     from agent.settings import AgentSettings
@@ -33,6 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--devices", dest="device_source", choices=("nvml", "simulated"), help="GPU source (default nvml)"
     )
     p.add_argument("--simulate", type=int, metavar="N", help="LOAD TESTS ONLY: host N simulated workers")
+    p.add_argument(
+        "--enroll-token",
+        metavar="TOKEN",
+        help="enroll with a provider's one-time token (rte_...) and run with this host's own NATS "
+        "credentials; ignored once the state dir holds an enrollment",
+    )
+    p.add_argument(
+        "--gateway", metavar="URL", help="the gateway to enroll with (default RESONTECH_GATEWAY_URL)"
+    )
 
 
 _FIELDS = (
@@ -62,8 +73,41 @@ async def run(args: argparse.Namespace, core: Settings, data_dir: Path) -> int:
     if args.simulate:
         await _simulate(args.simulate, settings.heartbeat_interval_s, core)
     else:
+        settings, core = await _enrolled(args, settings, core, data_dir)
         await run_agent(settings, core)
     return 0
+
+
+async def _enrolled(
+    args: argparse.Namespace, settings: AgentSettings, core: Settings, data_dir: Path
+) -> tuple[AgentSettings, Settings]:
+    """The settings of an enrolled agent (enrolling first with ``--enroll-token``), else as given."""
+    import httpx
+
+    from agent import enroll
+
+    state_dir = Path(settings.state_dir)
+    enrolled = enroll.load_enrollment(state_dir)
+    token = getattr(args, "enroll_token", None)
+    if enrolled is not None and token:
+        logging.getLogger("resontech.agent").info(
+            "already enrolled as worker %s; --enroll-token not used", enrolled.worker_id
+        )
+    elif token:
+        env_file = data_dir / "dev.env"
+        from_file = read_env_file(env_file).get("RESONTECH_GATEWAY_URL") if env_file.exists() else None
+        gateway = getattr(args, "gateway", None) or os.environ.get("RESONTECH_GATEWAY_URL") or from_file
+        if not gateway:
+            raise ConfigError(
+                "--enroll-token needs the gateway's URL: --gateway URL (or RESONTECH_GATEWAY_URL)"
+            )
+        async with httpx.AsyncClient(base_url=gateway, timeout=30.0) as client:
+            enrolled = await enroll.enroll(client, token, state_dir)
+    if enrolled is None:
+        return settings, core
+    settings, core = enroll.apply(enrolled, settings, core)
+    await enroll.wait_until_accepted(core)
+    return settings, core
 
 
 async def run_agent(settings: AgentSettings, core: Settings) -> None:

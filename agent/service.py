@@ -18,7 +18,9 @@ Life of an agent:
    decided by the policy (:func:`agent.policy.decide`): refused -> ``rejected``; accepted -> the
    runtime starts it -> ``started``. ``StopWork`` sends SIGTERM to the named assignment and SIGKILL
    after the grace period: ``stop_grace_s`` with ``checkpoint`` (time to write a checkpoint and print
-   ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without.
+   ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without. A ``StartWork`` refused while
+   other work is being stopped is judged again once that work has ended: the coordinator places
+   preempting work on capacity it has just revoked.
 4. Each assignment's output lines become progress / checkpoint / ready events (:mod:`agent.protocol`);
    usage ticks every ``metering_interval_s`` and a final one at the exit, then the end events of
    :mod:`agent.reports`.
@@ -43,6 +45,7 @@ import msgspec
 from agent import host, reports
 from agent.checkpoints import CheckpointUploads
 from agent.devices import DeviceSource
+from agent.downloads import fetch_all
 from agent.heartbeat import Heartbeats, append_reliably
 from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, requested_vram_mb
@@ -265,6 +268,7 @@ class Agent:
         self._state.running[cmd.assignment_id] = cmd  # before it starts: a crash is reported after
         self._state.save()
         try:
+            await fetch_all(cmd.spec.downloads, workdir)
             workload = await RUNTIMES[cmd.spec.runtime]().start(cmd.spec, workdir, env)
         except StartFailed as exc:
             self._state.running.pop(cmd.assignment_id, None)

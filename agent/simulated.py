@@ -2,9 +2,9 @@
 
 Selected by ``resontech agent --simulate N`` or used directly by a benchmark. Every simulated worker
 registers with made-up GPUs (a seeded mix of A100, H100, L40S, RTX 4090 and CPU-only hosts over a few
-regions) and heartbeats at ``interval_s`` through ONE batched :meth:`EventLog.append_many` per tick
-for the whole fleet, not a task per worker. Telemetry is computed once per worker and re-sent, so a
-tick costs encoding and publishing only.
+regions) and heartbeats at ``interval_s``: a tenth of the fleet every tenth of the interval, each
+slice through ONE batched :meth:`EventLog.append_many`, not a task per worker. Telemetry is computed
+once per worker and re-sent, so a tick costs encoding and publishing only.
 
 With ``accept_commands`` each worker also consumes its command queue (one durable consumer per
 worker: fine for hundreds, heavy for thousands) and answers ``StartWork`` with ``job.started``; with
@@ -43,6 +43,9 @@ HARDWARE: tuple[tuple[str, int, tuple[int, ...], int], ...] = (
     ("", 0, (0,), 1),  # CPU only
 )
 REGIONS = ("eu-west", "eu-central", "us-east", "us-west", "ap-south")
+BEAT_SLICES = 10
+"""A fleet heartbeats a tenth of its workers every tenth of an interval: independent agents' beats
+spread over the interval instead of arriving in one burst."""
 
 
 @dataclass
@@ -100,8 +103,9 @@ class SimulatedFleet:
             [(worker_subject(w.worker_id, WorkerRegistered), w.registration) for w in self.workers]
         )
 
-    async def beat(self) -> None:
-        """Send one heartbeat for every worker, in one batched append (failures are counted)."""
+    async def beat(self, part: int = 0, parts: int = 1) -> None:
+        """Send one heartbeat for every worker of slice ``part`` of ``parts`` (default: all), in one
+        batched append (failures are counted)."""
         items: list[tuple[str, Any]] = [
             (
                 heartbeat_subject(w.worker_id),
@@ -113,7 +117,7 @@ class SimulatedFleet:
                     running=list(w.running),
                 ),
             )
-            for w in self.workers
+            for w in self.workers[part::parts]
         ]
         try:
             await self.log.append_many(items)
@@ -123,7 +127,8 @@ class SimulatedFleet:
             log.warning("simulated heartbeats failed: %s", exc)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Register, then heartbeat every ``interval_s`` until ``stop`` is set."""
+        """Register, then heartbeat every ``interval_s`` until ``stop`` is set, a slice of the fleet
+        at a time (:data:`BEAT_SLICES`)."""
         await self.register()
         log.info("simulated fleet: %d workers registered", len(self.workers))
         intake = (
@@ -132,12 +137,13 @@ class SimulatedFleet:
             else []
         )
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        next_at, n = loop.time(), 0
         try:
             while not stop.is_set():
-                await self.beat()
+                await self.beat(n % BEAT_SLICES, BEAT_SLICES)
                 await self._complete_due()
-                next_at = max(next_at + self.interval_s, loop.time())
+                n += 1
+                next_at = max(next_at + self.interval_s / BEAT_SLICES, loop.time())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), next_at - loop.time())
         finally:

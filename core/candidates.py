@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections import Counter
+import itertools
+import math
+from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import msgspec
 
 from core.placement import (
+    CAPACITY,
     DEFAULT_WEIGHTS,
     TOP_K,
     Candidate,
@@ -50,28 +54,103 @@ def occupy(c: Candidate, a: Assignment, *, cpus: float = 0.0, memory_mb: int = 0
 
 
 Key = tuple[float, str]  # (-base_score, worker_id)
-Shelf = tuple[int, int, list[Key]]  # (-free GPUs, -most usable VRAM of one GPU, the workers)
+Room = tuple[int, float, float, float]  # free GPUs, and the bands of usable VRAM, free CPUs, free memory
+Head = tuple[float, str, Room, list[Key]]  # a shelf by its best worker: (*its key, room, the shelf)
 Profile = tuple[tuple[int, ...], int, int]  # (vram_limit_mb, cpus, memory_mb): what an idle host offers
+
+
+class Filing(NamedTuple):
+    """Where a candidate is filed: everything :meth:`CandidateIndex.place` reads off a worker
+    without looking at the candidate itself."""
+
+    key: Key
+    family: str
+    region: str
+    lanes: tuple[Lane, ...]
+    parked: str | None  # the state, or ``policy_concurrency``: on no shelf, only counted
+    room: Room  # what its shelf offers (:func:`room_of`)
+    profile: Profile
+    live: bool  # not deregistered
+
+
+VRAM_BANDS_PER_DOUBLING = 4
+"""Shelves group workers by usable VRAM in bands about 19% wide: free VRAM comes from live telemetry
+and is close to unique per worker, so a shelf per exact value would be a shelf per worker."""
+HOST_BANDS_PER_DOUBLING = 1
+"""Free CPUs and memory are banded by doublings: enough to keep full hosts off the shelves a
+request reads."""
+
+
+def band(value: float, per_doubling: int) -> float:
+    """The top of the band ``value`` falls in, bands ``per_doubling`` to a doubling: at least
+    ``value``, the same for every value of the band, and 0 for nothing left; so a shelf whose band
+    top is below a request holds no worker that fits it."""
+    if value <= 0:
+        return 0
+    step = math.floor(math.log2(value) * per_doubling)
+    return max(value, 2 ** ((step + 1) / per_doubling))
+
+
+def room_of(c: Candidate) -> Room:
+    """What a worker offers a slot, coarsely: free GPUs exactly, then the bands of the most usable
+    VRAM of one GPU, free CPUs and free memory (unlimited where the host does not report them, as
+    :meth:`core.placement.Decision.capacity` does not check them there)."""
+    vram = band(c.vram_usable_mb[-1] if c.vram_usable_mb else 0, VRAM_BANDS_PER_DOUBLING)
+    cpus = band(c.cpus - c.cpus_used, HOST_BANDS_PER_DOUBLING) if c.cpus else math.inf
+    memory = band(c.memory_mb - c.memory_used_mb, HOST_BANDS_PER_DOUBLING) if c.memory_mb else math.inf
+    return max(0, c.gpus_total - c.gpus_used), vram, cpus, memory
+
+
+def lacking(amounts: Room) -> int:
+    """A bit per resource of ``amounts`` (GPUs, VRAM, CPUs, memory) that is zero: what a room has
+    none of, or what a request does not need."""
+    return sum(1 << i for i, amount in enumerate(amounts) if amount <= 0)
+
+
+def filing(c: Candidate, weights: RankWeights) -> Filing:
+    """Where ``c`` is filed in an index with ``weights``."""
+    limit = c.policy.max_concurrent
+    parked: str | None = c.state if c.state != "available" else None
+    if parked is None and limit is not None and c.assignments >= limit:
+        parked = "policy_concurrency"
+    return Filing(
+        key=(-base_score(c, weights), c.worker_id),
+        family=c.gpu_family,
+        region=c.region,
+        lanes=lanes(c),
+        parked=parked,
+        room=room_of(c),
+        profile=(tuple(c.vram_limit_mb), c.cpus, c.memory_mb),
+        live=c.state != "deregistered",
+    )
 
 
 class CandidateIndex:
     """Candidates kept in sorted lists ("shelves"), for placement that inspects few workers.
 
     A worker that may take work sits, for each lane (pool and owner) it serves, on the shelf of its
-    GPU family, region, number of free GPUs and largest usable VRAM, ordered by
-    :func:`core.placement.base_score`. Since a worker's score is its base score times the geo term
-    of its region, the shelves merged best first yield the workers in the exact order of the plain
-    scan's ranking (score, then base score, then worker id): a placement reads only shelves of the
-    requested family with enough free GPUs and VRAM, and stops once it holds ``max(slots, TOP_K)``
-    workers that fit. Its decision, ``top`` included,
-    equals :func:`core.placement.place`'s plain scan over :meth:`candidates`; so does whether a
-    failure is permanent, which it computes from the distinct hardware profiles, not per worker.
+    GPU family, region and room (:func:`room_of`: free GPUs, and bands of usable VRAM, free CPUs
+    and free memory), ordered by :func:`core.placement.base_score`. The shelves of one lane,
+    family, region and set of resources they have none of (a *group*: one geo term for every worker
+    in it; a request never reads a group that lacks what it needs, such as hosts whose CPUs are all
+    taken, which keep their rank since the load term counts GPUs on a GPU host) are kept in the
+    order of their best workers. A worker's score is its base score times its region's geo term, so merging
+    the shelves best first yields the workers in the exact order of the plain scan's ranking (score,
+    then base score, then worker id). The merge is lazy: it starts from the first shelf of each
+    group whose room reaches the request, and opens a group's next
+    such shelf only once the best worker of the previous one is taken, so a decision costs the
+    groups plus the workers it inspects, not the shelves. It stops once it holds
+    ``max(slots, TOP_K)`` workers that fit (a worker whose bands reach the request but whose exact
+    VRAM, CPUs or memory do not is inspected and found unfit). Its decision, ``top`` included, equals
+    :func:`core.placement.place`'s plain scan over :meth:`candidates`; so does whether a failure is
+    permanent, which it computes from the distinct hardware profiles, not per worker.
 
     Workers that can take nothing (not available, ``max_concurrent`` reached) are only counted.
     When nothing fits, ``filtered`` counts those under ``state`` / ``policy_concurrency``, and
-    workers on shelves with too few free GPUs or too little VRAM under ``gpus`` / ``vram``, without
-    checking the filters before them (the plain scan names the first filter each fails); a placed
-    request's ``filtered`` counts what was inspected, plus ``pruned``: matching workers not inspected.
+    workers on shelves whose room falls short under the first of ``gpus`` / ``vram`` / ``cpus`` /
+    ``memory`` it lacks, without checking the filters before them (the plain scan names the first
+    filter each fails); a placed request's ``filtered`` counts what was inspected, plus ``pruned``:
+    matching workers not inspected.
 
     Keep it current: :meth:`take` / :meth:`release` for assignments made and ended,
     :meth:`upsert` / :meth:`remove` when a worker's record or heartbeat changes.
@@ -80,13 +159,19 @@ class CandidateIndex:
     def __init__(self, candidates: Iterable[Candidate] = (), weights: RankWeights = DEFAULT_WEIGHTS) -> None:
         self.weights = weights
         self._by_id: dict[str, Candidate] = {}
-        self._keys: dict[str, Key] = {}
-        # lane -> family -> region -> shelves, most free GPUs first; and each shelf by its key
-        self._shelves: dict[Lane, dict[str, dict[str, list[Shelf]]]] = {}
-        self._shelf: dict[tuple[Lane, str, str, int, int], list[Key]] = {}
-        self._sizes: dict[Lane, Counter[str]] = {}  # lane -> family -> workers
-        self._parked: dict[Lane, dict[str, Counter[str]]] = {}  # lane -> family -> state or policy
-        self._profiles: dict[Lane, dict[str, Counter[Profile]]] = {}  # of workers not deregistered
+        self._filed: dict[str, Filing] = {}
+        # lane -> family -> region -> what its shelves lack (:func:`lacking`) -> the group's
+        # non-empty shelves, best first; and each shelf by its key
+        self._groups: dict[Lane, dict[str, dict[str, dict[int, list[Head]]]]] = {}
+        self._shelf: dict[tuple[Lane, str, str, Room], list[Key]] = {}
+        self._sizes: defaultdict[Lane, Counter[str]] = defaultdict(Counter)  # lane -> family -> workers
+        # lane -> family -> workers by state or policy; and by profile, of workers not deregistered
+        self._parked: defaultdict[Lane, defaultdict[str, Counter[str]]] = defaultdict(
+            lambda: defaultdict(Counter)
+        )
+        self._profiles: defaultdict[Lane, defaultdict[str, Counter[Profile]]] = defaultdict(
+            lambda: defaultdict(Counter)
+        )
         self._live: Counter[Lane] = Counter()
         for c in candidates:
             self.upsert(c)
@@ -103,18 +188,21 @@ class CandidateIndex:
         return [self._by_id[w] for w in sorted(self._by_id)]
 
     def upsert(self, c: Candidate) -> None:
-        """Add the worker or replace its candidate."""
-        self.remove(c.worker_id)
+        """Add the worker or replace its candidate (re-shelved only where its filing changed)."""
+        filed = filing(c, self.weights)
+        old = self._filed.get(c.worker_id)
         self._by_id[c.worker_id] = c
-        self._keys[c.worker_id] = (-base_score(c, self.weights), c.worker_id)
-        self._file(c, 1)
+        if old == filed:
+            return  # e.g. new telemetry that moves neither its score nor its free VRAM
+        if old is not None:
+            self._file(old, -1)
+        self._filed[c.worker_id] = filed
+        self._file(filed, 1)
 
     def remove(self, worker_id: str) -> None:
         """Forget the worker (no-op if unknown)."""
-        c = self._by_id.pop(worker_id, None)
-        if c is not None:
-            self._file(c, -1)
-            del self._keys[worker_id]
+        if self._by_id.pop(worker_id, None) is not None:
+            self._file(self._filed.pop(worker_id), -1)
 
     def beat(self, worker_id: str, time_ns: int, interval_s: float) -> None:
         """Record a heartbeat (cheap: the worker stays on its shelf). Call it for every beat, or
@@ -137,32 +225,38 @@ class CandidateIndex:
             cpus, memory_mb = (request.cpus, request.memory_mb) if request else (0.0, 0)
             self.upsert(occupy(c, a, cpus=cpus, memory_mb=memory_mb, sign=-1))
 
-    def _file(self, c: Candidate, sign: int) -> None:
-        """Shelve (``sign=1``) or unshelve (``-1``) the worker in each of its lanes."""
-        key, family = self._keys[c.worker_id], c.gpu_family
-        limit = c.policy.max_concurrent
-        parked: str | None = c.state if c.state != "available" else None
-        if parked is None and limit is not None and c.assignments >= limit:
-            parked = "policy_concurrency"
-        free, vram = max(0, c.gpus_total - c.gpus_used), c.vram_usable_mb[-1] if c.vram_usable_mb else 0
-        profile = (tuple(c.vram_limit_mb), c.cpus, c.memory_mb)
-        for lane in lanes(c):
-            self._sizes.setdefault(lane, Counter())[family] += sign
-            if c.state != "deregistered":
+    def _file(self, f: Filing, sign: int) -> None:
+        """Shelve (``sign=1``) or unshelve (``-1``) a worker filed as ``f`` in each of its lanes."""
+        for lane in f.lanes:
+            self._sizes[lane][f.family] += sign
+            if f.live:
                 self._live[lane] += sign
-                self._profiles.setdefault(lane, {}).setdefault(family, Counter())[profile] += sign
-            if parked is not None:
-                self._parked.setdefault(lane, {}).setdefault(family, Counter())[parked] += sign
+                self._profiles[lane][f.family][f.profile] += sign
+            if f.parked is not None:
+                self._parked[lane][f.family][f.parked] += sign
             else:
-                ordered = self._shelf.get((lane, family, c.region, free, vram))
-                if ordered is None:
-                    ordered = self._shelf[lane, family, c.region, free, vram] = []
-                    regions = self._shelves.setdefault(lane, {}).setdefault(family, {})
-                    bisect.insort(regions.setdefault(c.region, []), (-free, -vram, ordered))
-                if sign > 0:
-                    bisect.insort(ordered, key)
-                else:
-                    del ordered[bisect.bisect_left(ordered, key)]
+                self._shelve(lane, f, sign)
+
+    def _shelve(self, lane: Lane, f: Filing, sign: int) -> None:
+        """Put the worker on its shelf or take it off, keeping the group in the order of the
+        shelves' best workers (a shelf left empty is dropped)."""
+        shelf_key = (lane, f.family, f.region, f.room)
+        ordered = self._shelf.setdefault(shelf_key, [])
+        regions = self._groups.setdefault(lane, {}).setdefault(f.family, {})
+        group = regions.setdefault(f.region, {}).setdefault(lacking(f.room), [])
+        head = ordered[0] if ordered else None
+        if sign > 0:
+            bisect.insort(ordered, f.key)
+        else:
+            del ordered[bisect.bisect_left(ordered, f.key)]
+        if ordered and ordered[0] == head:
+            return
+        if head is not None:
+            del group[bisect.bisect_left(group, head)]  # a (key) tuple sorts just before its head entry
+        if ordered:
+            bisect.insort(group, (*ordered[0], f.room, ordered))
+        else:
+            del self._shelf[shelf_key]
 
     def place(
         self, request: PlacementRequest, weights: RankWeights | None = None, *, now_ns: int
@@ -171,34 +265,42 @@ class CandidateIndex:
         if weights is not None and weights != self.weights:
             raise ValueError("the index was built with other rank weights")
         d = Decision(request, self.weights, now_ns)
-        sizes = self._sizes.get(d.lane, Counter())
+        sizes = self._sizes.get(d.lane) or Counter()
         families = [f for f in sorted(sizes) if d.family is None or f == d.family]
-        shelves = self._shelves.get(d.lane, {})
-        gpus, vram_mb = request.gpus, request.vram_mb if request.gpus else 0
-        heap: list[tuple[float, float, str, int, float, list[Key]]] = []
+        groups_by_family = self._groups.get(d.lane, {})
+        need: Room = (request.gpus, request.vram_mb if request.gpus else 0, request.cpus, request.memory_mb)
+        gpus, vram_mb, cpus, memory_mb = need
+        needed = ~lacking(need)  # shelves lacking any of these are kept apart, and never read
+        heap: list[tuple[float, float, str, int, float, list[Key], list[Head], int]] = []
+
+        def open_shelf(group: list[Head], start: int, geo: float) -> None:
+            """Put the group's first shelf from ``start`` with room for the request on the heap."""
+            for at in range(start, len(group)):
+                neg_base, worker_id, room, ordered = group[at]
+                if room[0] >= gpus and room[1] >= vram_mb and room[2] >= cpus and room[3] >= memory_mb:
+                    heapq.heappush(heap, (neg_base * geo, neg_base, worker_id, 0, geo, ordered, group, at))
+                    return
+
         for family in families:
-            for region, by_free in shelves.get(family, {}).items():
+            for region, by_lack in groups_by_family.get(family, {}).items():
                 geo = d.geo(region)
-                for neg_free, neg_vram, ordered in by_free:
-                    if -neg_free < gpus:
-                        break
-                    if ordered and -neg_vram >= vram_mb:
-                        neg_base, worker_id = ordered[0]
-                        heap.append((neg_base * geo, neg_base, worker_id, 0, geo, ordered))
-        heapq.heapify(heap)
-        # (-score, -base, worker id) is the ranking's order, and each shelf is in that order too
-        # (base x geo is monotonic in base), so the merge yields workers in exactly the plain
-        # scan's order: stop at the first ``keep`` that fit.
+                for lack, group in by_lack.items():
+                    if not lack & needed:
+                        open_shelf(group, 0, geo)
+        # (-score, -base, worker id) is the ranking's order; each shelf is in that order, and a
+        # group's shelves are in the order of their first workers, so a shelf cannot yield a worker
+        # before the first worker of the group's previous shelf: the merge yields workers in exactly
+        # the plain scan's order. Stop at the first ``keep`` that fit.
         keep = max(len(request.slots), TOP_K)
         top: list[Ranked] = []
         failed: list[tuple[str, str]] = []  # (reason, state) of the workers that did not fit
         while heap and len(top) < keep:
-            _, _, worker_id, at, geo, ordered = heap[0]
+            _, _, worker_id, at, geo, ordered, group, shelf_at = heapq.heappop(heap)
             if at + 1 < len(ordered):
                 neg_base, after = ordered[at + 1]
-                heapq.heapreplace(heap, (neg_base * geo, neg_base, after, at + 1, geo, ordered))
-            else:
-                heapq.heappop(heap)
+                heapq.heappush(heap, (neg_base * geo, neg_base, after, at + 1, geo, ordered, group, shelf_at))
+            if at == 0:
+                open_shelf(group, shelf_at + 1, geo)
             c = self._by_id[worker_id]
             reason, ranked = d.classify(c)
             if ranked is not None:
@@ -216,24 +318,26 @@ class CandidateIndex:
             return placed
         groups = Counter(group_of(reason, state) for reason, state in failed)
         for family in families:
-            for kind, n in self._parked.get(d.lane, {}).get(family, Counter()).items():
+            for kind, n in self._parked[d.lane][family].items():
                 filtered["policy_concurrency" if kind == "policy_concurrency" else "state"] += n
                 groups[kind if kind != "policy_concurrency" else "busy"] += n
-            for by_free in shelves.get(family, {}).values():
-                for neg_free, neg_vram, ordered in by_free:
-                    short = "gpus" if -neg_free < gpus else "vram" if -neg_vram < vram_mb else ""
+            for by_lack in groups_by_family.get(family, {}).values():
+                for _, _, room, ordered in itertools.chain(*by_lack.values()):  # the merge opened the others
+                    short = next(
+                        (r for r, have, n in zip(CAPACITY[1:], room, need, strict=True) if have < n), ""
+                    )
                     if short:
                         filtered[short] += len(ordered)
-                        groups["busy" if short == "gpus" else short] += len(ordered)
+                        groups[group_of(short, "available")] += len(ordered)
         idle = self._idle(d, families)
         return unplaceable(d, len(self), filtered, groups, top, self._live[d.lane], idle)
 
     def _idle(self, d: Decision, families: list[str]) -> int:
         """:meth:`Decision.idle_enough` from the hardware profiles of ``families`` in the lane."""
         need, idle = len(d.request.slots), 0
-        profiles = self._profiles.get(d.lane, {})
+        profiles = self._profiles[d.lane]
         for family in families:
-            for (vram, cpus, memory), n in profiles.get(family, Counter()).items():
+            for (vram, cpus, memory), n in profiles[family].items():
                 idle += n * d.hardware_slots(vram, cpus, memory)
                 if idle >= need:
                     return idle

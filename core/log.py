@@ -34,7 +34,15 @@ from nats.js import api
 
 from core.errors import LogUnavailable
 from core.settings import Settings
-from core.streams import BY_NAME, DUPLICATE_WINDOW_S, STREAMS, StreamSpec, quarantine_subject
+from core.streams import (
+    BY_NAME,
+    DUPLICATE_WINDOW_S,
+    STREAMS,
+    StreamSpec,
+    command_consumer,
+    command_subject,
+    quarantine_subject,
+)
 from core.wire import (
     EXPECTED_LAST_SUBJECT_SEQ,
     EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
@@ -71,7 +79,9 @@ class EventLog:
 
     def __init__(self, nc: NATS, settings: Settings) -> None:
         self._nc = nc
-        self._js = nc.jetstream(timeout=settings.ack_timeout_s)
+        self._js = nc.jetstream(
+            timeout=settings.ack_timeout_s, prefix=settings.nats_js_api_prefix or api.DEFAULT_PREFIX
+        )
         self.settings = settings
         self._acks = AckTracker(settings.ack_timeout_s)
         self._inbox = ""
@@ -98,6 +108,8 @@ class EventLog:
         if settings.nats_user:
             options["user"] = settings.nats_user
             options["password"] = settings.nats_password or ""
+        if settings.nats_inbox_prefix:
+            options["inbox_prefix"] = settings.nats_inbox_prefix
 
         async def _quiet(_: Exception) -> None:
             return None
@@ -464,11 +476,11 @@ class EventLog:
         handlers must be idempotent by command id (``Recorded.msg_id``). A command that fails to
         decode is quarantined and acknowledged.
         """
-        subject = f"cmd.{worker_id}"
+        subject = command_subject(worker_id)
         decode_record = self.record_decoder("COMMANDS")
         sub = await self._js.pull_subscribe(
             subject,
-            durable=f"agent-{worker_id}",
+            durable=command_consumer(worker_id),
             stream="COMMANDS",
             config=api.ConsumerConfig(ack_wait=30.0, max_ack_pending=1000),
         )

@@ -24,6 +24,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         nats_url: NATS server URL(s), comma-separated (default ``nats://127.0.0.1:4222``).
         nats_creds: path to a NATS credentials file, if the server requires one.
         nats_user / nats_password: user and password auth, if used instead.
+        nats_inbox_prefix: the prefix of reply subjects (default ``_INBOX``); an enrolled agent's
+            credentials only let it receive on ``_INBOX_<worker_id>.>``.
+        nats_js_api_prefix: the JetStream API prefix (default ``$JS.API``); enrolled agents reach
+            the kernel's JetStream through ``JS.KERNEL.API`` (see :mod:`core.natsauth`).
         stream_replicas: replicas of every stream (1 in dev, 3 on a production cluster).
         s3_endpoint: S3-compatible endpoint URL (default ``http://127.0.0.1:9000``).
         s3_access_key / s3_secret_key: object store credentials.
@@ -38,6 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_creds: str | None = None
     nats_user: str | None = None
     nats_password: str | None = None
+    nats_inbox_prefix: str | None = None
+    nats_js_api_prefix: str | None = None
     stream_replicas: int = 1
     s3_endpoint: str = "http://127.0.0.1:9000"
     s3_access_key: str = "resontech"

@@ -110,8 +110,8 @@ STREAMS: tuple[StreamSpec, ...] = (
         ("provider.>",),
         "provider",
         "provider.<provider>.<event>",
-        "created, api_key_issued, api_key_revoked, enrollment_token_issued, agent_enrolled, "
-        "agent_credentials_revoked",
+        "created, api_key_issued, api_key_revoked, enrollment_token_issued, enrollment_token_revoked, "
+        "agent_enrolled, agent_credentials_revoked",
     ),
     StreamSpec(
         "AUDIT",
@@ -203,6 +203,11 @@ def metering_subject(tenant: str, worker_id: str) -> str:
 def command_subject(worker_id: str) -> str:
     """``cmd.<worker_id>``."""
     return f"cmd.{token(worker_id, 'worker id')}"
+
+
+def command_consumer(worker_id: str) -> str:
+    """``agent-<worker_id>``: the durable consumer on COMMANDS that holds one worker's commands."""
+    return f"agent-{token(worker_id, 'worker id')}"
 
 
 def tenant_subject(tenant: str, event: type[Event] | Event) -> str:

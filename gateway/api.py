@@ -272,8 +272,8 @@ def openapi(operations: list[Operation], *, title: str, version: str, server_url
         else:
             responses[str(op.status)] = {"description": op.summary}
         for status, meaning in {**COMMON_ERRORS, **op.errors}.items():
-            if status == 401 and op.access == "public":
-                continue
+            if status == 401 and op.access == "public" and 401 not in op.errors:
+                continue  # a public route answers 401 only when its own credential is bad
             responses[str(status)] = {"description": meaning, "content": error_ref}
         entry: dict[str, Any] = {
             "operationId": op.operation_id,

@@ -1,5 +1,5 @@
 """The gateway's ASGI app: every route under ``/v1``, the feed's WebSocket, ``/metrics``, the OpenAPI
-document (whose description carries the feed's protocol), the docs page.
+document (whose description carries the feed's protocol), the docs page, the dashboard at ``/``.
 
 ``create_app`` builds it; ``app_from_env`` is the factory granian serves
 (``granian --interface asgi --factory gateway.app:app_from_env``, which ``resontech gateway`` runs).
@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from core import settings as core_settings
+from gateway import dashboard
 from gateway.api import Operation, openapi, starlette_routes
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.feed import PROTOCOL
@@ -88,6 +89,7 @@ def create_app(
         Route("/docs", docs, include_in_schema=False),
         *starlette_routes(ops),
         *websocket_routes(),
+        *dashboard.routes(),
     ]
     app = Starlette(
         routes=routes,

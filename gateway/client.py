@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -394,6 +394,71 @@ class Client(_Calls):
                     batch, next_part = list(more.parts), more.next_part
         return etags
 
+    def feed(
+        self,
+        *,
+        job: str | None = None,
+        endpoint: str | None = None,
+        kind: str | None = None,
+        after: str | None = None,
+        tenant: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """``for event in client.feed(job=...)``: the live feed, resuming by itself (the WebSocket
+        runs on an event loop in a background thread; closing the generator stops it)."""
+        import queue
+
+        items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
+        stop = threading.Event()
+
+        async def pump() -> None:
+            try:
+                async for message in follow_feed(
+                    self.config.url,
+                    self.config.key,
+                    job=job,
+                    endpoint=endpoint,
+                    kind=kind,
+                    after=after,
+                    tenant=tenant,
+                ):
+                    while not stop.is_set():
+                        try:
+                            items.put(("event", message), timeout=0.2)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+            except Exception as exc:
+                items.put(("error", exc))
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            task = loop.create_task(pump())
+
+            def watch_stop() -> None:
+                if stop.is_set():
+                    task.cancel()
+                else:
+                    loop.call_later(0.2, watch_stop)
+
+            loop.call_soon(watch_stop)
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(task)
+            loop.close()
+
+        thread = threading.Thread(target=run, name="resontech-feed", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind_, value = items.get()
+                if kind_ == "error":
+                    raise value
+                yield value
+        finally:
+            stop.set()
+            thread.join(5)
+
     def _put_part(self, source: Path, plan: MultipartUpload, part: PartUrl, meter: _Meter) -> str:
         offset = (part.part_number - 1) * plan.part_size
         body = _chunks(source, offset, part.size, meter)
@@ -508,6 +573,19 @@ class AsyncClient(_Calls):
                 await self._abort(plan.upload_id, key)
             raise
 
+    def feed(
+        self,
+        *,
+        job: str | None = None,
+        endpoint: str | None = None,
+        kind: str | None = None,
+        after: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """``async for event in client.feed(job=...)``: the live feed, resuming by itself."""
+        return follow_feed(
+            self.config.url, self.config.key, job=job, endpoint=endpoint, kind=kind, after=after
+        )
+
     async def _put_part(
         self, source: Path, plan: MultipartUpload, part: PartUrl, meter: _Meter, gate: asyncio.Semaphore
     ) -> str:
@@ -540,6 +618,103 @@ class AsyncClient(_Calls):
         _verify(partial, info, digest.hexdigest())
         partial.replace(target)
         return target
+
+
+# -- the live feed ---------------------------------------------------------------------------------
+
+FATAL_CLOSES = {4400: "bad_request", 4401: "unauthenticated", 4403: "forbidden", 4404: "not_found"}
+"""Close codes after which reconnecting cannot help (4000 + the HTTP status)."""
+CURSOR_STREAMS = {"JOBS": "jobs", "ENDPOINTS": "endpoints"}
+
+
+class _Cursor:
+    """The feed position per stream, advanced by every event and every ready/ping message."""
+
+    def __init__(self, after: str | None) -> None:
+        self.positions: dict[str, int] = {}
+        if after:
+            self.take(after)
+
+    def take(self, cursor: str) -> None:
+        for part in cursor.split(","):
+            name, _, seq = part.partition(":")
+            if seq.isdigit():
+                self.positions[name] = max(self.positions.get(name, 0), int(seq))
+
+    def see(self, message: Mapping[str, Any]) -> None:
+        name = CURSOR_STREAMS.get(str(message.get("stream")))
+        if name and isinstance(message.get("seq"), int):
+            self.positions[name] = max(self.positions.get(name, 0), message["seq"])
+        if isinstance(message.get("cursor"), str):
+            self.take(message["cursor"])
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}:{seq}" for name, seq in sorted(self.positions.items()))
+
+
+async def follow_feed(
+    url: str,
+    key: str | None,
+    *,
+    job: str | None = None,
+    endpoint: str | None = None,
+    kind: str | None = None,
+    after: str | None = None,
+    tenant: str | None = None,
+    max_backoff_s: float = 10.0,
+) -> AsyncIterator[dict[str, Any]]:
+    """The caller's events from ``/v1/feed`` as dicts, forever: after a drop (a restart, a slow
+    consumer closed with 4008) it reconnects with its cursor, so nothing is missed or repeated.
+    Control messages (``feed.ready``, ``feed.ping``, ``feed.error``) only move the cursor.
+
+    Raises:
+        ApiError: the gateway refused the key, the filters or the tenant (4400/4401/4403/4404).
+    """
+    from urllib.parse import urlencode
+
+    from gateway.wsclient import ConnectionClosed, HandshakeError, connect
+
+    cursor = _Cursor(after)
+    backoff = 0.2
+    ws_base = "ws" + url.removeprefix("http")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    while True:
+        query = urlencode(
+            _params(job=job, endpoint=endpoint, kind=kind, tenant=tenant, after=str(cursor) or None)
+        )
+        try:
+            ws = await connect(f"{ws_base}/v1/feed" + (f"?{query}" if query else ""), headers)
+        except HandshakeError as exc:
+            if 400 <= exc.status < 500:
+                raise ApiError(exc.status, "feed_refused", str(exc)) from None
+            await asyncio.sleep(backoff)
+            backoff = min(max_backoff_s, backoff * 2)
+            continue
+        except OSError:
+            await asyncio.sleep(backoff)
+            backoff = min(max_backoff_s, backoff * 2)
+            continue
+        error: dict[str, Any] = {}
+        try:
+            async for raw in ws:
+                message = json.loads(raw)
+                cursor.see(message)
+                backoff = 0.2
+                if message.get("kind") == "feed.error":
+                    error = message.get("error") or {}
+                elif not str(message.get("kind", "")).startswith("feed."):
+                    yield message
+        except ConnectionClosed as closed:
+            if closed.code in FATAL_CLOSES:
+                code = error.get("code") or FATAL_CLOSES[closed.code]
+                raise ApiError(closed.code - 4000, code, error.get("message") or closed.reason) from None
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await ws.close()
+        await asyncio.sleep(backoff)
+        backoff = min(max_backoff_s, backoff * 2)
 
 
 def _read(path: Path, offset: int, size: int, meter: _Meter) -> bytes:

@@ -39,7 +39,15 @@ from schemas.endpoints import (
     EndpointScaledToZero,
 )
 from schemas.envelope import Recorded
-from schemas.jobs import JobAssignmentRevoked, JobCancelled, JobCompleted, JobEvent, JobFailed, JobPlaced
+from schemas.jobs import (
+    JobAssignmentRevoked,
+    JobCancelled,
+    JobCompleted,
+    JobEvent,
+    JobFailed,
+    JobPlaced,
+    JobSubmitted,
+)
 from schemas.workers import Heartbeat
 
 PROTOCOL = """\
@@ -265,6 +273,17 @@ class Subscriber:
         return format_cursor(self.sent)
 
 
+REDACTED = "<redacted>"
+
+
+def shown(event: Any) -> Any:
+    """An event as the feed shows it: a job's environment values masked, as ``GET
+    /v1/jobs/{job_id}/events`` masks them (a viewer key must not read the secrets a member passed)."""
+    if isinstance(event, JobSubmitted) and event.env:
+        return msgspec.structs.replace(event, env=dict.fromkeys(event.env, REDACTED))
+    return event
+
+
 def event_text(record: Recorded[Any], tenant: str, what: str, ident: str) -> str:
     """The feed message of a JOBS or ENDPOINTS event, as sent."""
     message = FeedMessage(
@@ -276,7 +295,7 @@ def event_text(record: Recorded[Any], tenant: str, what: str, ident: str) -> str
         tenant=tenant,
         job=ident if what == "job" else None,
         endpoint=ident if what == "endpoint" else None,
-        event=record.event,
+        event=shown(record.event),
     )
     return _ENCODE(message).decode()
 

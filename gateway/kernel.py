@@ -21,6 +21,7 @@ from core.settings import Settings
 from core.streams import audit_subject
 from gateway.auth import KeyRecord
 from gateway.feed import FeedHub
+from gateway.references import SeenObjects
 from gateway.settings import GatewaySettings
 from projections import ENDPOINTS, LEDGER, LIVENESS, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
 from projections.base import Projection
@@ -61,6 +62,7 @@ class Kernel:
         self.s3 = s3_client(
             settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, region=settings.s3_region
         )
+        self.seen_objects = SeenObjects()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.feed = FeedHub(gateway.feed_queue, gateway.feed_telemetry_s)

@@ -33,6 +33,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
         feed_ping_s: a feed client idle this many seconds gets a ``feed.ping`` (default 20).
         feed_telemetry_s: at most one ``telemetry`` message per worker per this many seconds
             (default 5).
+        agent_nats_url: the NATS URL(s) handed to enrolling agents (default: the gateway's own
+            ``RESONTECH_NATS_URL``; set it when agents reach NATS at another address).
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +46,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     feed_queue: int = 1000
     feed_ping_s: float = 20.0
     feed_telemetry_s: float = 5.0
+    agent_nats_url: str = ""
 
     @property
     def url(self) -> str:

@@ -199,6 +199,16 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_nats_auth(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.natsauth import serve
+
+    data_dir = _data_dir(args)
+    agents_file = Path(args.agents_file) if args.agents_file else data_dir / "nats.agents.conf"
+    pid_file = Path(args.pid_file) if args.pid_file else data_dir / "nats.pid"
+    _run(serve(settings, agents_file.absolute(), pid_file.absolute()))
+    return 0
+
+
 def cmd_cordon(args: argparse.Namespace, settings: Settings) -> int:
     from ops.workers import cordon
 
@@ -242,6 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-follow", action="store_true", help="stop at the end of the stream")
     command("projector", cmd_projector, "run the projector service (keeps projections live and snapshotted)")
+    p = command(
+        "nats-auth",
+        cmd_nats_auth,
+        "keep a NATS server's enrolled-agent users in step with the log (beside it)",
+    )
+    p.add_argument(
+        "--agents-file", help="the agents file the server includes (default <data dir>/nats.agents.conf)"
+    )
+    p.add_argument(
+        "--pid-file", help="the server's pid file, to signal a reload (default <data dir>/nats.pid)"
+    )
     p = command(
         "replay", cmd_replay, "rebuild every projection from sequence 1 and compare with its live snapshot"
     )

@@ -5,11 +5,18 @@ creates the streams, then starts the services as child processes. Everything liv
 directory::
 
     nats/  nats.conf      JetStream store and its generated config
+    nats.agents.conf      the enrolled agents' NATS users (kept by the ``nats-auth`` service)
     objects/              the object store: one directory per bucket
     logs/<name>.log       one log per process
     s3.secret             the object store secret, generated once and reused
+    nats.secret           the kernel's NATS password, generated once and reused
     dev.env               settings for clients: ``source .resontech/dev.env``
     stack.json            what runs (pids), for ``down`` and for refusing a second ``up``
+
+NATS runs with auth (:mod:`core.natsauth`): the services, the CLI and the stack's own two agents
+connect as the kernel user (``RESONTECH_NATS_USER`` / ``RESONTECH_NATS_PASSWORD`` in dev.env); an agent
+started with ``resontech agent --enroll-token ...`` gets its own confined credentials, which the
+``nats-auth`` service adds to the server as soon as the enrollment is in the log.
 
 Start-up is all or nothing: a failure prints one line and stops whatever had started. Stopping
 (Ctrl-C, SIGTERM, ``down``) goes services first, then the object store, then NATS, each with
@@ -35,7 +42,9 @@ from types import FrameType
 from typing import Any
 
 from core.errors import ResontechError
-from ops.natsserver import NatsServer
+from core.natsauth import KERNEL_USER
+from core.settings import Settings
+from ops.natsserver import NatsAuth, NatsServer
 from ops.objectstore import ObjectStoreServer
 from ops.ports import ensure_port_free, free_port
 from ops.process import ensure_writable_dir, log_tail, run_async, signal_group, spawn, terminate
@@ -43,6 +52,7 @@ from ops.process import ensure_writable_dir, log_tail, run_async, signal_group, 
 STACK_FILE = "stack.json"
 ENV_FILE = "dev.env"
 SECRET_FILE = "s3.secret"
+NATS_SECRET_FILE = "nats.secret"
 OPERATOR_KEY_FILE = "operator.key"
 S3_ACCESS_KEY = "resontech"
 STOP_TIMEOUT_S = 10.0
@@ -65,6 +75,7 @@ DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("gateway", [sys.executable, "-m", "ops.cli", "gateway"]),
     ServiceSpec("projector", [sys.executable, "-m", "ops.cli", "projector"]),
     ServiceSpec("coordinator", [sys.executable, "-m", "ops.cli", "coordinator"]),
+    ServiceSpec("nats-auth", [sys.executable, "-m", "ops.cli", "nats-auth"]),
     ServiceSpec(
         "agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1", "--region", "local"]
     ),
@@ -205,8 +216,13 @@ class _Stack:
 
     def start(self, nats_port: int, s3_port: int, gateway_port: int, services: Sequence[ServiceSpec]) -> None:
         """Start NATS, the object store, the streams and the services; record them as they start."""
+        kernel_password = self._secret(NATS_SECRET_FILE)
         self.nats = NatsServer(
-            self.data_dir / "nats", port=nats_port, config_dir=self.data_dir, log_file=self.logs / "nats.log"
+            self.data_dir / "nats",
+            port=nats_port,
+            config_dir=self.data_dir,
+            log_file=self.logs / "nats.log",
+            auth=NatsAuth(kernel_password=kernel_password),
         )
         self.nats.start()
         self._record()
@@ -214,20 +230,22 @@ class _Stack:
             self.data_dir / "objects",
             port=s3_port,
             access_key=S3_ACCESS_KEY,
-            secret_key=self._secret(),
+            secret_key=self._secret(SECRET_FILE),
             log_file=self.logs / "s3.log",
         )
         self.s3.start()
         self._record()
-        url = self.nats.url
+        kernel = Settings(nats_url=self.nats.url, nats_user=KERNEL_USER, nats_password=kernel_password)
         try:
-            run_async(lambda: _ensure_streams(url))
+            run_async(lambda: _ensure_streams(kernel))
         except ResontechError:
             raise
         except Exception as exc:
             raise DevStackError(f"could not create the streams: {type(exc).__name__}: {exc}") from exc
         self.env = {
             "RESONTECH_NATS_URL": self.nats.url,
+            "RESONTECH_NATS_USER": KERNEL_USER,
+            "RESONTECH_NATS_PASSWORD": kernel_password,
             "RESONTECH_S3_ENDPOINT": self.s3.endpoint,
             "RESONTECH_S3_ACCESS_KEY": self.s3.access_key,
             "RESONTECH_S3_SECRET_KEY": self.s3.secret_key,
@@ -261,7 +279,7 @@ class _Stack:
         ]
         if "gateway" in self.services:
             gateway_url = self.env["RESONTECH_GATEWAY_URL"]
-            rows.append(("gateway", f"{gateway_url}  (docs {gateway_url}/docs)", self.logs / "gateway.log"))
+            rows.append(("gateway", f"{gateway_url}  (dashboard /, docs /docs)", self.logs / "gateway.log"))
         rows += [
             (name, f"pid {p.pid}", self.logs / f"{name}.log")
             for name, p in self.services.items()
@@ -337,8 +355,8 @@ class _Stack:
         _write_private(path, key + "\n")
         return key
 
-    def _secret(self) -> str:
-        path = self.data_dir / SECRET_FILE
+    def _secret(self, name: str) -> str:
+        path = self.data_dir / name
         if path.exists() and path.read_text().strip():
             return path.read_text().strip()
         secret = secrets.token_urlsafe(24)
@@ -346,11 +364,10 @@ class _Stack:
         return secret
 
 
-async def _ensure_streams(url: str) -> None:
+async def _ensure_streams(settings: Settings) -> None:
     from core.log import EventLog
-    from core.settings import Settings
 
-    log = await EventLog.connect(Settings(nats_url=url))
+    log = await EventLog.connect(settings)
     try:
         await log.ensure_streams()
     finally:

@@ -1,15 +1,42 @@
-"""A local ``nats-server`` with JetStream, run as a child process: for the dev stack and for tests."""
+"""A local ``nats-server`` with JetStream, run as a child process: for the dev stack and for tests.
+
+Without ``auth`` the server is open (no users), as every test that does not test credentials wants
+it. With :class:`NatsAuth` it runs the two accounts of :mod:`core.natsauth`: the kernel's user with
+full access, and enrolled agents each confined to its own subjects, read from an agents file that
+:mod:`ops.natsauth` rewrites from the PROVIDERS stream and that :meth:`NatsServer.reload` applies.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nats
 
+from core.natsauth import KERNEL_USER, agent_users, bcrypt_hash, server_accounts
 from ops.ports import free_port
-from ops.process import LocalServer, ensure_writable_dir, find_binary, run_async, tcp_open
+from ops.process import LocalServer, ServerStartError, ensure_writable_dir, find_binary, run_async, tcp_open
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """Accounts and users for an auth-enabled server.
+
+    Attributes:
+        kernel_password: the password of the kernel's user (``kernel``): the services connect with
+            it (``RESONTECH_NATS_USER`` / ``RESONTECH_NATS_PASSWORD``); the config holds its bcrypt.
+        agents_file: the enrolled agents' users; default ``<store_dir name>.agents.conf`` beside the
+            config. Created empty when missing, kept across restarts.
+    """
+
+    kernel_password: str
+    agents_file: Path | None = None
 
 
 class NatsServer(LocalServer):
@@ -30,6 +57,7 @@ class NatsServer(LocalServer):
         sync_always: fsync every write before acknowledging (default). ``False`` leaves the
             server's default (sync every 2 minutes): only for benchmarks that measure the client
             path rather than the disk.
+        auth: accounts and users (:class:`NatsAuth`); ``None`` (default) runs an open server.
     """
 
     what = "nats-server"
@@ -46,31 +74,85 @@ class NatsServer(LocalServer):
         config_dir: Path | None = None,
         log_file: Path | None = None,
         sync_always: bool = True,
+        auth: NatsAuth | None = None,
     ) -> None:
         self.store_dir = Path(store_dir).absolute()
+        self.auth = auth
         self.sync_always = sync_always
         self.config_dir = Path(config_dir).absolute() if config_dir else self.store_dir.parent
         self.config_file = self.config_dir / f"{self.store_dir.name}.conf"
         log = Path(log_file).absolute() if log_file else self.config_dir / f"{self.store_dir.name}.log"
         super().__init__(host=host, port=port, log_file=log)
-        self.monitor_port = monitor_port
+        # with auth, reload() watches the monitoring endpoint to know when a reload took effect
+        self.monitor_port = 0 if auth is not None and monitor_port is None else monitor_port
         self.max_memory = max_memory
         self.max_file = max_file
+        self.pid_file = self.config_dir / f"{self.store_dir.name}.pid"
+        self.agents_file: Path | None = None
+        if auth is not None:
+            self.agents_file = (
+                auth.agents_file or self.config_dir / f"{self.store_dir.name}.agents.conf"
+            ).absolute()
+        self._kernel_bcrypt = bcrypt_hash(auth.kernel_password) if auth is not None else ""
 
     @property
     def url(self) -> str:
         """``nats://host:port`` (the real port once started)."""
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def kernel_credentials(self) -> dict[str, str]:
+        """``nats.connect`` keyword arguments of the kernel's user (empty for an open server)."""
+        if self.auth is None:
+            return {}
+        return {"user": KERNEL_USER, "password": self.auth.kernel_password}
+
     def __enter__(self) -> NatsServer:
         super().__enter__()
         return self
+
+    def reload(self, timeout: float = 10.0) -> None:
+        """Make the running server re-read its configuration (SIGHUP), e.g. a rewritten agents file,
+        and return once it has and JetStream answers again.
+
+        Connected clients whose user is gone are disconnected; changed permissions apply at once.
+        Reloading accounts interrupts the JetStream API for some tens of milliseconds (nats-server
+        2.15), hence the wait.
+
+        Raises:
+            ServerStartError: the server did not apply the configuration within ``timeout`` seconds.
+        """
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        before = self._config_load_time()
+        os.kill(self._proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        credentials = self.kernel_credentials
+        while self._config_load_time() == before or not run_async(
+            lambda: _jetstream_answers(self.url, credentials)
+        ):
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"nats-server did not reload within {timeout:g}s; see {self.log_file}")
+            time.sleep(0.02)
+
+    def _config_load_time(self) -> str:
+        """When the server last loaded its configuration (``/varz``); empty without monitoring."""
+        if not self.monitor_port:
+            return ""
+        url = f"http://{self.host}:{self.monitor_port}/varz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return str(json.load(response).get("config_load_time", ""))
+        except (OSError, ValueError):
+            return ""
 
     def _prepare(self) -> None:
         ensure_writable_dir(self.store_dir, "JetStream store dir")
         ensure_writable_dir(self.config_dir, "config dir")
         if self.monitor_port == 0:
             self.monitor_port = free_port(self.host)
+        if self.agents_file is not None and not self.agents_file.exists():
+            self.agents_file.write_text(agent_users([]))
         self.config_file.write_text(self._config())
 
     def _config(self) -> str:
@@ -82,6 +164,7 @@ class NatsServer(LocalServer):
             f"server_name: {q('resontech-' + str(self.port))}",
             f"listen: {q(f'{self.host}:{self.port}')}",
             "max_payload: 8MB",
+            f"pid_file: {q(str(self.pid_file))}",
         ]
         if self.monitor_port is not None:
             lines.append(f"http: {q(f'{self.host}:{self.monitor_port}')}")
@@ -93,6 +176,10 @@ class NatsServer(LocalServer):
             *(["  sync_interval: always"] if self.sync_always else []),
             "}",
         ]
+        if self.agents_file is not None:
+            # nats-server resolves an include relative to the including file, even an absolute path
+            include = os.path.relpath(self.agents_file, self.config_dir)
+            lines.append(server_accounts({KERNEL_USER: self._kernel_bcrypt}, include))
         return "\n".join(lines) + "\n"
 
     def _ports(self) -> list[tuple[int, str]]:
@@ -106,16 +193,22 @@ class NatsServer(LocalServer):
 
     def _ready(self) -> bool:
         # TCP first: cheap, and it spares a NATS client the noise of a refused connection.
-        return tcp_open(self.host, self.port) and run_async(lambda: _jetstream_answers(self.url))
+        credentials = self.kernel_credentials
+        return tcp_open(self.host, self.port) and run_async(lambda: _jetstream_answers(self.url, credentials))
 
 
-async def _jetstream_answers(url: str) -> bool:
+async def _jetstream_answers(url: str, credentials: dict[str, str]) -> bool:
     async def quiet(_: Exception) -> None:
         return None
 
     try:
         nc = await nats.connect(
-            url, connect_timeout=1, allow_reconnect=False, error_cb=quiet, name="resontech-ready-check"
+            url,
+            connect_timeout=1,
+            allow_reconnect=False,
+            error_cb=quiet,
+            name="resontech-ready-check",
+            **credentials,
         )
     except Exception:
         return False

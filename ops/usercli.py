@@ -9,7 +9,6 @@ Output is a short human summary, or with ``--json`` the API's own JSON. Errors a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -244,22 +243,50 @@ def cmd_why(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_watch(args: argparse.Namespace) -> int:
-    from gateway.wsclient import ConnectionClosed, HandshakeError
-    from ops.watch import watch
+ENDED = {"job.completed": "completed", "job.failed": "failed", "job.cancelled": "cancelled"}
 
+
+def describe(message: dict[str, Any]) -> str:
+    """One line for a feed event."""
+    kind = str(message.get("kind", ""))
+    event = message.get("event") or {}
+    stamp = str(message.get("time", ""))[11:19]
+    if kind == "telemetry":
+        gpus = event.get("gpus") or []
+        utils = ", ".join(f"gpu{g.get('index')} {g.get('util_pct', 0):.0f}%" for g in gpus) or "no GPU"
+        return f"{stamp}  telemetry {message.get('worker')}: {utils}"
+    details = {
+        k: v
+        for k, v in event.items()
+        if k in ("round", "epoch", "step", "loss", "slot", "worker_id", "reason", "object_key", "train_epoch")
+        and v not in (None, "")
+    }
+    metrics = event.get("metrics") or {}
+    details.update({k: v for k, v in list(metrics.items())[:4]})
+    text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in details.items())
+    return f"{stamp}  {kind.removeprefix('job.')}" + (f": {text}" if text else "")
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Live progress of one job until it ends (or Ctrl-C)."""
     job_id, tenant = job_ref(args.job)
     with client(args) as rt:
-        rt.job(job_id, tenant=tenant)  # an unknown job is an error here, not a silent wait
-        config = rt.config
-    try:
-        return asyncio.run(watch(config.url, config.key, job_id, tenant=tenant))
-    except HandshakeError as exc:
-        raise SystemExit(f"error: the feed refused: {exc.status} {exc.message}") from None
-    except ConnectionClosed as exc:
-        raise SystemExit(f"error: the feed closed ({exc.code}): {exc.reason}") from None
-    except KeyboardInterrupt:
-        return 130
+        job = rt.job(job_id, tenant=tenant)
+        if not args.json:
+            print(f"job {job.job_id} ({job.name}): {job.state}", flush=True)
+        if job.state in ENDED.values():
+            return 0 if job.state == "completed" else 1
+        for message in rt.feed(job=job_id, tenant=tenant, after="jobs:0"):  # its history, then live
+            if args.json:
+                print(json.dumps(message), flush=True)
+            else:
+                print(describe(message), flush=True)
+            ended = ENDED.get(str(message.get("kind")))
+            if ended is not None:
+                if not args.json:
+                    print(f"job {job_id} {ended}", flush=True)
+                return 0 if ended == "completed" else 1
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -404,8 +431,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     for name, handler, text in (
         ("status", cmd_status, "a job's state, shards, progress, checkpoint and log tail"),
         ("why", cmd_why, "why a job is pending, or why it runs where it runs"),
-        ("watch", cmd_watch, "a job's events live (progress, checkpoints, failures) until it ends"),
         ("cancel", cmd_cancel, "cancel a job (running shards checkpoint and stop)"),
+        ("watch", cmd_watch, "follow a job live (progress, rounds, loss, checkpoints) until it ends"),
     ):
         p = user(name, handler, text)
         p.add_argument("job", help="the job id (operator: TENANT/JOB)")

@@ -1,5 +1,6 @@
 """The providers projection: PROVIDERS (``provider.<provider>.<event>``) folded into provider accounts,
-their API keys (hashes only), enrollment tokens (hashes only) and enrolled agents."""
+their API keys (hashes only), enrollment tokens (hashes only) and enrolled agents (with the bcrypt
+hash of their NATS password, from which the NATS server's agent users are rendered)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from schemas.providers import (
     AgentCredentialsRevoked,
     AgentEnrolled,
     EnrollmentTokenIssued,
+    EnrollmentTokenRevoked,
     ProviderCreated,
     ProviderKeyIssued,
     ProviderKeyRevoked,
@@ -35,16 +37,21 @@ class EnrollmentToken(msgspec.Struct, frozen=True, kw_only=True):
     expires_ns: int
     pool: str = "shared"
     region: str = ""
+    owner_tenant: str | None = None
     label: str = ""
     issued_ns: int = 0
     used_by: str | None = None
+    revoked: bool = False
 
 
 class EnrolledAgent(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent enrolled with one of the provider's tokens; ``revoked``: its credentials were."""
+
     worker_id: str
     token_id: str
     hostname: str = ""
     nats_user: str = ""
+    nats_password_bcrypt: str = ""
     enrolled_ns: int = 0
     revoked: bool = False
 
@@ -81,10 +88,14 @@ def _changed(record: ProviderRecord, event: Any, t: int) -> ProviderRecord:
                 expires_ns=event.expires_ns,
                 pool=event.pool,
                 region=event.region,
+                owner_tenant=event.owner_tenant,
                 label=event.label,
                 issued_ns=t,
             )
             return replace(record, tokens={**record.tokens, event.token_id: token})
+        case EnrollmentTokenRevoked(token_id=token_id) if token_id in record.tokens:
+            token = replace(record.tokens[token_id], revoked=True)
+            return replace(record, tokens={**record.tokens, token_id: token})
         case AgentEnrolled(token_id=token_id, worker_id=worker_id):
             tokens = record.tokens
             if token_id in tokens:
@@ -94,6 +105,7 @@ def _changed(record: ProviderRecord, event: Any, t: int) -> ProviderRecord:
                 token_id=token_id,
                 hostname=event.hostname,
                 nats_user=event.nats_user,
+                nats_password_bcrypt=event.nats_password_bcrypt,
                 enrolled_ns=t,
             )
             return replace(record, tokens=tokens, agents={**record.agents, worker_id: agent})
@@ -122,10 +134,34 @@ def evolve(state: ProvidersState, recorded: Recorded[Any]) -> ProvidersState:
     return state
 
 
+def find_token(state: ProvidersState, token_id: str) -> tuple[ProviderRecord, EnrollmentToken] | None:
+    """The provider and the enrollment token with ``token_id``, if any provider issued it."""
+    for record in state.providers.values():
+        token = record.tokens.get(token_id)
+        if token is not None:
+            return record, token
+    return None
+
+
+def enrolled_provider(state: ProvidersState, worker_id: str) -> str | None:
+    """The provider whose live (not revoked) enrollment holds ``worker_id``, if any."""
+    for record in state.providers.values():
+        agent = record.agents.get(worker_id)
+        if agent is not None and not agent.revoked:
+            return record.provider
+    return None
+
+
+def active_agents(state: ProvidersState) -> list[EnrolledAgent]:
+    """Every enrolled agent whose credentials are live, by worker id: the NATS server's agent users."""
+    live = [a for r in state.providers.values() for a in r.agents.values() if not a.revoked]
+    return sorted(live, key=lambda a: a.worker_id)
+
+
 PROVIDERS: Projection[ProvidersState] = Projection(
     name="providers",
     stream="PROVIDERS",
-    version=1,
+    version=2,
     state_type=ProvidersState,
     initial=ProvidersState,
     evolve=evolve,

@@ -18,7 +18,9 @@ Rules, in the order the coordinator relies on them:
   :func:`pending` offers it to the coordinator, which re-places only the missing slots.
 * ``completed``, ``cancelled`` and a non-retryable job-wide ``failed`` are terminal and sticky: later
   events change nothing but ``last_seq``. A shard failure or a retryable failure is counted
-  (``failures``) and recorded; the coordinator's revocation that follows re-queues the shard.
+  (``failures``, and a retryable shard failure in the slot's ``retries``) and recorded; the
+  coordinator's revocation that follows re-queues the shard, or it fails the job once the slot was
+  retried too often.
 * ``last_seq`` is the JOBS sequence of the job's latest event, ignored events included: it is the
   expected last sequence of ``job.<tenant>.<job_id>.>`` for the coordinator's next append.
 """
@@ -102,6 +104,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         epoch: the highest assignment epoch placed for this job.
         round: the highest federated round completed.
         failures / revocations: counts of accepted ``failed`` and ``assignment_revoked`` events.
+        retries: ``str(slot) -> count`` of the slot's accepted retryable failures (its agent stopped
+            or restarted while running it), over every epoch.
         rejected_by: ``worker_id -> reason`` for workers whose policy refused this job.
         failure_reason / log_tail: of the latest accepted failure.
         ended_ns: envelope time of the terminal event.
@@ -139,6 +143,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     progress: Progress | None = None
     failures: int = 0
     revocations: int = 0
+    retries: dict[str, int] = {}
     rejected_by: dict[str, str] = {}
     outputs: list[str] = []
     failure_reason: str = ""
@@ -297,7 +302,10 @@ def _failed(job: JobRecord, e: JobFailed, t: int) -> JobRecord | None:
     if e.slot is None and not e.retryable:
         job = _replace(job, state="failed", ended_ns=t)
     elif e.slot is not None:
-        job = _replace(job, failed_slots={**job.failed_slots, str(e.slot): e.retryable})
+        slot = str(e.slot)
+        job = _replace(job, failed_slots={**job.failed_slots, slot: e.retryable})
+        if e.retryable:
+            job = _replace(job, retries={**job.retries, slot: job.retries.get(slot, 0) + 1})
     return job
 
 
@@ -363,7 +371,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=4,
+    version=5,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

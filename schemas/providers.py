@@ -2,6 +2,8 @@
 
 A provider account is separate from a tenant: it owns hosts (workers), not jobs. Its people use API
 keys; its agents enroll with one-time enrollment tokens and receive NATS credentials of their own.
+The NATS server's list of agent users is derived from these events (``AgentEnrolled`` adds a user,
+``AgentCredentialsRevoked`` removes it), so no secret is stored anywhere but as a bcrypt hash.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class EnrollmentTokenIssued(Event, tag="provider.enrollment_token_issued", froze
 
     Attributes:
         expires_ns: the token is refused after this time (Unix ns).
-        pool / region: what an agent enrolled with it is registered as.
+        pool / region / owner_tenant: what an agent enrolled with it is registered as
+            (``owner_tenant``: the organisation of a managed or private pool worker).
     """
 
     token_id: str
@@ -45,18 +48,33 @@ class EnrollmentTokenIssued(Event, tag="provider.enrollment_token_issued", froze
     expires_ns: int
     pool: str = "shared"
     region: str = ""
+    owner_tenant: str | None = None
     label: str = ""
     issued_by: str = ""
 
 
+class EnrollmentTokenRevoked(Event, tag="provider.enrollment_token_revoked", frozen=True, kw_only=True):
+    """An unused enrollment token stops working."""
+
+    token_id: str
+    revoked_by: str = ""
+
+
 class AgentEnrolled(Event, tag="provider.agent_enrolled", frozen=True, kw_only=True):
     """An agent enrolled with a token (which is used up) and received NATS credentials for
-    ``worker_id`` alone (``nats_user`` names them; the secret is never stored)."""
+    ``worker_id`` alone.
+
+    Attributes:
+        nats_user: the NATS user of those credentials.
+        nats_password_bcrypt: the bcrypt hash of its password, as the NATS server's configuration
+            takes it (the password itself was shown to the agent once and is stored nowhere).
+    """
 
     token_id: str
     worker_id: str
     hostname: str = ""
     nats_user: str = ""
+    nats_password_bcrypt: str = ""
 
 
 class AgentCredentialsRevoked(Event, tag="provider.agent_credentials_revoked", frozen=True, kw_only=True):
@@ -71,6 +89,7 @@ ProviderEvent = (
     | ProviderKeyIssued
     | ProviderKeyRevoked
     | EnrollmentTokenIssued
+    | EnrollmentTokenRevoked
     | AgentEnrolled
     | AgentCredentialsRevoked
 )

@@ -64,6 +64,7 @@ def start_work(
             options=options,
             env=kw.pop("env", {}),
             tier=kw.pop("tier", "unverified"),
+            gpus=kw.pop("gpus", 0),
         ),
         **kw,
     )
@@ -283,6 +284,39 @@ async def test_stop_with_checkpoint_lets_the_workload_checkpoint(
     assert of(jobs, JobCheckpointed) == [
         JobCheckpointed(epoch=1, object_key="jobs/j1/ckpt/step-7.pt", round=2, slot=0, step=7)
     ]
+
+
+SLOW_CHECKPOINT_ON_SIGTERM = """
+import signal, sys, time
+def on_term(*_):
+    time.sleep(1.0)  # writing the checkpoint takes a while
+    print('RESONTECH_CHECKPOINT {"object_key": "jobs/j1/ckpt/last.pt"}')
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print('ready')
+time.sleep(60)
+"""
+
+
+async def test_work_placed_in_place_of_a_preempted_assignment_waits_for_its_checkpoint(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    # One GPU: the kernel revokes j1 (preempted) and places j2 on the GPU it frees; the agent gets
+    # StopWork(checkpoint) then StartWork. j2 must start once j1 has checkpointed, not be refused.
+    agent = agents("handover", "--devices", "simulated", env={"RESONTECH_AGENT_SIMULATED_GPUS": "1"})
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(py(SLOW_CHECKPOINT_ON_SIGTERM), gpus=1))
+    log_txt = agent.state_dir / "work" / "j1-s0-e1" / "log.txt"
+    await until(lambda: log_txt.exists() and "ready" in log_txt.read_text(), "j1 is ready")
+    stop = StopWork(work_id="j1", assignment_id="j1-s0-e1", epoch=1, reason="preempted", checkpoint=True)
+    await send(log, worker_id, stop)
+    await send(log, worker_id, start_work(["sleep", "60"], work_id="j2", assignment_id="j2-s0-e1", gpus=1))
+    jobs = await wait_records(
+        log, "JOBS", lambda rs: of(rs, JobStarted, assignment_id="j2-s0-e1") or of(rs, JobRejected), "j2"
+    )
+    assert not of(jobs, JobRejected)
+    assert [e.object_key for e in of(jobs, JobCheckpointed)] == ["jobs/j1/ckpt/last.pt"]
+    assert not of(jobs, JobFailed)  # a requested stop is not a failure
 
 
 async def test_agent_stop_and_crash_report_running_work_failed_retryable(

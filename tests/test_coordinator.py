@@ -19,6 +19,7 @@ from schemas import (
     Heartbeat,
     JobAssignmentRevoked,
     JobCompleted,
+    JobFailed,
     JobPlaced,
     JobQueued,
     JobResources,
@@ -155,6 +156,27 @@ async def test_a_worker_whose_work_keeps_failing_is_cordoned(
     [cordoned] = of(workers, WorkerCordoned)
     assert "3" in cordoned.reason and cordoned.by == "coordinator"
     assert workers[-1].subject == f"worker.{worker_id}.cordoned"
+
+
+async def test_a_shard_its_agent_stopped_three_times_fails_its_job(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("restarting", "--heartbeat", "2")  # restarts well within 3 intervals: never lost
+    await registered(log, agent)
+    async with coordinator(log):
+        await submit(log, "fragile", ["sleep", "60"])
+        for epoch in (1, 2, 3):
+            await wait_records(
+                log, "JOBS", lambda rs, epoch=epoch: of(rs, JobStarted, epoch=epoch), f"epoch {epoch} started"
+            )
+            assert agent.stop() == 0  # SIGTERM: the agent reports its shard failed, retryable
+            if epoch < 3:
+                agent.start()
+        jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobFailed, retryable=False), "job.failed")
+    [failed] = of(jobs, JobFailed, retryable=False)
+    assert failed.slot is None and failed.reason == "shard 0 was stopped 3 times, the last: agent stopped"
+    assert [a.epoch for e in of(jobs, JobPlaced) for a in e.assignments] == [1, 2, 3]  # no 4th attempt
+    assert len(of(jobs, JobFailed, retryable=True)) == 3
 
 
 async def test_heartbeats_of_an_unknown_worker_are_ignored_and_counted(

@@ -246,4 +246,4 @@ async def test_an_input_gone_from_the_workspace_fails_the_job_naming_it(
         await submit(log, tenant, "gone")
         jobs = await job_until(log, ended, "the job failed", timeout=60)
     [failed] = [e for e in of(jobs, JobFailed) if e.slot is None]
-    assert f"cannot download {DATA}: HTTP 404" in failed.reason
+    assert f"input {DATA}: the object store answered 404" in failed.reason

@@ -19,14 +19,15 @@ from agent.checkpoints import CheckpointUploads
 from agent.protocol import CheckpointLine, ProtocolError, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, port_free, threads
-from agent.transfer import TransferFailed, fetch_all
 from core.rendezvous import PORT_RANGE, master_port, rendezvous
+from core.settings import Settings
+from ops.inputs import Presigner
 from ops.objectstore import ObjectStoreServer
-from ops.workspecs import MAX_DOWNLOADS, StartCommands, WorkSpecError, checkpoint_keys
+from ops.workspecs import WorkSpecError, checkpoint_keys, ddp_spec
 from projections import gangs
 from projections.registry import WorkerRecord
 from projections.schedule import Checkpoint, JobRecord
-from schemas import Assignment, JobResources, Rendezvous, StartWork, WorkSpec
+from schemas import Assignment, Rendezvous, StartWork, WorkSpec
 
 S = 1_000_000_000
 TENANT = f"u{secrets.token_hex(4)}"
@@ -116,67 +117,43 @@ WORKERS = {
 }
 
 
-async def test_each_node_gets_the_rendezvous_and_presigned_inputs_and_only_node_0_uploads(
-    bucket: tuple[Any, str],
+def test_each_node_gets_the_rendezvous_and_only_node_0_gets_checkpoint_urls(
+    bucket: tuple[Any, str], settings: Settings
 ) -> None:
     s3, name = bucket
     record = job(
         command=["scripts/train.py", "--epochs", "3"],
-        inputs=["scripts/train.py", "jobs/mlp/shards/"],
         assignments={"0": asg(0, 3), "1": asg(1, 3)},
         epoch=3,
         last_checkpoint=Checkpoint(object_key="jobs/mlp/ckpt.pt", seq=9, epoch=2, step=40),
-        resources=JobResources(cpus=2.0),
     )
-    starts = StartCommands(s3)
-    first = await starts.command(record, asg(0, 3), tier="gold", workers=WORKERS)
-    second = await starts.command(record, asg(1, 3), tier="gold", workers=WORKERS)
-    assert (first.spec.runtime, first.spec.command, first.spec.resume_from) == (
-        "torchrun", ["scripts/train.py", "--epochs", "3"], "jobs/mlp/ckpt.pt",
-    )  # fmt: skip
-    assert first.spec.rendezvous == rendezvous(
+    presigner = Presigner(settings)
+    base = WorkSpec(runtime="torchrun", command=list(record.command), resume_from="jobs/mlp/ckpt.pt")
+    first = ddp_spec(record, asg(0, 3), base, presigner, WORKERS)
+    second = ddp_spec(record, asg(1, 3), base, presigner, WORKERS)
+    assert first.rendezvous == rendezvous(
         tenant=TENANT, job_id="j1", epoch=3, master_addr="10.0.0.5", nnodes=2, node_rank=0, gpus=0
     )
-    assert second.spec.rendezvous is not None and second.spec.rendezvous.node_rank == 1
-    assert second.spec.rendezvous.master_addr == "10.0.0.5"  # shard 0's worker, for every node
-    assert sorted(first.spec.downloads) == [
-        "jobs/mlp/shards/a.npz",
-        "jobs/mlp/shards/b.npz",
-        "scripts/train.py",
-    ]
+    assert second.rendezvous is not None and second.rendezvous.node_rank == 1
+    assert second.rendezvous.master_addr == "10.0.0.5"  # shard 0's worker, for every node
     assert (
-        list(first.spec.checkpoint_urls)
+        list(first.checkpoint_urls)
         == checkpoint_keys(record, 3)
         == [
             "jobs/mlp/checkpoints/j1/e3-0.ckpt",
             "jobs/mlp/checkpoints/j1/e3-1.ckpt",
         ]
     )
-    assert second.spec.checkpoint_urls == {}
-    async with httpx.AsyncClient() as client:
-        for key, url in first.spec.downloads.items():
-            assert (await client.get(url)).content == key.encode()
-        assert first.spec.resume_url is not None
-        assert (await client.get(first.spec.resume_url)).content == b"jobs/mlp/ckpt.pt"
-        put = await client.put(first.spec.checkpoint_urls["jobs/mlp/checkpoints/j1/e3-0.ckpt"], content=b"w")
-        assert put.status_code == 200
+    assert second.checkpoint_urls == {}
+    assert first.resume_url is not None and second.resume_url is not None
+    assert httpx.get(first.resume_url).content == b"jobs/mlp/ckpt.pt"
+    put = httpx.put(first.checkpoint_urls["jobs/mlp/checkpoints/j1/e3-0.ckpt"], content=b"w")
+    assert put.status_code == 200
     assert s3.get_object(Bucket=name, Key="jobs/mlp/checkpoints/j1/e3-0.ckpt")["Body"].read() == b"w"
-
-
-async def test_a_start_command_that_cannot_be_described_says_why(bucket: tuple[Any, str]) -> None:
-    s3, _ = bucket
-    held = {"0": asg(0), "1": asg(1)}
-    many = job(
-        command=["scripts/train.py"], inputs=[f"k{n}" for n in range(MAX_DOWNLOADS + 1)], assignments=held
-    )
-    with pytest.raises(WorkSpecError, match="pack them"):
-        await StartCommands(s3).command(many, asg(0), tier="gold", workers=WORKERS)
-    with pytest.raises(WorkSpecError, match="no object store"):
-        await StartCommands(None).command(job(assignments=held), asg(0), tier="gold", workers=WORKERS)
-    plain = await StartCommands(None).command(
-        job(kind="process", command=["true"]), asg(0), tier="gold", workers={}
-    )
-    assert plain.spec.runtime == "process" and plain.spec.rendezvous is None and not plain.spec.downloads
+    fresh = ddp_spec(job(assignments={"0": asg(0, 1, "w1")}), asg(0, 1, "w1"), base, presigner, WORKERS)
+    assert fresh.rendezvous is not None and fresh.rendezvous.master_addr == "host-1"  # no address: its name
+    with pytest.raises(WorkSpecError, match="shard 0 is unknown"):
+        ddp_spec(job(assignments={"0": asg(0, 1, "w9")}), asg(0, 1, "w9"), base, presigner, WORKERS)
 
 
 # -- the torchrun runtime --------------------------------------------------------------------------
@@ -227,74 +204,75 @@ def test_the_log_tail_of_a_failed_node_ends_with_the_ranks_traceback() -> None:
 async def test_gpu_nodes_run_a_rank_per_gpu_on_nccl_through_real_torchrun(
     tmp_path: Path, bucket: tuple[Any, str]
 ) -> None:
-    """Up to the GPU boundary: torchrun starts both ranks with the GPUs and the backend; the script
-    prints what it was given instead of initialising NCCL (there is no GPU here)."""
+    """Up to the GPU boundary: torchrun starts both ranks with the GPUs, the backend and the
+    checkpoint to resume from; the script prints what it was given instead of initialising NCCL
+    (there is no GPU here)."""
     s3, name = bucket
     names = "'LOCAL_RANK', 'WORLD_SIZE', 'RESONTECH_DDP_BACKEND', 'CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS'"
-    show = (  # one write per line: the ranks share the pipe
-        f"import os, sys; sys.stdout.write(' '.join(['RANK', *(os.environ[k] for k in ({names}))]) + '\\n')"
-    )
-    s3.put_object(Bucket=name, Key="scripts/show.py", Body=show.encode())
-    url = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "scripts/show.py"})
-    port = free_port()
+    resumed = "open(os.environ['RESONTECH_RESUME_PATH']).read()"
+    values = f"' '.join(['RANK', *(os.environ[k] for k in ({names})), {resumed}])"
+    workdir = tmp_path / "gpu-node"
+    (workdir / "scripts").mkdir(parents=True)  # the agent fetched the inputs here
+    (workdir / "scripts" / "show.py").write_text(f"import os, sys; sys.stdout.write({values} + '\\n')")
     spec = WorkSpec(
         runtime="torchrun",
         command=["scripts/show.py"],
-        downloads={"scripts/show.py": url},
+        resume_from="jobs/mlp/ckpt.pt",
+        resume_url=s3.generate_presigned_url(
+            "get_object", Params={"Bucket": name, "Key": "jobs/mlp/ckpt.pt"}
+        ),
         gpus=2,
         cpus=8,
         rendezvous=Rendezvous(
-            master_addr="127.0.0.1", master_port=port, nnodes=1, node_rank=0, nproc_per_node=2, backend="nccl"
+            master_addr="127.0.0.1",
+            master_port=free_port(),
+            nnodes=1,
+            node_rank=0,
+            nproc_per_node=2,
+            backend="nccl",
         ),
     )
-    _, env = start(spec, tmp_path / "gpu-node")
-    workload = await TorchrunRuntime().start(spec, tmp_path / "gpu-node", env)
+    _, env = start(spec, workdir)
+    workload = await TorchrunRuntime().start(spec, workdir, env)
     lines = [line async for line in workload.lines()]
     assert await workload.wait() == 0, "\n".join(lines)
     ranks = sorted(line.split()[1:] for line in lines if line.startswith("RANK "))
-    assert ranks == [["0", "2", "nccl", "0,1", "4"], ["1", "2", "nccl", "0,1", "4"]], "\n".join(lines)
+    expected = [[rank, "2", "nccl", "0,1", "4", "jobs/mlp/ckpt.pt"] for rank in ("0", "1")]
+    assert ranks == expected, "\n".join(lines)  # one write per line: the ranks share the pipe
 
 
-async def test_a_node_that_cannot_start_says_why(tmp_path: Path, bucket: tuple[Any, str]) -> None:
-    s3, name = bucket
+async def test_a_node_that_cannot_start_says_why(tmp_path: Path) -> None:
     runtime = TorchrunRuntime()
     rdzv = Rendezvous(master_addr="127.0.0.1", master_port=free_port(), nnodes=2, node_rank=0)
-    missing = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "jobs/mlp/gone.npz"})
-    script = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "scripts/train.py"})
     cases = [
         (WorkSpec(runtime="torchrun", command=["train.py"]), "needs a command and a rendezvous"),
-        (
-            WorkSpec(
-                runtime="torchrun",
-                command=["scripts/train.py"],
-                rendezvous=rdzv,
-                downloads={"jobs/mlp/gone.npz": missing},
-            ),
-            "cannot download jobs/mlp/gone.npz: HTTP 404",
-        ),
         (
             WorkSpec(runtime="torchrun", command=["scripts/other.py"], rendezvous=rdzv),
             "'scripts/other.py' is not among",
         ),
-        (WorkSpec(runtime="torchrun", command=["../../x.py"], rendezvous=rdzv), "not a relative path"),
+        (WorkSpec(runtime="torchrun", command=["../../x.py"], rendezvous=rdzv), "relative path inside"),
     ]
     for n, (spec, reason) in enumerate(cases):
         _, env = start(spec, tmp_path / f"a{n}")
         with pytest.raises(StartFailed, match=reason) as refused:
             await runtime.start(spec, tmp_path / f"a{n}", env)
         assert not refused.value.retryable
+    busy_dir = tmp_path / "busy"
+    (busy_dir / "scripts").mkdir(parents=True)
+    (busy_dir / "scripts" / "train.py").write_text("print(1)")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         assert not port_free(port)
         busy = WorkSpec(
-            runtime="torchrun", command=["scripts/train.py"], downloads={"scripts/train.py": script},
+            runtime="torchrun",
+            command=["scripts/train.py"],
             rendezvous=msgspec.structs.replace(rdzv, master_port=port),
-        )  # fmt: skip
-        _, env = start(busy, tmp_path / "busy")
+        )
+        _, env = start(busy, busy_dir)
         with pytest.raises(StartFailed, match=f"port {port} is taken") as refused:
-            await runtime.start(busy, tmp_path / "busy", env)
+            await runtime.start(busy, busy_dir, env)
         assert refused.value.retryable
     assert port_free(port)
 
@@ -306,7 +284,7 @@ def free_port() -> int:
         return port
 
 
-# -- checkpoints and transfers ---------------------------------------------------------------------
+# -- checkpoints ------------------------------------------------------------------------------------
 
 
 def test_a_checkpoint_line_names_a_file_or_an_object_never_both() -> None:
@@ -346,18 +324,3 @@ async def test_checkpoint_files_go_up_by_presigned_url_in_turn_and_leave_the_dis
     assert await CheckpointUploads(folder, {}, "a2").resolve(CheckpointLine(path="x.pt")) is None
     written = CheckpointLine(object_key="jobs/mlp/own.pt", step=1)
     assert await uploads.resolve(written) is written
-
-
-async def test_downloads_stay_inside_their_folder_and_name_what_failed(
-    tmp_path: Path, bucket: tuple[Any, str]
-) -> None:
-    s3, name = bucket
-    url = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "scripts/train.py"})
-    paths = await fetch_all({"scripts/train.py": url, "copy/train.py": url}, tmp_path / "data")
-    assert paths["copy/train.py"].read_bytes() == b"scripts/train.py"
-    with pytest.raises(TransferFailed, match="not a relative path"):
-        await fetch_all({"../escape.py": url}, tmp_path / "data")
-    expired = url.replace("X-Amz-Signature=", "X-Amz-Signature=0")
-    with pytest.raises(TransferFailed, match=r"cannot download scripts/x.py: HTTP 403"):
-        await fetch_all({"scripts/x.py": expired}, tmp_path / "data")
-    assert not (tmp_path / "data" / "scripts" / "x.py").exists()

@@ -163,6 +163,8 @@ def test_up_serves_then_sigint_stops_everything(tmp_path: Path, reap: list[subpr
     settings = load(env={}, env_file=data_dir / "dev.env")
     assert settings.data_dir == str(data_dir.absolute())
     assert {s.name for s in STREAMS} <= asyncio.run(_stream_names(settings))
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):  # dev.env has the kernel user
+        asyncio.run(nats.connect(settings.nats_url, allow_reconnect=False, connect_timeout=2))
     s3 = s3_client(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key)
     s3.create_bucket(Bucket="work")
     assert (data_dir / "objects" / "work").is_dir()
@@ -276,7 +278,7 @@ def test_a_service_that_dies_is_reported_and_the_rest_keeps_running(
 def test_start_up_failure_stops_what_had_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def broken(url: str) -> None:
+    async def broken(settings: Settings) -> None:
         raise RuntimeError("no streams today")
 
     monkeypatch.setattr(devstack, "_ensure_streams", broken)
@@ -312,7 +314,8 @@ def test_up_refuses_a_busy_port_or_an_unwritable_dir(
 
 
 async def _stream_names(settings: Settings) -> set[str]:
-    nc = await nats.connect(settings.nats_url)
+    # the dev stack's NATS runs with auth: dev.env carries the kernel's user
+    nc = await nats.connect(settings.nats_url, user=settings.nats_user, password=settings.nats_password)
     try:
         return {info.config.name for info in await nc.jetstream().streams_info()}
     finally:

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from core.candidates import CandidateIndex, occupy
+from core.candidates import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
 from core.placement import (
     FILTERS,
     Candidate,
@@ -423,7 +423,7 @@ def random_host(rng: random.Random, i: int) -> Candidate:
         gpu_family=family,
         gpus_total=total,
         gpus_used=rng.randint(0, total),
-        vram_usable_mb=sorted(v - rng.choice([0, 0, 8000]) for v in limit),
+        vram_usable_mb=sorted(v - rng.choice([0, 0, 8000, rng.randint(0, v)]) for v in limit),  # telemetry
         vram_limit_mb=limit,
         cpus=rng.choice([0, 8, 64]),
         memory_mb=rng.choice([0, 65536]),
@@ -536,3 +536,21 @@ def test_index_beat_keeps_workers_from_looking_silent() -> None:
     index.beat("w1", NOW - S, 1.0)
     assert workers(place(request(), [], now_ns=NOW, index=index)) == ["w1"]
     index.beat("unknown", NOW, 1.0)  # ignored
+
+
+def test_bands_group_workers_and_never_hide_one_that_fits() -> None:
+    def vram_band(mb: int) -> float:
+        return band(mb, VRAM_BANDS_PER_DOUBLING)
+
+    assert all(vram_band(mb) >= mb for mb in range(1, 200_000, 7))
+    assert all(band(cpus / 4, 1) >= cpus / 4 for cpus in range(1, 1000))
+    assert band(0, 1) == band(-1.5, 1) == 0  # nothing left: below any request
+    assert vram_band(39_000) == vram_band(40_000) >= 40_000  # one shelf for both: the band reaches 40,000
+    assert len({vram_band(mb) for mb in range(1024, 81_921)}) == 26  # 1 to 80 GiB: 26 shelves, not 80,000
+    near = host("w1", gpus_total=1, vram_usable_mb=[39_000], vram_limit_mb=[81_920])  # inspected, unfit
+    fits = host("w2", gpus_total=1, vram_usable_mb=[40_000], vram_limit_mb=[81_920], uptime=0.5)
+    full = host("w3", gpus_total=1, cpus=8, cpus_used=8.0)  # no CPU left: on a shelf no CPU work reads
+    index = CandidateIndex([near, fits, full])
+    result = placed(place(request(vram_mb=40_000, cpus=1.0), [], now_ns=NOW, index=index))
+    assert workers(result) == ["w2"] and result.provenance.filtered == {"vram": 1, "pruned": 1}
+    assert workers(place(request(vram_mb=40_000), [], now_ns=NOW, index=index)) == ["w3"]  # needs no CPU

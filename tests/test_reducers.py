@@ -841,3 +841,18 @@ def test_schedule_remembers_failed_shards_until_they_are_placed_again() -> None:
     job.revoke(_asg(0, 1), "retry: agent stopped")
     job.place(_asg(0, 2, "w3"))
     assert job.record.failed_slots == {"1": False}
+
+
+def test_schedule_counts_each_slots_retryable_failures_over_its_epochs() -> None:
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job.submit(shards=2)
+    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job(JobFailed(reason="agent stopped", epoch=1, slot=0, retryable=True))
+    job(JobFailed(reason="exit status 7", epoch=1, slot=1))  # not retryable: not a retry
+    job.revoke(_asg(0, 1), "retry: agent stopped")
+    job.place(_asg(0, 2, "w3"))
+    job(JobFailed(reason="agent restarted", epoch=2, slot=0, retryable=True))
+    job(JobFailed(reason="agent stopped", epoch=1, slot=0, retryable=True))  # a stale epoch: fenced
+    assert job.record.retries == {"0": 2}
+    roundtrips(SCHEDULE, log.state)

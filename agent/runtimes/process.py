@@ -62,10 +62,9 @@ async def spawn(
     workdir: Path,
     env: Mapping[str, str],
     *,
-    cwd: Path | None = None,
     workload: type[ProcessWorkload] | None = None,
 ) -> ProcessWorkload:
-    """Start ``argv`` as the workload of ``workdir`` (in ``cwd``, default ``workdir``).
+    """Start ``argv`` in ``workdir`` as its workload (a ``workload`` subclass wraps it, if given).
 
     Raises:
         StartFailed: the executable cannot run.
@@ -73,7 +72,7 @@ async def spawn(
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            cwd=cwd or workdir,
+            cwd=workdir,
             env=dict(env),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

@@ -1,15 +1,15 @@
 """The ``torchrun`` runtime: one node of a distributed PyTorch job (DDP, FSDP) per assignment.
 
-Before it starts anything it fetches, through the presigned URLs of the start command
-(:mod:`agent.transfer`), every input into the data root at its workspace key, and the checkpoint to
-resume from into ``<workdir>/resume/`` (``$RESONTECH_RESUME_PATH``). Then it runs, with the agent's
-own interpreter (the torch installed beside the agent)::
+The agent has fetched the job's inputs into the assignment's folder at their workspace keys
+(:mod:`agent.downloads`); the runtime fetches the checkpoint to resume from, through the presigned
+URL of the start command, into ``<workdir>/resume/`` (``$RESONTECH_RESUME_PATH``). Then it runs, with
+the agent's own interpreter (the torch installed beside the agent)::
 
     python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node P \\
         --master-addr A --master-port PORT --rdzv-conf timeout=T --max-restarts 0 \\
-        <command[0] in the data root> <command[1:]>
+        <workdir>/<command[0]> <command[1:]>
 
-in the data root (so the inputs lie where their keys say), with the clean environment of
+in the assignment's folder (so the inputs lie where their keys say), with the clean environment of
 :func:`agent.runtimes.base.workload_env` plus ``RESONTECH_DDP_BACKEND`` (``gloo`` on CPU; ``nccl``
 with GPUs, one rank per GPU of ``CUDA_VISIBLE_DEVICES``) and ``OMP_NUM_THREADS`` (the shard's CPUs
 per rank; torch would otherwise take every core of the host).
@@ -33,9 +33,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from agent import downloads  # a module, not its names: agent.downloads imports agent.runtimes
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, log_tail, prepare, spawn
-from agent.transfer import TransferFailed, fetch_all, inside
 from schemas.commands import Rendezvous, WorkSpec
 
 FAILURE_REPORT = "failed (exitcode: "
@@ -46,33 +46,28 @@ class TorchrunRuntime:
     """Starts one torchrun node (see the module docstring)."""
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
-        """Fetch the inputs, check the rendezvous, start the node.
+        """Fetch the checkpoint to resume from, check the rendezvous, start the node.
 
         Raises:
-            StartFailed: no command or rendezvous, an input that cannot be fetched (named), the
-                script not among the inputs; retryable when node 0's port is taken.
+            StartFailed: no command or rendezvous, the checkpoint cannot be fetched, the script is
+                not among the inputs; retryable when node 0's port is taken.
         """
         rdzv = spec.rendezvous
         if rdzv is None or not spec.command:
             raise StartFailed("a torchrun assignment needs a command and a rendezvous")
         prepare(workdir)
-        data = workdir / "data"
         extra = {"RESONTECH_DDP_BACKEND": rdzv.backend, "OMP_NUM_THREADS": str(threads(spec, rdzv))}
-        try:
-            await fetch_all(spec.downloads, data)
-            if spec.resume_url and spec.resume_from:
-                name = PurePosixPath(spec.resume_from).name
-                resume = await fetch_all({name: spec.resume_url}, workdir / "resume")
-                extra["RESONTECH_RESUME_PATH"] = str(resume[name])
-            script = inside(data, spec.command[0])
-        except TransferFailed as exc:
-            raise StartFailed(exc.message) from None
+        if spec.resume_url and spec.resume_from:
+            name = PurePosixPath(spec.resume_from).name
+            [resume] = await downloads.fetch_all({name: spec.resume_url}, workdir / "resume")
+            extra["RESONTECH_RESUME_PATH"] = str(resume)
+        script = downloads.target_of(workdir, spec.command[0])
         if not script.is_file():
             raise StartFailed(f"the training script {spec.command[0]!r} is not among the job's inputs")
         if rdzv.node_rank == 0 and not port_free(rdzv.master_port):
             raise StartFailed(f"rendezvous port {rdzv.master_port} is taken on this host", retryable=True)
         argv = command(rdzv, str(script), spec.command[1:])
-        return await spawn(argv, workdir, {**env, **extra}, cwd=data, workload=TorchrunWorkload)
+        return await spawn(argv, workdir, {**env, **extra}, workload=TorchrunWorkload)
 
 
 def command(rdzv: Rendezvous, script: str, args: list[str]) -> list[str]:

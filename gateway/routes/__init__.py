@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from gateway import metrics
 from gateway.api import Router
-from gateway.routes import billing, endpoints, feed, jobs, system, tenants, workers, workspace
+from gateway.routes import billing, endpoints, feed, jobs, providers, system, tenants, workers, workspace
 
 ROUTERS: tuple[Router, ...] = (
     system.router,
     tenants.router,
+    providers.router,
     workspace.router,
     jobs.router,
     endpoints.router,

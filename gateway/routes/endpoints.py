@@ -232,7 +232,7 @@ async def deploy_endpoint(call: Call[DeployEndpoint, TenantQuery]) -> Any:
     check_admission(call, _record_of(tenant, endpoint_id, event))
     if event.model_source == "workspace":
         bucket = bucket_for(tenant)
-        missing = await missing_objects(kernel.s3, bucket, [event.model])
+        missing = await missing_objects(kernel.s3, bucket, [event.model], kernel.seen_objects)
         if missing:
             raise missing_error(bucket, missing)
     try:

@@ -184,7 +184,7 @@ async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     hosts = idle_fleet(call).hosts(kernel.state(REGISTRY), now_ns)
     check_admission(tenant, job_id, event, quotas(kernel.state(TENANTS)), hosts, now_ns)
     bucket = bucket_for(tenant)
-    missing = await missing_objects(kernel.s3, bucket, event.inputs)
+    missing = await missing_objects(kernel.s3, bucket, event.inputs, kernel.seen_objects)
     if missing:
         raise missing_error(bucket, missing)
     try:

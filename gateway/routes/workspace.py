@@ -228,4 +228,5 @@ async def delete_object(call: Call[None, KeyQuery]) -> None:
     missing = f"object {key!r} not found"
     await ws.s3_call(ws.head, call.kernel.s3, bucket, key, missing=missing)
     await ws.s3_call(ws.delete, call.kernel.s3, bucket, key, missing=missing)
+    call.kernel.seen_objects.forget(bucket, key)
     call.resource = key

@@ -11,10 +11,15 @@ that did not arrive).
 The clients run in this process (:mod:`gateway.wsclient`), on the same 2 cores as the gateway and
 nats-server, so the figure includes their cost too.
 
-The submit half (``submit_p50_ms`` / ``submit_p99_ms`` at 500 requests/s) belongs here as a second
-section on the same :func:`served_stack`; it is not written yet.
+Submit: ``POST /v1/jobs`` open-loop at ``--submit-rate`` requests a second (default 500) for
+``--submit-seconds``, each a realistic spec naming one workspace object (so every submit also HEADs
+it in the object store); latency from sending to the 201. Baseline, same run, same rate: appending
+the same ``job.submitted`` straight to the log with :meth:`core.log.EventLog.append` (the durable
+append every submit includes), so ``submit_ratio`` is what the API (auth, validation, quota and fleet
+checks, the object HEAD, read-your-writes, the audit record) adds on top of the log.
 
-Usage: ``python -m ops.bench.gateway [--quick] [--subscribers N] [--rate R] [--seconds S]``.
+Usage: ``python -m ops.bench.gateway [--quick] [--subscribers N] [--rate R] [--seconds S]
+[--submit-rate R] [--submit-seconds S]``.
 """
 
 from __future__ import annotations
@@ -136,7 +141,7 @@ async def _wait_served(url: str, proc: Any, log_file: Path) -> None:
     raise RuntimeError(f"the gateway did not serve within 60 s: {log_tail(log_file, 10)}")
 
 
-async def create_tenants(stack: ServedStack, count: int) -> list[tuple[str, str]]:
+async def create_tenants(stack: ServedStack, count: int, prefix: str = "bench") -> list[tuple[str, str]]:
     """``count`` tenants through the API: ``(tenant, admin key)``."""
     limit = asyncio.Semaphore(8)
     async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as client:
@@ -145,11 +150,11 @@ async def create_tenants(stack: ServedStack, count: int) -> list[tuple[str, str]
             async with limit:
                 response = await client.post(
                     "/v1/tenants",
-                    json={"tenant": f"bench-{n}", "display_name": f"bench {n}"},
+                    json={"tenant": f"{prefix}-{n}", "display_name": f"{prefix} {n}"},
                     headers={"Authorization": f"Bearer {stack.operator_key}"},
                 )
             response.raise_for_status()
-            return f"bench-{n}", response.json()["admin_key"]["key"]
+            return f"{prefix}-{n}", response.json()["admin_key"]["key"]
 
         return list(await asyncio.gather(*(one(n) for n in range(count))))
 
@@ -210,6 +215,87 @@ async def raw_floor(url: str) -> tuple[Any, list[float]]:
 
     await nc.subscribe("job.>", cb=on_message)
     return nc, latencies
+
+
+# -- submit ----------------------------------------------------------------------------------------
+
+
+async def open_loop(rate: int, seconds: float, one: Any) -> tuple[list[float], float]:
+    """Start ``one()`` ``rate`` times a second for ``seconds`` without waiting for answers (an open
+    loop: a slow answer does not slow the offered load); returns its latencies and the time taken."""
+    latencies: list[float] = []
+
+    async def timed() -> None:
+        started = time.perf_counter()
+        await one()
+        latencies.append(time.perf_counter() - started)
+
+    tasks = []
+    begin = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = begin + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(timed()))
+    await asyncio.gather(*tasks)
+    return latencies, time.perf_counter() - begin
+
+
+async def bench_submit(stack: ServedStack, rate: int, seconds: float) -> dict[str, Any]:
+    from gateway.client import AsyncClient
+    from schemas.jobs import JobSubmitted
+
+    [(tenant, key)] = await create_tenants(stack, 1, prefix="submit")
+    with tempfile.NamedTemporaryFile(suffix=".py") as script:
+        script.write(b"print('train')\n")
+        script.flush()
+        async with AsyncClient(stack.url, key) as rt:
+            await rt.upload(script.name, "scripts/train.py")
+    spec = {
+        "name": "bench",
+        "kind": "process",
+        "command": ["python", "scripts/train.py"],
+        "inputs": ["scripts/train.py"],
+    }
+    statuses: Counter[int] = Counter()
+    limits = httpx.Limits(max_connections=500, max_keepalive_connections=500)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=stack.url, headers=headers, limits=limits, timeout=30.0) as client:
+
+        async def submit() -> None:
+            response = await client.post("/v1/jobs", json=spec)
+            statuses[response.status_code] += 1
+
+        await open_loop(min(rate, 100), 1.0, submit)  # warm the connections and the gateway's caches
+        statuses.clear()
+        cpu_before = stack.gateway_cpu_s()
+        api, api_s = await open_loop(rate, seconds, submit)
+        gateway_cpu = stack.gateway_cpu_s() - cpu_before
+    log = await EventLog.connect(stack.settings, name="bench-submit")
+    event = JobSubmitted(name="bench", kind="process", shards=1, command=["python", "scripts/train.py"])
+    n = 0
+
+    async def append() -> None:
+        nonlocal n
+        n += 1
+        await log.append(job_subject(tenant, f"raw-{n}", event), event, expected_seq=0)
+
+    raw, _ = await open_loop(rate, seconds, append)
+    await log.close()
+    p50, p99 = percentile(api, 0.5) * 1000, percentile(api, 0.99) * 1000
+    raw_p99 = percentile(raw, 0.99) * 1000
+    return {
+        "submit_p50_ms": round(p50, 1),
+        "submit_p99_ms": round(p99, 1),
+        "raw_submit_p50_ms": round(percentile(raw, 0.5) * 1000, 1),
+        "raw_submit_p99_ms": round(raw_p99, 1),
+        "submit_ratio": round(p99 / raw_p99, 1) if raw_p99 > 0 else None,
+        "submit_rate": rate,
+        "submit_achieved_rps": round(len(api) / api_s),
+        "submit_ok": statuses.get(201, 0),
+        "submit_errors": sum(v for k, v in statuses.items() if k != 201),
+        "submit_gateway_cpu_ms": round(gateway_cpu / max(1, len(api)) * 1000, 2),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -276,12 +362,21 @@ async def bench_feed(stack: ServedStack, subscribers: int, rate: int, seconds: f
 
 
 async def run(
-    quick: bool, subscribers: int | None, rate: int | None, seconds: float | None
+    quick: bool,
+    subscribers: int | None,
+    rate: int | None,
+    seconds: float | None,
+    submit_rate: int | None = None,
+    submit_seconds: float | None = None,
 ) -> dict[str, Any]:
     subscribers = subscribers or (200 if quick else 1000)
     rate = rate or (500 if quick else 1000)
     seconds = seconds or (5.0 if quick else 20.0)
+    submit_rate = submit_rate or 500
+    submit_seconds = submit_seconds or (3.0 if quick else 20.0)
     async with served_stack() as stack:
+        print(f"submit: {submit_rate} requests/s for {submit_seconds:g} s", flush=True)
+        submit = await bench_submit(stack, submit_rate, submit_seconds)
         print(f"feed: {subscribers} subscribers, {rate} events/s for {seconds:g} s", flush=True)
         feed = await bench_feed(stack, subscribers, rate, seconds)
         gateway_rss = max(
@@ -291,6 +386,7 @@ async def run(
     return {
         "bench": "gateway",
         "quick": quick,
+        **submit,
         **feed,
         "peak_rss_mb": round(self_peak_rss_mb()),
         "gateway_peak_rss_mb": round(gateway_rss),
@@ -306,13 +402,34 @@ def main() -> None:
         "--rate", type=int, help="events appended per second (default 1,000; 500 with --quick)"
     )
     parser.add_argument("--seconds", type=float, help="how long to append (default 20; 5 with --quick)")
+    parser.add_argument("--submit-rate", type=int, help="job submissions per second (default 500)")
+    parser.add_argument(
+        "--submit-seconds", type=float, help="how long to submit (default 20; 3 with --quick)"
+    )
     args = parser.parse_args()
-    figures = uvloop.run(run(args.quick, args.subscribers, args.rate, args.seconds))
+    figures = uvloop.run(
+        run(args.quick, args.subscribers, args.rate, args.seconds, args.submit_rate, args.submit_seconds)
+    )
     print()
     print(
         table(
             [
-                ("figure", "feed", "raw nats-py", "ratio", "target"),
+                ("figure", "API", "log only", "ratio", "target"),
+                (
+                    "submit p50 (ms)",
+                    f"{figures['submit_p50_ms']}",
+                    f"{figures['raw_submit_p50_ms']}",
+                    "-",
+                    "-",
+                ),
+                (
+                    "submit p99 (ms)",
+                    f"{figures['submit_p99_ms']}",
+                    f"{figures['raw_submit_p99_ms']}",
+                    f"{figures['submit_ratio']}",
+                    "API < 25",
+                ),
+                ("", "feed", "raw nats-py", "", ""),
                 (
                     "delivery p50 (ms)",
                     f"{figures['feed_p50_ms']}",
@@ -329,6 +446,10 @@ def main() -> None:
                 ),
             ]
         )
+    )
+    print(
+        f"submit: {figures['submit_rate']} requests/s offered, {figures['submit_achieved_rps']} sent, "
+        f"{figures['submit_ok']:,} created, {figures['submit_errors']} errors"
     )
     print(
         f"{figures['feed_subscribers']} subscribers on {figures['feed_tenants']} tenants, "

@@ -4,16 +4,25 @@ checked by size and SHA-256."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
 
+from core.log import EventLog
+from core.settings import Settings
+from core.streams import job_subject
 from gateway import AsyncClient, Client
 from gateway.client import ApiError, TransferError
 from ops.objectstore import ObjectStoreServer
-from tests.gateway.conftest import GatewayServer
+from schemas.jobs import JobCompleted
+from tests.gateway.conftest import GatewayServer, ServeGateway
+from tests.gateway.test_feed import progress, submit
+from tests.support import REPO
 
 
 def make_tenant(server: GatewayServer) -> tuple[str, str]:
@@ -119,3 +128,65 @@ async def test_async_client_uploads_and_downloads(gateway_server: GatewayServer,
         assert stored.size == 11_000_000
         back = await rt.download("jobs/a/data.bin", tmp_path / "back.bin")
         assert back.read_bytes() == big.read_bytes()
+
+
+async def test_the_feed_iterator_resumes_by_itself_after_being_dropped(
+    serve_gateway: ServeGateway, log: EventLog
+) -> None:
+    server = await serve_gateway(RESONTECH_GATEWAY_FEED_QUEUE="4")  # a slow reader is dropped quickly
+    tenant, key = await server.tenant()
+    appended = [await submit(log, tenant, "j1")]
+    appended += [await progress(log, tenant, "j1", step) for step in range(60)]
+    seen: list[int] = []
+    async with AsyncClient(server.url, key) as rt:
+        feed = rt.feed(job="j1", after="jobs:0")  # from the start (without a cursor the feed starts live)
+        async for message in feed:
+            seen.append(message["seq"])
+            await asyncio.sleep(0.01)  # slower than the gateway sends: it closes us with 4008
+            if len(seen) == 2:
+                appended += [await progress(log, tenant, "j1", step) for step in range(60, 120)]
+            if len(seen) == len(appended):
+                break
+        await feed.aclose()
+    assert seen == appended  # every event once, in order, across the reconnects
+
+
+def test_the_sync_feed_and_watch_follow_a_job_to_its_end(
+    gateway_server: GatewayServer, settings: Settings, tmp_path: Path
+) -> None:
+    tenant, key = make_tenant(gateway_server)
+    with Client(gateway_server.url, key) as rt:
+        job = rt.submit_job({"name": "w", "kind": "process", "command": ["true"]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+    env.update(RESONTECH_GATEWAY_URL=gateway_server.url, RESONTECH_API_KEY=key, XDG_CONFIG_HOME=str(tmp_path))
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "watch", job.job_id],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert watch.stdout is not None
+    assert f"job {job.job_id} (w): queued" in watch.stdout.readline()
+
+    async def finish() -> None:
+        async with await EventLog.connect(settings) as log:
+            await asyncio.sleep(1.0)  # let watch subscribe (it would replay anyway: the feed resumes)
+            await progress(log, tenant, job.job_id, 7, round=3)
+            done = JobCompleted(outputs=["model_out/final.pt"])
+            await log.append(job_subject(tenant, job.job_id, done), done)
+
+    with Client(gateway_server.url, key) as rt:
+        feed = rt.feed(job=job.job_id, after="jobs:0")
+        asyncio.run(finish())
+        kinds = []
+        for message in feed:
+            kinds.append(message["kind"])
+            if message["kind"] == "job.completed":
+                break
+        feed.close()
+    assert kinds[-2:] == ["job.progress", "job.completed"]
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err
+    assert "progress: epoch 1, round 3, step 7" in out and f"job {job.job_id} completed" in out

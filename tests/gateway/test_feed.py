@@ -414,3 +414,18 @@ def test_cursors_and_filters_in_isolation() -> None:
     assert only_jobs.subjects("JOBS") == "job.acme.>"
     assert not only_jobs.replays("ENDPOINTS") and not only_jobs.wants_telemetry(["j1"], [])
     assert not FeedFilter("acme", kinds="telemetry").replays("JOBS")
+
+
+async def test_environment_values_never_travel_on_the_feed(
+    gateway_server: GatewayServer, log: EventLog
+) -> None:
+    tenant, admin = await gateway_server.tenant()
+    viewer = await gateway_server.key(tenant, admin, "viewer")
+    live = await open_feed(gateway_server, viewer)
+    event = JobSubmitted(name="train", kind="process", shards=1, env={"WANDB_API_KEY": "secret"})
+    seq = (await log.append(job_subject(tenant, "j1", event), event)).seq
+    replayed = await open_feed(gateway_server, viewer, f"?after=jobs:{seq - 1}")
+    for feed in (live, replayed):
+        message = await recv(feed)
+        assert (message["seq"], message["event"]["name"]) == (seq, "train")
+        assert message["event"]["env"] == {"WANDB_API_KEY": "<redacted>"}, message

@@ -340,10 +340,11 @@ async def test_a_submitted_job_runs_on_a_real_agent_to_completion(
     api: Api, log: EventLog, agents: Callable[..., AgentProcess]
 ) -> None:
     tenant, admin = await api.tenant()
-    api.kernel.s3.put_object(Bucket=f"rt-{tenant}", Key="scripts/hello.py", Body=b"print('hello')\n")
+    # the script comes from the workspace: the agent downloads the job's inputs into its working dir
+    script = b'print(\'RESONTECH_PROGRESS {"step": 1, "loss": 0.5}\')\n'
+    api.kernel.s3.put_object(Bucket=f"rt-{tenant}", Key="scripts/hello.py", Body=script)
     worker_id = await registered(log, agents("e2e"))
-    report = 'print(\'RESONTECH_PROGRESS {"step": 1, "loss": 0.5}\')'
-    body = spec(name="e2e", command=[sys.executable, "-c", report], inputs=["scripts/hello.py"])
+    body = spec(name="e2e", command=[sys.executable, "scripts/hello.py"], inputs=["scripts/hello.py"])
     async with coordinator(log):
         submitted = await submit(api, admin, body)
         assert submitted.status_code == 201, submitted.text

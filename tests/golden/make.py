@@ -5,7 +5,7 @@ ids: the same bytes on every run) and reports whether the committed projections 
 ``--bless`` also rewrites ``projections/<name>.json`` and ``hashes.json`` from a fold of that file.
 Bless only after reading the diff: the committed files are the contract that replay must honour.
 
-The scenario, 2026-03-31 23:50 UTC to 2026-04-01 00:12 UTC (so billing spans two months):
+The scenario, 2026-03-31 23:50 UTC to 2026-04-01 00:14 UTC (so billing spans two months):
 
 * tenants ``acme`` and ``globex``; workers ``w-h100-a`` (platinum), ``w-4090-b`` (gold, lost at 7 min
   and recovered at 10) and ``w-l40s-c`` (silver, managed pool, cordoned and re-registered with a new
@@ -17,7 +17,9 @@ The scenario, 2026-03-31 23:50 UTC to 2026-04-01 00:12 UTC (so billing spans two
 * ``j-sweep``: rejected by a provider policy, re-queued, cancelled;
 * ``ep-chat``: 2 replicas, one lost with its worker and re-placed (its zombie ``ready`` ignored), the
   other lost at the end with its engine (a ``ready`` after that ignored);
-* metering ticks of every running assignment, one sent twice under a new event id; heartbeats.
+* metering ticks of every running assignment, one sent twice under a new event id; heartbeats;
+* provider ``gpuco``: keys, an enrolled agent whose credentials are revoked, a managed-pool
+  enrollment token revoked unused.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ from schemas.providers import (
     AgentCredentialsRevoked,
     AgentEnrolled,
     EnrollmentTokenIssued,
+    EnrollmentTokenRevoked,
     ProviderCreated,
     ProviderKeyIssued,
     ProviderKeyRevoked,
@@ -521,13 +524,27 @@ def _providers(s: _Scenario) -> None:
     gpuco(0.03, EnrollmentTokenIssued(token_id="et1", token_sha256="d" * 64, expires_ns=_ms(60) * 1_000_000))
     gpuco(
         0.04,
-        AgentEnrolled(token_id="et1", worker_id="w-a100-1", hostname="a100-1", nats_user="agent-w-a100-1"),
-    )
+        AgentEnrolled(
+            token_id="et1", worker_id="w-a100-1", hostname="a100-1", nats_user="agent-w-a100-1",
+            nats_password_bcrypt="$2b$08$" + "x" * 53,
+        ),
+    )  # fmt: skip
     gpuco(8, ProviderKeyRevoked(key_id="pk1", revoked_by="provider:gpuco"))
     gpuco(9, AgentCredentialsRevoked(worker_id="w-a100-1", revoked_by="provider:gpuco"))
     s.at(
         10, provider_subject("nobody", ProviderKeyRevoked), ProviderKeyRevoked(key_id="pk9")
     )  # unknown: ignored
+
+
+def _managed_token(s: _Scenario) -> None:
+    """Added after the rest, so that the ids and times of what came before stay as committed."""
+    gpuco = s.on(functools.partial(provider_subject, "gpuco"))
+    token = EnrollmentTokenIssued(
+        token_id="et2", token_sha256="e" * 64, expires_ns=_ms(60) * 1_000_000, pool="managed",
+        owner_tenant="globex", region="eu-north",
+    )  # fmt: skip
+    gpuco(23, token)
+    gpuco(23.5, EnrollmentTokenRevoked(token_id="et2", revoked_by="provider:gpuco"))
 
 
 def build_history() -> list[Recorded[Any]]:
@@ -544,6 +561,7 @@ def build_history() -> list[Recorded[Any]]:
         _sweep,
         _endpoint,
         _ticks,
+        _managed_token,
     ):
         part(s)
     return s.records()

@@ -1,0 +1,234 @@
+"""NATS credentials of enrolled agents: what each agent may publish and receive, and the nats-server
+configuration that enforces it.
+
+Design: two NATS accounts on the one server (or cluster).
+
+* ``KERNEL`` holds JetStream and every stream. The kernel's own services (gateway, coordinator,
+  projector, the dev stack's agents) connect as a kernel user with full access.
+* ``AGENTS`` holds one user per enrolled agent (``agent-<worker_id>``, a bcrypt-hashed random
+  password). It has no JetStream of its own: it *imports* from ``KERNEL``, as services, exactly the
+  subjects an agent publishes to (its events, heartbeats, metering ticks) and the JetStream API calls
+  its command intake makes, under the prefix ``JS.KERNEL.API``. Each user's permissions then narrow
+  those imports to the agent's own worker id: its heartbeat subject, its worker events, its metering
+  ticks, its own durable consumer on COMMANDS, and replies on its own inbox prefix
+  ``_INBOX_<worker_id>``.
+
+Why two accounts rather than permissions in one: NATS checks the subject a client publishes to, not
+the reply subject it names, and JetStream publishes its acknowledgement to that reply subject. In a
+single account an agent could publish its own heartbeat with the reply subject ``tenant.x.created``
+and have the server store the acknowledgement on the TENANTS stream (checked with nats-server 2.15).
+Across a service import the server replaces the reply subject with its own, so a reply always comes
+back to the agent's account, where no stream listens.
+
+Why user/password and not decentralised JWTs: nats-py signs the server's nonce with the ``nkeys``
+package for JWT or nkey users, and neither ``nkeys`` nor an ed25519 library is installed. Passwords are
+256-bit random, shown to the agent once, and stored only as bcrypt hashes (in the ``AgentEnrolled``
+event, from which :mod:`ops.natsauth` renders the server's agent users and reloads the server).
+
+Limits of subject permissions (the kernel must still check what an event says): an agent may publish
+the job and endpoint events agents emit for *any* tenant and job (the subject carries no worker id),
+and may create its own consumer with other options than the kernel's (never with another filter: the
+server refuses a filter that differs from the one in the create subject).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from core.streams import command_consumer, command_subject, token
+from schemas import Event
+from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
+from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
+from schemas.workers import WorkerPolicySet, WorkerRegistered
+
+with warnings.catch_warnings():
+    # crypt is the standard library's bcrypt (through libxcrypt) on 3.11 and 3.12; it is removed in
+    # 3.13, where the ``bcrypt`` package would take its place in :func:`bcrypt_hash`.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import crypt
+
+KERNEL_ACCOUNT = "KERNEL"
+AGENTS_ACCOUNT = "AGENTS"
+KERNEL_USER = "kernel"
+JS_API = "$JS.API"
+AGENT_JS_API_PREFIX = "JS.KERNEL.API"
+"""Where an agent reaches the kernel's JetStream API (``Settings.nats_js_api_prefix``)."""
+BCRYPT_COST = 8
+"""bcrypt cost of agent passwords: each is 256 random bits, so its strength is its entropy, and the
+server checks the hash at every connect."""
+
+AGENT_WORKER_EVENTS: tuple[type[Event], ...] = (WorkerRegistered, WorkerPolicySet)
+"""What an agent says about its worker (``agent.service``). Not cordoned/uncordoned/lost/recovered:
+those are the kernel's to say, and an agent must not uncordon itself."""
+AGENT_JOB_EVENTS: tuple[type[Event], ...] = (
+    JobStarted,
+    JobRejected,
+    JobProgress,
+    JobCheckpointed,
+    JobShardCompleted,
+    JobFailed,
+)
+"""What an agent reports about a job's shard (``agent.reports``)."""
+AGENT_ENDPOINT_EVENTS: tuple[type[Event], ...] = (
+    EndpointReplicaStarting,
+    EndpointReplicaReady,
+    EndpointReplicaLost,
+)
+"""What an agent reports about an endpoint replica (``agent.reports``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """NATS subjects (with wildcards) a user may publish to and subscribe to; nothing else."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelService:
+    """A subject the ``KERNEL`` account exports to ``AGENTS``.
+
+    Attributes:
+        subject: the subject in ``KERNEL`` (wildcards allowed).
+        local: the subject agents publish to (the JetStream API moves under ``JS.KERNEL.API``).
+        streamed: the answer is several messages (a pull consumer's batch), not one.
+    """
+
+    subject: str
+    local: str
+    streamed: bool = False
+
+
+def agent_user(worker_id: str) -> str:
+    """The NATS user of an enrolled agent: ``agent-<worker_id>``."""
+    return f"agent-{token(worker_id, 'worker id')}"
+
+
+def inbox_prefix(worker_id: str) -> str:
+    """The reply-subject prefix of an enrolled agent (``Settings.nats_inbox_prefix``)."""
+    return f"_INBOX_{token(worker_id, 'worker id')}"
+
+
+def _agent_event_patterns(worker: str) -> tuple[str, ...]:
+    """The event subjects an agent publishes to; ``worker`` is its id, or ``*`` for any."""
+    return (
+        f"hb.{worker}",
+        *(f"worker.{worker}.{e.event_name()}" for e in AGENT_WORKER_EVENTS),
+        f"meter.*.{worker}",
+        *(f"job.*.*.{e.event_name()}" for e in AGENT_JOB_EVENTS),
+        *(f"endpoint.*.*.{e.event_name()}" for e in AGENT_ENDPOINT_EVENTS),
+    )
+
+
+def agent_permissions(worker_id: str) -> Permissions:
+    """What the agent of ``worker_id`` may do, and nothing more (see the module docstring)."""
+    consumer = command_consumer(worker_id)  # checks that the id is one subject token
+    api = AGENT_JS_API_PREFIX
+    return Permissions(
+        publish=(
+            *_agent_event_patterns(worker_id),
+            f"{api}.CONSUMER.INFO.COMMANDS.{consumer}",
+            f"{api}.CONSUMER.CREATE.COMMANDS.{consumer}.{command_subject(worker_id)}",
+            f"{api}.CONSUMER.MSG.NEXT.COMMANDS.{consumer}",
+            f"$JS.ACK.COMMANDS.{consumer}.>",
+        ),
+        subscribe=(f"{inbox_prefix(worker_id)}.>",),
+    )
+
+
+def kernel_services() -> tuple[KernelService, ...]:
+    """Everything ``KERNEL`` exports to ``AGENTS``: the union of every agent's permissions, with the
+    worker id as a wildcard."""
+    events = [KernelService(s, s) for s in _agent_event_patterns("*")]
+    api = [
+        ("CONSUMER.INFO.COMMANDS.*", False),
+        ("CONSUMER.CREATE.COMMANDS.*.cmd.*", False),
+        ("CONSUMER.MSG.NEXT.COMMANDS.*", True),
+    ]
+    calls = [KernelService(f"{JS_API}.{s}", f"{AGENT_JS_API_PREFIX}.{s}", streamed) for s, streamed in api]
+    return (*events, *calls, KernelService("$JS.ACK.COMMANDS.>", "$JS.ACK.COMMANDS.>"))
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)  # NATS config reads JSON strings; quoted, a '$' is not a variable
+
+
+def server_accounts(kernel_users: Mapping[str, str], agents_file: str) -> str:
+    """The ``accounts { ... }`` block of the server's configuration.
+
+    Args:
+        kernel_users: user -> bcrypt hash of its password, for the kernel's services.
+        agents_file: the file holding the agents' ``users = [...]``, relative to the configuration
+            file (nats-server resolves every include so); :func:`agent_users` renders it, and it is
+            rewritten and reloaded while the server runs.
+    """
+    users = ", ".join(f"{{user: {_q(u)}, password: {_q(h)}}}" for u, h in sorted(kernel_users.items()))
+    services = kernel_services()
+    exports = [
+        f"      {{service: {_q(s.subject)}, accounts: [{AGENTS_ACCOUNT}]"
+        + (", response_type: stream" if s.streamed else "")
+        + "}"
+        for s in services
+    ]
+    imports = [
+        f"      {{service: {{account: {KERNEL_ACCOUNT}, subject: {_q(s.subject)}}}, to: {_q(s.local)}}}"
+        for s in services
+    ]
+    return "\n".join(
+        [
+            "accounts {",
+            f"  {KERNEL_ACCOUNT} {{",
+            "    jetstream: enabled",
+            f"    users = [{users}]",
+            "    exports = [",
+            *exports,
+            "    ]",
+            "  }",
+            f"  {AGENTS_ACCOUNT} {{",
+            "    imports = [",
+            *imports,
+            "    ]",
+            f"    include {_q(agents_file)}",
+            "  }",
+            "}",
+        ]
+    )
+
+
+def agent_users(agents: Iterable[tuple[str, str]]) -> str:
+    """The agents file: ``users = [...]`` for ``(worker_id, password bcrypt)`` pairs, each with its
+    :func:`agent_permissions`."""
+    lines = ["# generated by resontech from the PROVIDERS stream (ops/natsauth.py); do not edit", "users = ["]
+    for worker_id, password_bcrypt in agents:
+        perms = agent_permissions(worker_id)
+        publish = ", ".join(_q(s) for s in perms.publish)
+        subscribe = ", ".join(_q(s) for s in perms.subscribe)
+        lines.append(
+            f"  {{user: {_q(agent_user(worker_id))}, password: {_q(password_bcrypt)}, permissions: {{"
+            f"publish: {{allow: [{publish}]}}, subscribe: {{allow: [{subscribe}]}}}}}}"
+        )
+    return "\n".join([*lines, "]"]) + "\n"
+
+
+def new_password() -> str:
+    """A fresh random password (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def bcrypt_hash(password: str, cost: int = BCRYPT_COST) -> str:
+    """The bcrypt hash of ``password`` in the ``$2b$`` form nats-server accepts.
+
+    Raises:
+        RuntimeError: this system's crypt has no bcrypt.
+    """
+    if crypt.METHOD_BLOWFISH not in crypt.methods:
+        raise RuntimeError("this system's crypt(3) has no bcrypt; NATS agent passwords need it")
+    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=1 << cost))
+    if not hashed or not hashed.startswith("$2"):
+        raise RuntimeError("crypt(3) did not return a bcrypt hash")
+    return hashed
