@@ -23,6 +23,7 @@ import msgspec
 
 from core.errors import ResontechError
 from core.rendezvous import rendezvous
+from gateway.workspace import bucket_for
 from ops.inputs import Presigner
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
@@ -62,12 +63,12 @@ def ddp_spec(
     if record is None:
         raise WorkSpecError("the worker holding shard 0 is unknown: no rendezvous address")
     uploads = checkpoint_keys(job, assignment.epoch) if assignment.slot == 0 else []
-    resume = base.resume_from
+    bucket, resume = bucket_for(job.tenant), base.resume_from
     return msgspec.structs.replace(
         base,
-        resume_url=presigner.url(job.tenant, resume) if resume else None,
+        resume_url=presigner.url(bucket, resume) if resume else None,
         checkpoint_urls={
-            key: presigner.url(job.tenant, key, put=True, ttl_s=CHECKPOINT_URL_TTL_S) for key in uploads
+            key: presigner.url(bucket, key, put=True, ttl_s=CHECKPOINT_URL_TTL_S) for key in uploads
         },
         rendezvous=rendezvous(
             tenant=job.tenant,
