@@ -2,11 +2,11 @@
 
 A DDP world cannot go on with a rank missing, and a rank cannot join a world already running. So:
 
-* A gang with some shards revoked (worker lost, rejected, preempted) is broken: :func:`remnant` lists
-  the assignments it still holds, done ones included, and the coordinator revokes them and stops
-  their workloads, so that the whole gang is placed again at a new epoch and every rank resumes from
-  the last checkpoint. Placement waits until every shard is free (:func:`partial`), so the ranks of a
-  world always share one epoch and one rendezvous.
+* A gang with some shards revoked (worker lost, rejected, preempted) is broken (:func:`partial`):
+  the coordinator revokes the assignments it still holds, done ones included, and stops their
+  workloads, so that the whole gang is placed again at a new epoch and every rank resumes from the
+  last checkpoint. Placement waits until every shard is free, so the ranks of a world always share
+  one epoch and one rendezvous.
 * When one rank dies the others fail too, within seconds (a collective finds its peer gone), often
   *before* the kernel declares the dead rank's worker lost (three heartbeat intervals). A failed rank
   fails the job only once it cannot be collateral damage (:func:`verdict`): every rank failed (a bug
@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Literal
 
 from projections.schedule import TERMINAL, JobRecord
-from schemas.values import Assignment
 
 GANG_KINDS: frozenset[str] = frozenset({"ddp"})
 Verdict = Literal["wait", "restart", "fail"]
@@ -32,15 +31,9 @@ def is_gang(job: JobRecord) -> bool:
 
 
 def partial(job: JobRecord) -> bool:
-    """True for a live gang that holds some of its shards but not all: it must not be placed."""
+    """True for a live gang that holds some of its shards but not all: broken, its remaining
+    assignments are revoked, and it is not placed until none is left."""
     return is_gang(job) and job.state not in TERMINAL and 0 < len(job.assignments) < job.shards
-
-
-def remnant(job: JobRecord) -> list[Assignment]:
-    """The assignments of a broken gang that must be revoked too, by slot (empty when it is whole)."""
-    if not partial(job):
-        return []
-    return sorted(job.assignments.values(), key=lambda a: a.slot)
 
 
 def verdict(job: JobRecord, *, failing_since_ns: int, now_ns: int, grace_ns: int) -> Verdict | None:
@@ -50,7 +43,7 @@ def verdict(job: JobRecord, *, failing_since_ns: int, now_ns: int, grace_ns: int
       all, because it left; revoke the gang and place it again.
     * ``fail``: every rank failed or finished, or ``grace_ns`` passed since the first failure was
       seen (``failing_since_ns``) and no peer was lost meanwhile (a lost peer breaks the gang, which
-      :func:`remnant` handles first).
+      :func:`partial` catches first).
     * ``wait``: a peer may still turn out lost.
     """
     if job.state in TERMINAL or not job.failed_slots:

@@ -67,11 +67,11 @@ def test_cpu_shards_meet_on_gloo_and_gpu_shards_run_a_rank_per_gpu_on_nccl() -> 
 # -- gangs -----------------------------------------------------------------------------------------
 
 
-def test_a_gang_missing_a_shard_is_partial_and_gives_back_the_rest() -> None:
+def test_a_gang_missing_a_shard_is_broken() -> None:
     whole = job(assignments={"0": asg(0), "1": asg(1)})
-    assert not gangs.partial(whole) and gangs.remnant(whole) == []
+    assert not gangs.partial(whole)
     broken = job(assignments={"1": asg(1)}, done={"1": 1})
-    assert gangs.partial(broken) and gangs.remnant(broken) == [asg(1)]  # a finished rank restarts too
+    assert gangs.partial(broken)  # a finished rank restarts too
     assert not gangs.partial(job(kind="process", assignments={"1": asg(1)}))
     assert not gangs.partial(job())  # nothing held: placed whole
     assert not gangs.partial(job(assignments={"1": asg(1)}, state="failed"))
