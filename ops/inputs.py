@@ -34,10 +34,12 @@ class Presigner:
             settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, region=settings.s3_region
         )
 
-    def url(self, bucket: str, key: str) -> str:
-        """A GET of one object, valid :data:`URL_TTL_S` (signing is local: no request is made)."""
+    def url(self, bucket: str, key: str, *, put: bool = False, ttl_s: int = URL_TTL_S) -> str:
+        """A GET (or with ``put`` a PUT) of one object, valid ``ttl_s`` seconds (default
+        :data:`URL_TTL_S`; signing is local: no request is made)."""
+        method = "put_object" if put else "get_object"
         url: str = self.s3.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=URL_TTL_S
+            method, Params={"Bucket": bucket, "Key": key}, ExpiresIn=ttl_s
         )
         return url
 

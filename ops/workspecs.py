@@ -1,35 +1,102 @@
-"""The kind-specific part of a job's ``start_work``: what :func:`ops.coordinator.start_command` adds to
-the spec every job gets.
+"""The kind-specific part of an assignment's ``start_work``: what the coordinator adds to the spec
+every job gets (the command, the environment and the presigned inputs of :mod:`ops.inputs`):
+:func:`ddp_spec` for a ``ddp`` shard, :func:`federated_spec` for a ``federated`` one.
 
-A federated shard runs the ``nvflare-client`` runtime (:mod:`agent.runtimes.nvflare`). It can start
-only once the job's federation is provisioned (``job.federation_ready``): until then there is no spec
-and the coordinator sends nothing. Its spec carries the slot's NVFlare identity and two presigned GETs,
-made when the command is sent, valid for an hour and usable without any credential: the slot's
-client startup kit (from the kernel's kit bucket, fetched as ``startup-kit.zip``) and the slot's shard
-ZIP (from the tenant's workspace, fetched under its workspace key, as every job input is). Not the
-job's other inputs: a federated shard sees its own shard and nothing else of the workspace (its
-training code reaches it through NVFlare). A replacement for a lost worker gets the same identity
-and shard.
+A ``ddp`` shard runs the ``torchrun`` runtime (:mod:`agent.runtimes.torchrun`), one node per shard,
+and its spec carries:
+
+* the rendezvous (:func:`core.rendezvous.rendezvous`): node 0 listens at the registered address of
+  the worker holding shard 0 (its host name when it registered none);
+* ``resume_url``: a presigned GET (one hour) of the job's last checkpoint, when there is one;
+* for shard 0 only (its rank 0 writes the checkpoints of the world): ``checkpoint_urls``, presigned
+  PUTs of two keys under ``jobs/{name}/checkpoints/{job_id}/``, which the agent uses in turn, so
+  that the upload in flight never overwrites the checkpoint a restart would resume from.
+
+The agent gets URLs for these keys alone, never credentials, and the workload gets neither.
+Presigning is local computation: no request is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
 
 import msgspec
 
 from agent.runtimes.nvflare import KIT_FILE
+from core.errors import ResontechError
+from core.rendezvous import rendezvous
 from gateway.workspace import bucket_for
+from ops.inputs import Presigner
+from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
-from schemas import WorkSpec
+from schemas import Assignment, WorkSpec
 
-Presign = Callable[[str, str], str]
-"""``presign(bucket, key)`` -> a GET URL valid for an hour (:meth:`ops.inputs.Presigner.url`)."""
+CHECKPOINT_URL_TTL_S = 24 * 60 * 60
+"""Checkpoint uploads happen all along a placement: a placement longer than this checkpoints no more
+(the agent logs the refused upload) until it is placed again."""
+CHECKPOINT_SLOTS = 2
 
 
-def federated_spec(job: JobRecord, assignment: Any, base: WorkSpec, presign: Presign) -> WorkSpec | None:
-    """The spec of one federated shard, or ``None`` while the job's federation is not ready."""
+class WorkSpecError(ResontechError):
+    """An assignment's work cannot be described; the job fails with the message."""
+
+    code = "work_spec"
+
+
+def checkpoint_keys(job: JobRecord, epoch: int) -> list[str]:
+    """The keys the checkpoints of one placement of ``job`` are uploaded to, in turn."""
+    return [f"jobs/{job.name}/checkpoints/{job.job_id}/e{epoch}-{n}.ckpt" for n in range(CHECKPOINT_SLOTS)]
+
+
+def ddp_spec(
+    job: JobRecord,
+    assignment: Assignment,
+    base: WorkSpec,
+    presigner: Presigner,
+    workers: Mapping[str, WorkerRecord],
+) -> WorkSpec:
+    """The spec of one ``ddp`` shard: ``base`` plus its rendezvous and checkpoint URLs.
+
+    Raises:
+        WorkSpecError: the worker holding shard 0 is unknown (no address to meet at).
+    """
+    holder = job.assignments.get("0")
+    record = workers.get(holder.worker_id) if holder is not None else None
+    if record is None:
+        raise WorkSpecError("the worker holding shard 0 is unknown: no rendezvous address")
+    uploads = checkpoint_keys(job, assignment.epoch) if assignment.slot == 0 else []
+    bucket, resume = bucket_for(job.tenant), base.resume_from
+    return msgspec.structs.replace(
+        base,
+        resume_url=presigner.url(bucket, resume) if resume else None,
+        checkpoint_urls={
+            key: presigner.url(bucket, key, put=True, ttl_s=CHECKPOINT_URL_TTL_S) for key in uploads
+        },
+        rendezvous=rendezvous(
+            tenant=job.tenant,
+            job_id=job.job_id,
+            epoch=assignment.epoch,
+            master_addr=record.address or record.hostname,
+            nnodes=job.shards,
+            node_rank=assignment.slot,
+            gpus=job.resources.gpus,
+        ),
+    )
+
+
+def federated_spec(
+    job: JobRecord, assignment: Assignment, base: WorkSpec, presigner: Presigner
+) -> WorkSpec | None:
+    """The spec of one ``federated`` shard, or ``None`` while the job's federation is not ready.
+
+    It runs the ``nvflare-client`` runtime (:mod:`agent.runtimes.nvflare`) with the slot's NVFlare
+    identity (``options["site"]``) and two presigned GETs, one hour each: the slot's client startup
+    kit from the kernel's kit bucket (fetched as :data:`agent.runtimes.nvflare.KIT_FILE`) and the
+    slot's shard ZIP from the tenant's workspace (fetched under its workspace key). Not the job's
+    other inputs: a federated shard sees its own shard and nothing else of the workspace (its
+    training code reaches it through NVFlare). A replacement for a lost worker gets the same
+    identity and shard.
+    """
     federation = job.federation
     if federation is None or assignment.slot >= len(federation.sites):
         return None
@@ -41,8 +108,8 @@ def federated_spec(job: JobRecord, assignment: Any, base: WorkSpec, presign: Pre
         command=[],
         resume_from=None,
         downloads={
-            KIT_FILE: presign(federation.kit_bucket, federation.kits[slot]),
-            shard: presign(bucket_for(job.tenant), shard),
+            KIT_FILE: presigner.url(federation.kit_bucket, federation.kits[slot]),
+            shard: presigner.url(bucket_for(job.tenant), shard),
         },
         options={
             "site": federation.sites[slot],

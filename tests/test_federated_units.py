@@ -13,11 +13,13 @@ from cryptography import x509
 from agent.archives import BadArchive, unpack
 from agent.runtimes.nvflare import protocol_line
 from core import flare
+from core.settings import Settings
 from ops.coordinator import start_command
 from ops.federation.server import clean_env, provision
+from ops.inputs import Presigner
 from ops.workspecs import federated_spec
 from projections.schedule import Federation, JobRecord
-from schemas import Assignment, FederatedTraining, WorkSpec
+from schemas import Assignment, FederatedTraining
 
 
 def test_the_project_names_the_server_after_its_host_and_the_kernel_as_admin() -> None:
@@ -195,14 +197,10 @@ def _job(federation: Federation | None) -> JobRecord:
 
 
 def test_a_federated_shard_starts_only_once_its_federation_is_ready_with_only_its_own_kit_and_shard() -> None:
-    presigned: list[tuple[str, str]] = []
-
-    def presign(bucket: str, key: str) -> str:
-        presigned.append((bucket, key))
-        return f"https://s3/{bucket}/{key}?sig"
-
+    presigner = Presigner(Settings(s3_endpoint="http://127.0.0.1:9"))  # signing makes no request
     assignment = Assignment(assignment_id="j1-s1-e2", worker_id="w-2", slot=1, epoch=2)
-    assert start_command(_job(None), assignment, presign=presign) is None
+    base = start_command(_job(None), assignment).spec
+    assert federated_spec(_job(None), assignment, base, presigner) is None
     federation = Federation(
         server="localhost:4321",
         sites=["site-1", "site-2"],
@@ -210,21 +208,21 @@ def test_a_federated_shard_starts_only_once_its_federation_is_ready_with_only_it
         kits=["acme/j1/site-1.zip", "acme/j1/site-2.zip"],
         shards=["jobs/mnist/shards/a.zip", "jobs/mnist/shards/b.zip"],
     )
-    command = start_command(_job(federation), assignment, presign=presign)
-    assert command is not None
-    spec: WorkSpec = command.spec
+    spec = federated_spec(_job(federation), assignment, base, presigner)
+    assert spec is not None
     assert spec.runtime == "nvflare-client" and spec.command == [] and spec.resume_from is None
-    assert presigned == [(flare.KIT_BUCKET, "acme/j1/site-2.zip"), ("rt-acme", "jobs/mnist/shards/b.zip")]
     assert set(spec.downloads) == {"startup-kit.zip", "jobs/mnist/shards/b.zip"}
+    assert spec.downloads["startup-kit.zip"].startswith(
+        f"http://127.0.0.1:9/{flare.KIT_BUCKET}/acme/j1/site-2.zip?"
+    )
+    assert spec.downloads["jobs/mnist/shards/b.zip"].startswith(
+        "http://127.0.0.1:9/rt-acme/jobs/mnist/shards/b.zip?"
+    )
     expected: dict[str, Any] = {
         "site": "site-2",
         "server": "localhost:4321",
         "shard": "jobs/mnist/shards/b.zip",
     }
     assert spec.options | expected == spec.options and spec.options["local_epochs"] == "2"
-    assert (
-        federated_spec(
-            _job(federation), Assignment(assignment_id="x", worker_id="w", slot=5, epoch=1), spec, presign
-        )
-        is None
-    )
+    beyond = Assignment(assignment_id="x", worker_id="w", slot=5, epoch=1)
+    assert federated_spec(_job(federation), beyond, base, presigner) is None

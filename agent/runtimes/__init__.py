@@ -1,19 +1,21 @@
 """Workload runtimes, by the name a ``WorkSpec.runtime`` gives.
 
-``process`` runs a command; ``nvflare-client`` runs an NVFlare client of a federated job. Later issues
-add ``torchrun``, ``vllm`` and ``cpu-engine`` here.
+``process`` runs a command, ``torchrun`` a DDP node, ``nvflare-client`` an NVFlare client of a
+federated job. Later issues add ``vllm`` and ``cpu-engine`` here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.runtimes.base import Runtime, StartFailed, Workload, workload_env
+from agent.runtimes.base import Runtime, StartFailed, Workload, checkpoint_dir, workload_env
 from agent.runtimes.nvflare import NvflareClientRuntime
 from agent.runtimes.process import ProcessRuntime
+from agent.runtimes.torchrun import TorchrunRuntime
 
 RUNTIMES: dict[str, Callable[[], Runtime]] = {
     "process": ProcessRuntime,
+    "torchrun": TorchrunRuntime,
     "nvflare-client": NvflareClientRuntime,
 }
 """Runtime name -> factory."""
@@ -24,6 +26,8 @@ __all__ = [
     "ProcessRuntime",
     "Runtime",
     "StartFailed",
+    "TorchrunRuntime",
     "Workload",
+    "checkpoint_dir",
     "workload_env",
 ]

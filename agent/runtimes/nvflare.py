@@ -15,9 +15,9 @@ has fetched its two downloads into the working dir before the start (:mod:`agent
 The client is NVFlare's ``client_train`` run with the agent's own Python (never a ``python3`` from
 PATH, as NVFlare's start scripts do), in the workload's clean environment. It dies with the agent
 (``PR_SET_PDEATHSIG``): a client that outlived its agent would hold the site's identity that the
-replacement takes over. NVFlare runs the script in a job process of its own session; the whole tree is
-found by the ``RESONTECH_ASSIGNMENT_ID`` in its environment and killed when the client ends or is
-stopped.
+replacement takes over. NVFlare runs the script in a job process of its own session; like any
+workload's, the whole tree is found by its marks and killed when the client ends or is stopped
+(:func:`agent.runtimes.process.kill_marked`).
 
 NVFlare prefixes what the script prints with its log format, so a ``RESONTECH_PROGRESS {...}`` the
 script prints arrives mid-line: :func:`protocol_line` cuts the prefix off, and the agent turns it into
@@ -34,7 +34,7 @@ from pathlib import Path
 from agent.archives import BadArchive, unpack
 from agent.protocol import PROGRESS
 from agent.runtimes.base import StartFailed
-from agent.runtimes.process import ProcessRuntime, ProcessWorkload, kill_tagged
+from agent.runtimes.process import ProcessWorkload, prepare, spawn
 from schemas.commands import WorkSpec
 
 KIT_FILE = "startup-kit.zip"
@@ -70,11 +70,11 @@ def _unpack(workdir: Path, shard: str) -> None:
 class NvflareClientRuntime:
     """Starts an NVFlare client from the assignment's kit and shard (see the module docstring)."""
 
-    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> FlareClientWorkload:
+    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
         site, shard = spec.options.get("site", ""), spec.options.get("shard", "")
         if not site or not shard or set(spec.downloads) != {KIT_FILE, shard}:
             raise StartFailed(f"an nvflare-client assignment needs a site, its {KIT_FILE} and its shard")
-        (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+        prepare(workdir)
         try:
             await asyncio.to_thread(_unpack, workdir, shard)
         except BadArchive as exc:
@@ -85,43 +85,14 @@ class NvflareClientRuntime:
             RESONTECH_ROUNDS=spec.options.get("rounds", ""),
             RESONTECH_LOCAL_EPOCHS=spec.options.get("local_epochs", "1"),
         )
-        client = WorkSpec(runtime="process", command=client_argv(workdir / "kit", site))
-        inner = await ProcessRuntime(die_with_agent=True).start(client, workdir, client_env)
-        return FlareClientWorkload(inner, env["RESONTECH_ASSIGNMENT_ID"])
+        argv = client_argv(workdir / "kit", site)
+        return await spawn(argv, workdir, client_env, workload=FlareClientWorkload, die_with_agent=True)
 
 
-class FlareClientWorkload:
-    """A running NVFlare client (see :class:`agent.runtimes.base.Workload`)."""
-
-    def __init__(self, inner: ProcessWorkload, assignment_id: str) -> None:
-        self._inner = inner
-        self._assignment_id = assignment_id
-
-    @property
-    def pid(self) -> int | None:
-        return self._inner.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._inner.returncode
+class FlareClientWorkload(ProcessWorkload):
+    """A running NVFlare client: a process workload whose progress lines come from behind NVFlare's
+    log prefix (:func:`protocol_line`)."""
 
     async def lines(self) -> AsyncIterator[str]:
-        async for line in self._inner.lines():
+        async for line in super().lines():
             yield protocol_line(line)
-
-    async def wait(self) -> int:
-        code = await self._inner.wait()
-        self._kill_tree()
-        return code
-
-    async def cancel(self, grace_s: float) -> int:
-        code = await self._inner.cancel(grace_s)
-        self._kill_tree()
-        return code
-
-    def log_tail(self, n: int = 40) -> str:
-        return self._inner.log_tail(n)
-
-    def _kill_tree(self) -> None:
-        """Kill the job processes NVFlare started in sessions of their own."""
-        kill_tagged("RESONTECH_ASSIGNMENT_ID", self._assignment_id)

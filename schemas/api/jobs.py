@@ -1,8 +1,7 @@
 """Bodies of the jobs routes: the job spec a tenant submits, the job as the API shows it, its events.
 
-The spec has room for every job kind: ``process`` and ``federated`` (NVFlare: ``rounds``,
-``local_epochs`` and the ``federated`` training code) run today; ``ddp`` (torchrun) uses the same
-fields when its runtime lands.
+The spec has room for every job kind: ``process``, ``ddp`` (torchrun) and ``federated`` (NVFlare:
+``rounds``, ``local_epochs`` and the ``federated`` training code) all run today.
 """
 
 from __future__ import annotations
@@ -68,10 +67,10 @@ class SubmitJob(Request, frozen=True, kw_only=True):
 
     Attributes:
         name: the job's name; its workspace folder is ``jobs/{name}/``. Names may repeat.
-        kind: ``process`` (a command on each shard's worker); ``federated`` (NVFlare: one
-            client per shard, FedAvg on the kernel; shard ``i`` is the ``i``-th ZIP, by name, under
-            ``jobs/{name}/shards/``); ``ddp`` is accepted by the schema and refused until its runtime
-            exists.
+        kind: ``process`` (a command on each shard's worker); ``ddp`` (one torchrun node per
+            shard; ``command`` starts with the training script, a key among ``inputs``);
+            ``federated`` (NVFlare: one client per shard, FedAvg on the kernel; shard ``i`` is the
+            ``i``-th ZIP, by name, under ``jobs/{name}/shards/``).
         job_id: the job's id (default: generated; derived from the ``Idempotency-Key`` header
             when one is sent). A duplicate id is a 409.
         shards: how many workers run it at once (gang-placed: all or none).
