@@ -42,6 +42,10 @@ could never hold the gang or the tenant has no worker in a managed or private po
 
 :class:`core.candidates.CandidateIndex` gives the same decisions while inspecting a few
 workers: pass it as ``place(..., index=...)``.
+
+One module on purpose: filters, ranking, gang selection and the provenance that explains them
+are one pure decision; the provenance must name exactly the filters and score terms used, so they
+change together.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Every call returns typed values (the API's own msgspec bodies from :mod:`schemas
 call (:class:`_Calls`): a method builds the request and names the type to decode into; only sending
 differs. Uploads pick a single presigned PUT or a multipart upload by size, send up to
 :data:`PARALLEL_PARTS` parts at once, report progress, and abort the multipart upload on failure.
+
+One module on purpose: it is the SDK users import (``from gateway import Client``), and the sync
+and async clients share every call description and helper here; split, the two halves would drift.
 """
 
 from __future__ import annotations
@@ -469,9 +472,7 @@ class Client(_Calls):
         """Download ``key`` to ``dest`` (a file path, or a directory to put it in); checks the size
         and, when the object has one, its SHA-256."""
         info: Download = self.download_url(key)
-        target = Path(dest)
-        if target.is_dir():
-            target = target / Path(key).name
+        target = _target(Path(dest), key)
         partial = target.with_name(target.name + ".part")
         meter = _Meter(info.size, progress)
         digest = hashlib.sha256()
@@ -487,6 +488,11 @@ class Client(_Calls):
         _verify(partial, info, digest.hexdigest())
         partial.replace(target)
         return target
+
+
+def _target(dest: Path, key: str) -> Path:
+    """The file a download of ``key`` writes: ``dest``, or the key's name inside ``dest`` if a dir."""
+    return dest / Path(key).name if dest.is_dir() else dest
 
 
 def _verify(partial: Path, info: Download, sha256: str) -> None:
@@ -600,9 +606,7 @@ class AsyncClient(_Calls):
     ) -> Path:
         """As :meth:`Client.download`."""
         info: Download = await self.download_url(key)
-        target = Path(dest)
-        if await asyncio.to_thread(target.is_dir):
-            target = target / Path(key).name
+        target = await asyncio.to_thread(_target, Path(dest), key)
         partial = target.with_name(target.name + ".part")
         meter = _Meter(info.size, progress)
         digest = hashlib.sha256()

@@ -127,3 +127,10 @@ def missing_error(bucket: str, missing: Sequence[str]) -> ApiError:
         f"{len(missing)} referenced {noun} not in your workspace (bucket {bucket}): {shown}{more}; "
         "upload them first (a key ending in '/' needs at least one object under it)",
     )
+
+
+async def require_objects(s3: Any, bucket: str, keys: Sequence[str], seen: SeenObjects | None = None) -> None:
+    """422 ``missing_objects`` unless every key of ``keys`` is in ``bucket``."""
+    missing = await missing_objects(s3, bucket, keys, seen)
+    if missing:
+        raise missing_error(bucket, missing)

@@ -30,6 +30,11 @@ when capacity may have grown, and at least every ``RECHECK_S``.
 It lives in ``ops/`` because it reads projections: ``core/`` holds the pure decisions it calls and
 must not import them. It runs past 500 lines because its steps are one loop over one state; the
 bookkeeping that makes a step cheap lives in :mod:`ops.live_capacity` and :mod:`ops.silence`.
+
+Why it stays one module (~800 lines): it is the one service loop that orders every decision of a
+step (lost workers, revocations, failures, admission, placement, commands); index upkeep
+(ops/live_capacity.py), silence detection (ops/silence.py), work specs (ops/workspecs.py), inputs
+(ops/inputs.py) and replicas already live beside it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from gateway.errors import ApiError, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
 from gateway.jobspec import idle_fleet
 from gateway.paging import decode_seq_cursor, encode_cursor
-from gateway.references import key_problem, missing_error, missing_objects
+from gateway.references import key_problem, require_objects
 from gateway.scope import iso, scoped_tenant
 from gateway.workspace import bucket_for
 from projections import ENDPOINTS, REGISTRY, TENANTS
@@ -231,10 +231,7 @@ async def deploy_endpoint(call: Call[DeployEndpoint, TenantQuery]) -> Any:
             )
     check_admission(call, _record_of(tenant, endpoint_id, event))
     if event.model_source == "workspace":
-        bucket = bucket_for(tenant)
-        missing = await missing_objects(kernel.s3, bucket, [event.model], kernel.seen_objects)
-        if missing:
-            raise missing_error(bucket, missing)
+        await require_objects(kernel.s3, bucket_for(tenant), [event.model], kernel.seen_objects)
     try:
         await kernel.append(
             endpoint_subject(tenant, endpoint_id, event),

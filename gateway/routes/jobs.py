@@ -22,7 +22,7 @@ from gateway.errors import ApiError, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
 from gateway.jobspec import check_admission, idle_fleet, job_event, same_submission
 from gateway.paging import decode_seq_cursor, encode_cursor
-from gateway.references import missing_error, missing_objects
+from gateway.references import require_objects
 from gateway.scope import iso, scoped_tenant
 from gateway.workspace import bucket_for
 from projections import REGISTRY, SCHEDULE, TENANTS
@@ -183,10 +183,7 @@ async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     now_ns = time.time_ns()
     hosts = idle_fleet(call).hosts(kernel.state(REGISTRY), now_ns)
     check_admission(tenant, job_id, event, quotas(kernel.state(TENANTS)), hosts, now_ns)
-    bucket = bucket_for(tenant)
-    missing = await missing_objects(kernel.s3, bucket, event.inputs, kernel.seen_objects)
-    if missing:
-        raise missing_error(bucket, missing)
+    await require_objects(kernel.s3, bucket_for(tenant), event.inputs, kernel.seen_objects)
     try:
         await kernel.append(
             job_subject(tenant, job_id, event),

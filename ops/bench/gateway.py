@@ -20,6 +20,9 @@ checks, the object HEAD, read-your-writes, the audit record) adds on top of the 
 
 Usage: ``python -m ops.bench.gateway [--quick] [--subscribers N] [--rate R] [--seconds S]
 [--submit-rate R] [--submit-seconds S]``.
+
+One file on purpose: a benchmark is one program; the submit and feed parts share the served stack,
+the load generator and the report.
 """
 
 from __future__ import annotations

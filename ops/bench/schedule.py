@@ -29,6 +29,9 @@ is reaped, the job cancelled and its replacement stopped, and the agent restarte
 
 Usage: ``python -m ops.bench.schedule [--quick]``. ``--quick``: 2,000 workers and 2,000 jobs, 2,000
 heartbeating workers for 10 s, 2 trials (the durable steps it has left still wait on the disk).
+
+One file on purpose: a benchmark is one program run as ``python -m ops.bench.schedule``; its three
+parts (placement, ingest, failover) share the report and the child-process plumbing.
 """
 
 from __future__ import annotations
