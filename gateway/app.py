@@ -24,7 +24,7 @@ from gateway.errors import EXCEPTION_HANDLERS
 from gateway.feed import PROTOCOL
 from gateway.kernel import Kernel
 from gateway.metrics import GatewayMetrics, RequestMetrics
-from gateway.routes import ROUTERS
+from gateway.routes import ROUTERS, openai
 from gateway.routes.feed import websocket_routes
 from gateway.settings import GatewaySettings, load_gateway_settings
 
@@ -81,12 +81,15 @@ def create_app(
         try:
             yield
         finally:
+            if getattr(app.state, "inference", None) is not None:
+                await app.state.inference.close()
             if own_kernel:
                 await app.state.kernel.stop()
 
     routes: list[BaseRoute] = [
         Route("/openapi.json", openapi_json, include_in_schema=False),
         Route("/docs", docs, include_in_schema=False),
+        *openai.routes(),  # before the API's: OpenAI's error shape, bodies passed through
         *starlette_routes(ops),
         *websocket_routes(),
         *dashboard.routes(),

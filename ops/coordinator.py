@@ -46,6 +46,7 @@ from core.streams import command_subject, job_filter, job_subject, worker_filter
 from core.wire import Position
 from ops.inputs import InputError, Presigner
 from ops.live_capacity import LiveCapacity
+from ops.replicas import Replicas
 from ops.silence import Silence
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS
 from projections.admission import Usage, Victim, health_verdicts, preemption_victims, request_for_job, triage
@@ -124,6 +125,7 @@ class Coordinator:
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.endpoints = ProjectionRunner(event_log, ENDPOINTS, write_snapshots=False)
         self.tenants = ProjectionRunner(event_log, TENANTS, write_snapshots=False)
+        self.replicas = Replicas(self)
         self._changed = asyncio.Event()
         self._commanded: set[str] = set()
         self._failures: dict[str, list[int]] = {}
@@ -185,6 +187,7 @@ class Coordinator:
         await self.complete_jobs(jobs)
         await self.place_queued(now_ns, jobs)
         await self.send_commands(jobs)
+        await self.replicas.step(now_ns)
 
     # -- what changed --------------------------------------------------------------------------
 

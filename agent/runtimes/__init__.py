@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 from agent.runtimes.base import Runtime, StartFailed, Workload, workload_env
 from agent.runtimes.process import ProcessRuntime
+from agent.runtimes.vllm import VllmRuntime
 
-RUNTIMES: dict[str, Callable[[], Runtime]] = {"process": ProcessRuntime}
+RUNTIMES: dict[str, Callable[[], Runtime]] = {"process": ProcessRuntime, "vllm": VllmRuntime}
 """Runtime name -> factory."""
 
-__all__ = ["RUNTIMES", "ProcessRuntime", "Runtime", "StartFailed", "Workload", "workload_env"]
+__all__ = ["RUNTIMES", "ProcessRuntime", "Runtime", "VllmRuntime", "StartFailed", "Workload", "workload_env"]
