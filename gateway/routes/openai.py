@@ -33,6 +33,8 @@ from projections import ENDPOINTS
 from projections.endpoints import EndpointRecord, endpoint_key, ready_replicas
 
 COLD_START_WAIT_S = 120.0
+REPLICA_HEADER = "x-resontech-replica"
+"""Names the replica slot that served a response (for debugging and the round-robin tests)."""
 _WAIT_STEP_S = 0.1
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}  # fmt: skip
@@ -93,12 +95,14 @@ def find_endpoint(kernel: Kernel, tenant: str, model: str) -> EndpointRecord:
     return record
 
 
-async def ready_addresses(kernel: Kernel, tenant: str, model: str, wait_s: float) -> tuple[str, list[str]]:
-    """The endpoint's key and its ready replicas' addresses, waiting up to ``wait_s`` for one."""
+async def ready_addresses(
+    kernel: Kernel, tenant: str, model: str, wait_s: float
+) -> tuple[str, dict[str, int]]:
+    """The endpoint's key and its ready replicas (address -> slot), waiting up to ``wait_s`` for one."""
     deadline = time.monotonic() + wait_s
     while True:
         record = find_endpoint(kernel, tenant, model)
-        addresses = [r.address for r in ready_replicas(record)]
+        addresses = {r.address: r.slot for r in ready_replicas(record)}
         if addresses or time.monotonic() >= deadline:
             return endpoint_key(record.tenant, record.endpoint_id), addresses
         await asyncio.sleep(_WAIT_STEP_S)
@@ -127,7 +131,7 @@ async def forward(request: Request, path: str) -> Response:
     proxy = proxy_of(request)
     headers = {h: v for h in _FORWARD_HEADERS if (v := request.headers.get(h))}
     try:
-        upstream = await proxy.send(key, addresses, path, body, headers)
+        upstream = await proxy.send(key, list(addresses), path, body, headers)
     except NoReplica as exc:
         proxy.record(key, started, ok=False)
         return error_response(OpenAIError(503, "no_replica", f"no replica could serve the request: {exc}"))
