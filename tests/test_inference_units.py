@@ -145,3 +145,20 @@ def test_percentiles_rps_and_error_rate_over_the_window() -> None:
     assert figures.requests == 10 and figures.error_rate == pytest.approx(0.1)
     assert figures.p50_ms == pytest.approx(50.0) and figures.rps == pytest.approx(1.0)
     assert traffic.figures(1000.0).requests == 0
+
+
+def test_autoscaler_scales_out_in_and_to_zero_within_bounds() -> None:
+    from core.autoscale import Bounds, decide, wake
+
+    b = Bounds(min_replicas=0, max_replicas=4, target_rps_per_replica=10.0, scale_to_zero_after_s=60)
+    out = decide(b, desired=1, rps=25.0, idle_s=0.0)
+    assert out is not None and out.replicas == 3 and out.inputs["rps"] == 25.0
+    assert decide(b, desired=1, rps=500.0, idle_s=0.0).replicas == 4  # type: ignore[union-attr]
+    assert decide(b, desired=3, rps=25.0, idle_s=0.0) is None
+    assert decide(b, desired=3, rps=19.0, idle_s=0.0) is None  # 2 would run at 95%: no flapping
+    assert decide(b, desired=3, rps=15.0, idle_s=0.0).replicas == 2  # type: ignore[union-attr]
+    assert decide(b, desired=2, rps=0.0, idle_s=61.0).replicas == 0  # type: ignore[union-attr]
+    assert decide(b, desired=0, rps=0.0, idle_s=999.0) is None  # zero waits for a request
+    kept = Bounds(min_replicas=1, max_replicas=2, target_rps_per_replica=10.0, scale_to_zero_after_s=60)
+    assert decide(kept, desired=1, rps=0.0, idle_s=999.0) is None  # min 1: never to zero
+    assert wake(b).replicas == 1 and wake(kept).replicas == 1

