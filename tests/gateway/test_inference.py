@@ -152,6 +152,42 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
     assert other != tenant
 
 
+async def test_an_idle_endpoint_scales_to_zero_and_a_request_brings_it_back(
+    log: EventLog, agents: Callable[..., AgentProcess], gateway_server: GatewayServer
+) -> None:
+    server = gateway_server
+    await registered(log, agents("z1", *SLOW_HOST))
+    tenant, admin = await server.tenant()
+    async with coordinator(log) as running:
+        endpoint = await deploy(
+            server, admin, name="emb", model="all-MiniLM-L6-v2", engine="cpu", scale_to_zero_after_s=10
+        )
+        endpoint_id = endpoint["endpoint_id"]
+        await until(lambda: _ready(server, admin, endpoint_id, 1), "a replica ready", timeout=ST_READY_S)
+        await until(
+            lambda: _state(server, admin, endpoint_id, "scaled_to_zero"), "scaled to zero", timeout=60
+        )
+        await until(lambda: _no_commands(running), "the replica stopped", timeout=30)
+        api = client(server, admin)
+        raw = await api.embeddings.with_raw_response.create(model="emb", input="back again")
+        assert len(raw.parse().data) == 1
+        cold_start_s = float(raw.headers["x-resontech-cold-start-s"])
+        assert 0 < cold_start_s < ST_READY_S
+        body = (await server.request("GET", f"/v1/endpoints/{endpoint_id}", admin)).json()
+        assert body["state"] == "serving" and body["traffic"]["requests"] >= 1
+        metrics = (await server.request("GET", "/metrics", server.operator_key)).text
+        assert f'resontech_endpoint_ready_replicas{{endpoint="emb",tenant="{tenant}"}} 1.0' in metrics
+    print(f"cold start (all-MiniLM-L6-v2, sentence-transformers engine): {cold_start_s:.2f}s")
+
+
+async def _state(server: GatewayServer, key: str, endpoint_id: str, state: str) -> bool:
+    return bool((await server.request("GET", f"/v1/endpoints/{endpoint_id}", key)).json()["state"] == state)
+
+
+async def _no_commands(running: Coordinator) -> bool:
+    return not running.replicas.commanded
+
+
 async def _ready(server: GatewayServer, key: str, endpoint_id: str, n: int) -> bool:
     return await ready_count(server, key, endpoint_id) >= n
 
