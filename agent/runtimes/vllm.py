@@ -30,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -91,11 +93,17 @@ def engine_command(
     return argv
 
 
-def engine_env(env: Mapping[str, str], *, gpus: int, options: Mapping[str, str]) -> dict[str, str]:
+def engine_env(
+    env: Mapping[str, str], *, gpus: int, options: Mapping[str, str], rpc_dir: Path | None = None
+) -> dict[str, str]:
     """The workload's environment plus the engine's: offline, no usage stats, KV cache size on CPU, and
     vLLM's compile cache in the host's model cache (``HOME`` is the assignment's directory, so the
-    default cache would make every replica compile the model again)."""
+    default cache would make every replica compile the model again). ``rpc_dir`` holds vLLM's ZeroMQ
+    IPC sockets: a Unix socket path is limited to 107 bytes, which a path inside the assignment's
+    directory can exceed."""
     out = {**env, **OFFLINE_ENV, "VLLM_CACHE_ROOT": str(model_cache() / "vllm")}
+    if rpc_dir is not None:
+        out["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     if gpus == 0:
         out["VLLM_CPU_KVCACHE_SPACE"] = options.get("kv_cache_gib", "1")
         out["VLLM_TARGET_DEVICE"] = "cpu"
@@ -123,18 +131,26 @@ class VllmRuntime:
         port = free_port(host)
         argv = engine_command(model, host=host, port=port, gpus=spec.gpus, options=options)
         engine_spec = WorkSpec(runtime="process", command=argv, gpus=spec.gpus)
-        inner = await ProcessRuntime().start(
-            engine_spec, workdir, engine_env(env, gpus=spec.gpus, options=options)
-        )
+        rpc_dir = Path(tempfile.mkdtemp(prefix="rt-vllm-"))
+        try:
+            inner = await ProcessRuntime().start(
+                engine_spec, workdir, engine_env(env, gpus=spec.gpus, options=options, rpc_dir=rpc_dir)
+            )
+        except StartFailed:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+            raise
         timeout = float(options.get("ready_timeout_s", READY_TIMEOUT_S))
-        return EngineWorkload(inner, f"http://{host}:{port}", ready_timeout_s=timeout)
+        return EngineWorkload(inner, f"http://{host}:{port}", ready_timeout_s=timeout, rpc_dir=rpc_dir)
 
 
 class EngineWorkload:
     """A running engine: the process workload plus its health watch (see the module docstring)."""
 
-    def __init__(self, inner: ProcessWorkload, address: str, *, ready_timeout_s: float) -> None:
+    def __init__(
+        self, inner: ProcessWorkload, address: str, *, ready_timeout_s: float, rpc_dir: Path | None = None
+    ) -> None:
         self.inner = inner
+        self.rpc_dir = rpc_dir
         self.address = address
         self.ready_timeout_s = ready_timeout_s
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
@@ -187,6 +203,8 @@ class EngineWorkload:
 
     async def wait(self) -> int:
         code = await self.inner.wait()
+        if self.rpc_dir is not None:
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watch

@@ -27,7 +27,7 @@ from core.log import EventLog
 from ops.coordinator import Coordinator
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady
 from tests.gateway.conftest import GatewayServer
-from tests.support import AgentProcess, of, records, registered
+from tests.support import REPO, AgentProcess, of, records, registered
 
 pytestmark = pytest.mark.slow
 VLLM_READY_S = 900.0
@@ -175,6 +175,12 @@ async def test_an_idle_endpoint_scales_to_zero_and_a_request_brings_it_back(
         assert 0 < cold_start_s < ST_READY_S
         body = (await server.request("GET", f"/v1/endpoints/{endpoint_id}", admin)).json()
         assert body["state"] == "serving" and body["traffic"]["requests"] >= 1
+        cli = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "ops.cli", "infer", "emb", "hello", "--embed", "--url", server.url, "--key", admin],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+        assert cli.returncode == 0 and "384 dimensions" in cli.stdout, cli.stderr
         metrics = (await server.request("GET", "/metrics", server.operator_key)).text
         assert f'resontech_endpoint_ready_replicas{{endpoint="emb",tenant="{tenant}"}} 1.0' in metrics
     print(f"cold start (all-MiniLM-L6-v2, sentence-transformers engine): {cold_start_s:.2f}s")
