@@ -73,7 +73,7 @@ class Autoscaler:
     def __init__(self, kernel: Kernel, proxy: InferenceProxy) -> None:
         self.kernel = kernel
         self.proxy = proxy
-        self.active_since: dict[str, float] = {}  # endpoint key -> when this process saw it want replicas
+        self.active_since: dict[str, float] = {}  # endpoint key -> when this process saw it serving
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -85,8 +85,9 @@ class Autoscaler:
                 log.warning("autoscaler tick failed: %s", exc.message)
 
     def idle_s(self, key: str, endpoint: EndpointRecord, now: float) -> float:
-        """Seconds since the endpoint's last request, or since it last came up from zero."""
-        if endpoint.desired_replicas == 0:
+        """Seconds since the endpoint's last request, or since it last started serving: a replica
+        still starting (a cold start can take minutes) never counts as idle time."""
+        if endpoint.state != "serving":
             self.active_since.pop(key, None)
             return 0.0
         since = self.active_since.setdefault(key, now)
