@@ -22,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="local agent name (default: the host name); names the state dir")
     p.add_argument("--provider", help="provider that owns this host and is paid for it (default local)")
     p.add_argument("--region", help="region label, for geo affinity")
+    p.add_argument("--address", help="address other hosts reach this one at (default: the route to NATS)")
     p.add_argument("--pool", choices=("shared", "managed", "private"), help="runtime pool (default shared)")
     p.add_argument("--owner-tenant", help="organisation a managed or private worker belongs to")
     p.add_argument("--policy", dest="policy_file", metavar="FILE", help="provider policy file (YAML or TOML)")
@@ -49,6 +50,7 @@ _FIELDS = (
     "name",
     "provider",
     "region",
+    "address",
     "pool",
     "owner_tenant",
     "policy_file",

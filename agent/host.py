@@ -1,4 +1,4 @@
-"""Host CPU and memory, read from ``/proc`` (Linux); no psutil.
+"""Host CPU and memory, read from ``/proc`` (Linux); no psutil. And the address peers reach it at.
 
 On a system without ``/proc`` every reading is 0 rather than an error: the agent still runs.
 """
@@ -6,7 +6,9 @@ On a system without ``/proc`` every reading is 0 rather than an error: the agent
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 PROC = Path("/proc")
 
@@ -73,3 +75,19 @@ class CpuLoad:
         if total <= last_total:
             return 0.0
         return round(100.0 * (busy - last_busy) / (total - last_total), 1)
+
+
+def route_address(url: str) -> str:
+    """The local address this host reaches ``url``'s host from (the first URL of a comma-separated
+    list): the interface other hosts of the fleet most likely reach it at too. Loopback for a
+    loopback server; the host name when there is no route. No packet is sent (a UDP "connect" only
+    picks the route).
+    """
+    parsed = urlsplit(url.split(",")[0].strip())
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((parsed.hostname or "127.0.0.1", parsed.port or 4222))
+            address: str = probe.getsockname()[0]
+            return address
+    except OSError:
+        return socket.gethostname()

@@ -6,16 +6,24 @@ other line is just log output. All fields are optional unless marked.
 ``RESONTECH_PROGRESS {"round": 1, "train_epoch": 1, "step": 10, "loss": 0.5, "metrics": {"acc": 0.9}}``
     -> ``job.<tenant>.<job>.progress`` (``JobProgress``), stamped with the assignment's epoch and slot.
     ``gpu_util_pct`` may be given too.
+``RESONTECH_CHECKPOINT {"path": "epoch-0004.pt", "step": 300}``
+    -> the agent uploads the file ``path`` of ``$RESONTECH_CHECKPOINT_DIR`` to the workspace through
+    the presigned URLs of its assignment (``WorkSpec.checkpoint_urls``), then appends
+    ``job.<tenant>.<job>.checkpointed`` (``JobCheckpointed``) with the key it went to; a restart
+    resumes from it (``WorkSpec.resume_from``, fetched to ``$RESONTECH_RESUME_PATH``). Write each
+    checkpoint under a new name, completely (to a temporary name, then rename), before printing the
+    line: the agent removes the file once uploaded.
 ``RESONTECH_CHECKPOINT {"object_key": "jobs/x/ckpt/round-3.pt", "round": 3, "step": 300}``
-    -> ``job.<tenant>.<job>.checkpointed`` (``JobCheckpointed``); ``object_key`` is required: the
-    workload has already written the checkpoint to the tenant's workspace under that key, and a
-    replacement worker resumes from it (``WorkSpec.resume_from``).
+    -> the same event for a checkpoint the workload has already written to the tenant's workspace
+    itself, under that key. Exactly one of ``path`` and ``object_key`` is given.
 ``RESONTECH_READY {"address": "http://10.0.0.5:8000"}``
     -> ``endpoint.<tenant>.<endpoint>.replica_ready`` for an inference replica (``address`` required).
 
 The environment a workload starts with (see :mod:`agent.runtimes.process`) tells it who it is:
 ``RESONTECH_ASSIGNMENT_ID``, ``RESONTECH_WORK_ID``, ``RESONTECH_SLOT``, ``RESONTECH_EPOCH``,
-``RESONTECH_DATA_ROOT`` (``<workdir>/data``), and ``PYTHONUNBUFFERED=1`` so that Python workloads'
+``RESONTECH_DATA_ROOT`` (``<workdir>/data``), ``RESONTECH_CHECKPOINT_DIR`` (``<workdir>/checkpoints``),
+``RESONTECH_RESUME_FROM`` and ``RESONTECH_RESUME_PATH`` (the checkpoint to resume from: its key, and
+the local file when the runtime fetched it), and ``PYTHONUNBUFFERED=1`` so that Python workloads'
 lines arrive as they are printed. On ``SIGTERM`` (a ``StopWork``, a preemption with checkpoint, or the
 agent stopping) a workload has the agent's grace period to write a checkpoint, print its
 ``RESONTECH_CHECKPOINT`` line and exit; then it is killed.
@@ -46,9 +54,10 @@ class ProgressLine(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CheckpointLine(msgspec.Struct, frozen=True, kw_only=True):
-    """A ``RESONTECH_CHECKPOINT`` report."""
+    """A ``RESONTECH_CHECKPOINT`` report: a file to upload (``path``) or an object already written."""
 
-    object_key: str
+    object_key: str | None = None
+    path: str | None = None
     round: int | None = None
     step: int | None = None
 
@@ -88,6 +97,6 @@ def parse_line(line: str) -> Report | None:
         report: Report = decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"{keyword}: {exc}") from None
-    if isinstance(report, CheckpointLine) and not report.object_key:
-        raise ProtocolError(f"{keyword}: object_key must not be empty")
+    if isinstance(report, CheckpointLine) and bool(report.object_key) == bool(report.path):
+        raise ProtocolError(f"{keyword}: give exactly one of path and object_key, not empty")
     return report

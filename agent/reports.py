@@ -16,7 +16,8 @@ exit 0                 ``job.shard_completed`` (the coordinator completes the jo
                        shard has); ``endpoint.replica_lost`` for a replica
 exit N != 0 / signal   ``job.failed`` (reason ``exit status N``, epoch, slot, the log's last 40
                        lines) or ``endpoint.replica_lost`` with the same
-could not start        ``job.failed`` (``cannot start: ...``) / ``endpoint.replica_lost``
+could not start        ``job.failed`` (``cannot start: ...``; ``retryable`` when the runtime says
+                       so, e.g. a rendezvous port already taken) / ``endpoint.replica_lost``
 stopped (StopWork) or  nothing: the kernel asked for it and already knows
 superseded by a newer
 epoch
@@ -92,6 +93,8 @@ def reported(cmd: StartWork, report: ProgressLine | CheckpointLine | ReadyLine, 
     if cmd.work_kind != "job":
         return None
     if isinstance(report, CheckpointLine):
+        if report.object_key is None:
+            return None  # a file not uploaded yet (agent.checkpoints uploads it and reports the key)
         event: Event = JobCheckpointed(
             epoch=cmd.epoch, object_key=report.object_key, round=report.round, slot=cmd.slot, step=report.step
         )
@@ -140,9 +143,9 @@ def ended(
     return [_failure(cmd, exit_reason(code if code is not None else -1), log_tail, retryable=False)]
 
 
-def start_failed(cmd: StartWork, reason: str) -> Append:
-    """The workload could not be started."""
-    return _failure(cmd, f"cannot start: {reason}", "", retryable=False)
+def start_failed(cmd: StartWork, reason: str, *, retryable: bool = False) -> Append:
+    """The workload could not be started (``retryable``: not its fault; placed again at once)."""
+    return _failure(cmd, f"cannot start: {reason}", "", retryable=retryable)
 
 
 def _failure(cmd: StartWork, reason: str, log_tail: str, *, retryable: bool) -> Append:

@@ -40,16 +40,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent import host, reports
+from agent.checkpoints import CheckpointUploads
 from agent.devices import DeviceSource
 from agent.downloads import fetch_all
 from agent.heartbeat import Heartbeats, append_reliably
 from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, requested_vram_mb
-from agent.protocol import ProtocolError, parse_line
+from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, parse_line
 from agent.reports import Append, Meter
 from agent.running import Assignments, Running
-from agent.runtimes import RUNTIMES, StartFailed, workload_env
+from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
 from agent.runtimes.process import reap_orphans
 from agent.settings import AgentSettings
 from agent.state import CommandState
@@ -169,6 +172,7 @@ class Agent:
             memory_mb=host.memory_total_mb(),
             driver=self.devices.driver(),
             agent_version=agent_version(),
+            address=s.address or host.route_address(self.core.nats_url),
         )
         try:
             await self.log.append(worker_subject(self.worker_id, event), event)
@@ -269,7 +273,8 @@ class Agent:
         except StartFailed as exc:
             self._state.running.pop(cmd.assignment_id, None)
             self._state.save()
-            await self._emit([reports.start_failed(cmd, exc.message)])
+            log.info("%s could not start: %s", cmd.assignment_id, exc.message)
+            await self._emit([reports.start_failed(cmd, exc.message, retryable=exc.retryable)])
             return
         gpu_type = gpu_family(self._assignments.model_of(gpu_indices))
         meter = Meter(
@@ -356,17 +361,29 @@ class Agent:
 
     async def _forward_reports(self, running: Running) -> None:
         cmd, n = running.cmd, 0
+        folder = checkpoint_dir(self.work_dir / cmd.assignment_id)
+        uploads = CheckpointUploads(folder, cmd.spec.checkpoint_urls, cmd.assignment_id)
         async for line in running.workload.lines():
             try:
                 report = parse_line(line)
             except ProtocolError as exc:
                 log.warning("%s: ignored a malformed line: %s", cmd.assignment_id, exc)
                 continue
+            if isinstance(report, CheckpointLine):
+                report = await uploads.resolve(report)
+            elif isinstance(report, ProgressLine) and report.gpu_util_pct is None and running.gpu_indices:
+                report = msgspec.structs.replace(report, gpu_util_pct=self._gpu_util(running.gpu_indices))
             if report is not None:
                 n += 1
                 item = reports.reported(cmd, report, n)
                 if item is not None:
                     await self._emit([item])
+
+    def _gpu_util(self, indices: list[int]) -> float | None:
+        """The mean utilisation of ``indices`` now (``None`` where NVML reports none)."""
+        readings = [t.util_pct for t in self.devices.telemetry() if t.index in indices]
+        known = [r for r in readings if r is not None]
+        return round(sum(known) / len(known), 1) if known else None
 
     async def _finish(self, running: Running, code: int) -> None:
         cmd = running.cmd

@@ -22,6 +22,7 @@ from core.errors import ConfigError
 PREFIX = "RESONTECH_AGENT_"
 DeviceSourceName = Literal["nvml", "simulated"]
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9.:_-]{1,253}$")
 _POOLS = ("shared", "managed", "private")
 
 
@@ -35,6 +36,8 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
         work_dir: per-assignment working directories (default ``<state_dir>/work``).
         provider: the provider that owns the host and is paid for it (default ``local``).
         region: a free-form region label used for geo affinity (default empty).
+        address: the address other hosts reach this one at, registered for the rendezvous of
+            distributed jobs (default empty: the local address of the route to the NATS server).
         pool: ``shared`` (default), ``managed`` or ``private``.
         owner_tenant: the organisation a managed or private worker belongs to (required for them).
         heartbeat_interval_s: seconds between heartbeats (default 1.0).
@@ -51,6 +54,7 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
     work_dir: str
     provider: str = "local"
     region: str = ""
+    address: str = ""
     pool: Literal["shared", "managed", "private"] = "shared"
     owner_tenant: str | None = None
     heartbeat_interval_s: float = 1.0
@@ -122,6 +126,8 @@ def _check(s: AgentSettings) -> None:
         raise ConfigError(f"{PREFIX}NAME {s.name!r} must be 1-64 letters, digits, '-' or '_'")
     if not _TOKEN.match(s.provider):
         raise ConfigError(f"{PREFIX}PROVIDER {s.provider!r} must be 1-64 letters, digits, '-' or '_'")
+    if s.address and not _ADDRESS.match(s.address):
+        raise ConfigError(f"{PREFIX}ADDRESS {s.address!r} must be a host name or an IP address")
     if s.owner_tenant is not None and not _TOKEN.match(s.owner_tenant):
         raise ConfigError(f"{PREFIX}OWNER_TENANT {s.owner_tenant!r} is not a valid tenant id")
     if s.pool in ("managed", "private") and not s.owner_tenant:

@@ -38,9 +38,9 @@ class KindRule(NamedTuple):
 KINDS: dict[str, KindRule] = {
     "process": KindRule(available=True, needs_command=True, federated=False),
     "federated": KindRule(available=False, needs_command=False, federated=True),
-    "ddp": KindRule(available=False, needs_command=True, federated=False),
+    "ddp": KindRule(available=True, needs_command=True, federated=False),
 }
-"""Every kind the spec knows; ``federated`` and ``ddp`` run once their runtimes exist."""
+"""Every kind the spec knows; ``federated`` runs once its runtime exists."""
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 RESERVED_ENV_PREFIX = "RESONTECH_"
 
@@ -62,6 +62,19 @@ def _check_kind(spec: SubmitJob) -> None:
         raise invalid_spec("a federated job needs rounds")
     if not rule.federated and (spec.rounds is not None or spec.local_epochs is not None):
         raise invalid_spec("rounds and local_epochs are for federated jobs only")
+    if spec.kind == "ddp":
+        _check_script(spec)
+
+
+def _check_script(spec: SubmitJob) -> None:
+    """A ddp job's command starts with its training script, a workspace key among its inputs (each
+    node fetches its inputs and runs the script under torchrun)."""
+    script = spec.command[0]
+    if not any(script == key or (key.endswith("/") and script.startswith(key)) for key in spec.inputs):
+        raise invalid_spec(
+            f"a ddp job's command starts with its training script, a workspace key among its inputs: "
+            f"add {script!r} to inputs (e.g. scripts/train.py, uploaded with resontech upload)"
+        )
 
 
 def _check_resources(spec: SubmitJob) -> None:

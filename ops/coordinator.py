@@ -6,10 +6,14 @@ every ``tick_s``) it:
 1. marks workers whose heartbeats stopped ``lost`` and revokes their assignments, and marks lost
    workers that heartbeat again ``recovered`` (their old work stays fenced by epoch);
 2. revokes assignments an agent rejected, and cordons workers the health controller condemns;
-3. places queued work with :func:`core.placement.place`, appending ``job.placed`` with the job's
+3. keeps gang jobs (``ddp``) whole (:mod:`projections.gangs`): revokes and stops what is left of a
+   gang that lost a shard, and fails a gang on a failed rank only once it cannot be collateral
+   damage of a lost peer;
+4. places queued work with :func:`core.placement.place`, appending ``job.placed`` with the job's
    expected sequence, so that two coordinators never both place the same job;
-4. sends every placed assignment's ``start_work`` command, idempotently (the command id is derived
-   from the assignment id).
+5. sends every placed assignment's ``start_work`` command (a ``ddp`` shard's with its rendezvous and
+   checkpoint URLs, :mod:`ops.workspecs`), idempotently (the command id is derived from the
+   assignment id).
 
 Every append that depends on what the coordinator read carries the expected sequence of the
 aggregate it decided about; a :class:`ConcurrencyConflict` means another coordinator (or the agent)
@@ -38,6 +42,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Sequence
 from typing import Any
 
+import msgspec
+
 from core import placement
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
@@ -48,7 +54,8 @@ from ops.inputs import InputError, Presigner
 from ops.live_capacity import LiveCapacity
 from ops.replicas import Replicas
 from ops.silence import Silence
-from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS
+from ops.workspecs import WorkSpecError, ddp_spec
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs
 from projections.admission import Usage, Victim, health_verdicts, preemption_victims, request_for_job, triage
 from projections.capacity import tier_of
 from projections.endpoints import endpoint_key
@@ -137,6 +144,7 @@ class Coordinator:
         self._queued: set[str] = set()  # keys of the jobs the schedule shows queued
         self._awaiting: dict[str, int] = {}  # job key -> sequence of our placement not yet applied
         self._unsent: set[str] = set()  # jobs whose start command failed to go out
+        self._gang_failing_since: dict[str, int] = {}  # gang job key -> when a rank's failure was seen
         self._dirty_jobs: set[str] = set()
         self._dirty_endpoints: set[str] = set()
         self._dirty_workers: set[str] = set()
@@ -183,6 +191,7 @@ class Coordinator:
         await self.recover(now_ns, workers)
         await self.revoke_rejected(jobs)
         await self.cordon_unhealthy(now_ns, workers)
+        await self.settle_gangs(now_ns, jobs)
         await self.settle_failures(jobs)
         await self.complete_jobs(jobs)
         await self.place_queued(now_ns, jobs)
@@ -435,8 +444,8 @@ class Coordinator:
             job = self.schedule.state.jobs.get(key)  # it may have changed while appends were awaited
             if (tried is not None and key not in tried) or job is None or self._awaits(key, job):
                 continue
-            if job.state != "queued" or not missing_slots(job):
-                continue
+            if job.state != "queued" or not missing_slots(job) or gangs.partial(job):
+                continue  # a gang is placed whole, once settle_gangs has freed every shard
             started = time.perf_counter()
             request = request_for_job(job)
             decision = capacity.index.place(request, now_ns=now_ns)
@@ -539,7 +548,7 @@ class Coordinator:
         (``retryable``) is revoked and placed again, until it was stopped :data:`MAX_SHARD_ATTEMPTS`
         times: then the job fails with the last reason."""
         for _, job in self._jobs(jobs):
-            if job.state in TERMINAL or not job.failed_slots:
+            if job.state in TERMINAL or not job.failed_slots or gangs.is_gang(job):
                 continue
             fatal = sorted(slot for slot, retryable in job.failed_slots.items() if not retryable)
             spent = sorted(s for s in job.failed_slots if job.retries.get(s, 0) >= MAX_SHARD_ATTEMPTS)
@@ -553,6 +562,88 @@ class Coordinator:
                 assignment = job.assignments.get(slot)
                 if assignment is not None:
                     await self._revoke(job, assignment, f"retry: {job.failure_reason}")
+
+    # -- gangs ---------------------------------------------------------------------------------
+
+    async def settle_gangs(self, now_ns: int, jobs: Collection[str] | None = None) -> None:
+        """Keep gang jobs whole: restart a gang that lost a shard or had a rank stopped by its agent;
+        fail it on a failed rank once no lost peer can explain the failure (:mod:`projections.gangs`).
+
+        Args:
+            jobs: the jobs that changed; gangs waiting out a failed rank's grace are looked at too.
+        """
+        keys = None if jobs is None else set(jobs) | {k.rsplit("@", 1)[0] for k in self._gang_failing_since}
+        for key, job in self._jobs(keys):
+            if job.state in TERMINAL or not gangs.is_gang(job):
+                continue
+            if gangs.partial(job):
+                await self._restart_gang(job, f"gang restart: {job.queue_reason or 'a shard was lost'}")
+                continue
+            failing = f"{key}@{job.epoch}"
+            if not job.failed_slots:
+                self._gang_failing_since.pop(failing, None)
+                continue
+            since = self._gang_failing_since.setdefault(failing, now_ns)
+            grace = self._gang_grace_ns(job)
+            verdict = gangs.verdict(job, failing_since_ns=since, now_ns=now_ns, grace_ns=grace)
+            if verdict == "restart":
+                await self._restart_gang(job, f"gang restart: {job.failure_reason}")
+            elif verdict == "fail":
+                slot = min(job.failed_slots, key=int)
+                reason = f"shard {slot} failed: {job.failure_reason}"
+                if await self._append_job(job, JobFailed(reason=reason, log_tail=job.log_tail)):
+                    self._gang_failing_since.pop(failing, None)
+
+    def _gang_grace_ns(self, job: JobRecord) -> int:
+        """How long a failed rank waits for a peer to be declared lost: one heartbeat interval more
+        than the slowest peer's loss deadline, plus two decision ticks."""
+        beats = self.liveness.state.beats
+        interval = max(
+            (beats[a.worker_id].interval_s for a in job.assignments.values() if a.worker_id in beats),
+            default=1.0,
+        )
+        return int(((placement.LOST_AFTER_INTERVALS + 1) * interval + 2 * self.tick_s) * 1e9)
+
+    async def _restart_gang(self, job: JobRecord, reason: str) -> None:
+        """Revoke every assignment a gang still holds, in one run of chained appends, and stop the
+        workloads of those whose worker is alive."""
+        seq = job.last_seq
+        for assignment in sorted(job.assignments.values(), key=lambda a: a.slot):
+            event = JobAssignmentRevoked(
+                assignment_id=assignment.assignment_id,
+                worker_id=assignment.worker_id,
+                slot=assignment.slot,
+                epoch=assignment.epoch,
+                reason=reason,
+            )
+            try:
+                position = await self.log.append(
+                    job_subject(job.tenant, job.job_id, event),
+                    event,
+                    expected_seq=seq,
+                    expected_filter=job_filter(job.tenant, job.job_id),
+                )
+            except ConcurrencyConflict:
+                self.conflicts += 1
+                return
+            seq = position.seq
+            record = self.registry.state.workers.get(assignment.worker_id)
+            if str(assignment.slot) in job.done or record is None or record.state in ("lost", "deregistered"):
+                continue
+            stop = StopWork(
+                work_id=job.job_id,
+                assignment_id=assignment.assignment_id,
+                epoch=assignment.epoch,
+                reason=reason,
+            )
+            try:
+                await self.log.append(
+                    command_subject(assignment.worker_id),
+                    stop,
+                    event_id=f"gang-stop-{assignment.assignment_id}",
+                )
+            except (AppendTimeout, AppendRejected) as exc:  # its peers are gone: it fails on its own
+                log.warning("stop for %s not sent: %s", assignment.assignment_id, exc)
 
     async def complete_jobs(self, jobs: Collection[str] | None = None) -> None:
         """Append ``job.completed`` for a live job all of whose shards completed."""
@@ -591,6 +682,13 @@ class Coordinator:
                 self._unsent.add(key)
                 return
         command = start_command(job, assignment, tier, downloads)
+        if job.kind == "ddp":
+            try:
+                spec = ddp_spec(job, assignment, command.spec, self.presigner, self.registry.state.workers)
+            except WorkSpecError as exc:
+                await self._append_job(job, JobFailed(reason=f"cannot start: {exc.message}", retryable=False))
+                return
+            command = msgspec.structs.replace(command, spec=spec)
         try:
             await self.log.append(
                 command_subject(assignment.worker_id), command, event_id=f"start-{assignment.assignment_id}"

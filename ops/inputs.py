@@ -34,18 +34,22 @@ class Presigner:
             settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key, region=settings.s3_region
         )
 
+    def url(self, bucket: str, key: str, *, put: bool = False, ttl_s: int = URL_TTL_S) -> str:
+        """A GET (or with ``put`` a PUT) of one object, valid ``ttl_s`` seconds (default
+        :data:`URL_TTL_S`; signing is local: no request is made)."""
+        method = "put_object" if put else "get_object"
+        url: str = self.s3.generate_presigned_url(
+            method, Params={"Bucket": bucket, "Key": key}, ExpiresIn=ttl_s
+        )
+        return url
+
     def downloads(self, tenant: str, inputs: Sequence[str]) -> dict[str, str]:
         """``{workspace key: presigned GET}`` for every object ``inputs`` names (blocking)."""
         bucket = f"{BUCKET_PREFIX}{tenant}"
         keys: list[str] = []
         for name in inputs:
             keys += self._expand(bucket, name) if name.endswith("/") else [name]
-        return {
-            key: self.s3.generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=URL_TTL_S
-            )
-            for key in dict.fromkeys(keys)
-        }
+        return {key: self.url(bucket, key) for key in dict.fromkeys(keys)}
 
     def _expand(self, bucket: str, prefix: str) -> list[str]:
         keys: list[str] = []

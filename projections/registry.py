@@ -45,6 +45,7 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
         downtime_ns: total of closed lost intervals.
         excluded_ns: total of closed deregistered intervals.
         lost_count: how many times the worker was declared lost.
+        address: the host address other workers reach it at (empty: unknown).
         last_change_seq: the WORKERS sequence of the last event that changed this record.
         last_seq: the WORKERS sequence of the worker's latest event, whether it changed the
             record or not: the expected sequence for appends about the worker.
@@ -62,6 +63,7 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     driver: str = ""
     agent_version: str = ""
     labels: dict[str, str] = {}
+    address: str = ""
     state: WorkerState = "available"
     cordoned: bool = False
     cordon_reason: str = ""
@@ -114,6 +116,7 @@ def _registered(
         "driver": e.driver,
         "agent_version": e.agent_version,
         "labels": e.labels,
+        "address": e.address,
         "registered_ns": t,
         "last_change_seq": seq,
     }
@@ -187,7 +190,7 @@ def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
 REGISTRY: Projection[RegistryState] = Projection(
     name="registry",
     stream="WORKERS",
-    version=2,
+    version=3,
     state_type=RegistryState,
     initial=RegistryState,
     evolve=evolve,

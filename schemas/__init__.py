@@ -2,7 +2,7 @@
 
 from schemas._base import Event, Value, upcast, upcaster
 from schemas.catalog import BY_TAG, EVENT_TYPES, FAMILIES, decode, encode, export_json_schemas
-from schemas.commands import StartWork, StopWork, WorkSpec
+from schemas.commands import Rendezvous, StartWork, StopWork, WorkSpec
 from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
@@ -83,6 +83,7 @@ __all__ = [
     "MaintenanceWindow",
     "Provenance",
     "QuotaSet",
+    "Rendezvous",
     "ScoreCard",
     "StartWork",
     "StopWork",

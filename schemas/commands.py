@@ -11,6 +11,27 @@ from schemas._base import Event, Value
 from schemas.values import WorkKind
 
 
+class Rendezvous(Value, frozen=True, kw_only=True):
+    """Where the nodes of a distributed (torchrun) job meet: one node per shard, static rendezvous.
+
+    Attributes:
+        master_addr / master_port: the TCP store of node 0, on the host of the worker holding shard 0.
+        nnodes: how many nodes (shards) meet; torchrun's ``WORLD_SIZE`` is ``nnodes x nproc_per_node``.
+        node_rank: this node's rank (its shard's slot).
+        nproc_per_node: processes (ranks) per node: the shard's GPUs, or 1 on CPU.
+        backend: the collective backend the ranks should use: ``nccl`` on GPUs, ``gloo`` on CPU.
+        timeout_s: how long a node waits for the others at the rendezvous before it fails.
+    """
+
+    master_addr: str
+    master_port: int
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int = 1
+    backend: str = "gloo"
+    timeout_s: int = 300
+
+
 class WorkSpec(Value, frozen=True, kw_only=True):
     """What to run and with which inputs.
 
@@ -20,6 +41,11 @@ class WorkSpec(Value, frozen=True, kw_only=True):
         env: extra environment for the workload (never the agent's credentials).
         downloads: presigned GET URLs to fetch before starting, by local file name.
         resume_from: object key of the checkpoint to resume from, if any.
+        resume_url: a presigned GET of ``resume_from``, fetched before starting.
+        checkpoint_urls: object key -> presigned PUT URL: the agent uploads the checkpoint files the
+            workload reports (``RESONTECH_CHECKPOINT {"path": ...}``) to them in turn, so that the
+            workload never holds object-store credentials.
+        rendezvous: where the nodes of a distributed job meet (``torchrun``).
         gpus: GPUs to give the workload.
         vram_mb: free VRAM per GPU the work needs (the agent's VRAM-fraction policy checks it).
         cpus: CPU cores the work uses (CPU work is metered as cores x time).
@@ -34,6 +60,9 @@ class WorkSpec(Value, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     downloads: dict[str, str] = {}
     resume_from: str | None = None
+    resume_url: str | None = None
+    checkpoint_urls: dict[str, str] = {}
+    rendezvous: Rendezvous | None = None
     gpus: int = 0
     vram_mb: int = 0
     cpus: float = 1.0

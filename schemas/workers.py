@@ -32,7 +32,12 @@ class WorkerPolicy(Value, frozen=True, kw_only=True):
 
 
 class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True):
-    """An agent registered (or re-registered after a restart with the same worker id)."""
+    """An agent registered (or re-registered after a restart with the same worker id).
+
+    Attributes:
+        address: the host address other workers reach this one at (the rendezvous of a distributed
+            job whose shard 0 it holds); empty when the agent did not say.
+    """
 
     provider: str
     hostname: str
@@ -45,6 +50,7 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
     driver: str = ""
     agent_version: str = ""
     labels: dict[str, str] = {}
+    address: str = ""
 
 
 class WorkerPolicySet(Event, tag="worker.policy_set", frozen=True, kw_only=True):

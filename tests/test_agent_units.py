@@ -449,6 +449,7 @@ def test_workload_env_is_clean_and_never_holds_credentials(tmp_path: Path) -> No
         "RESONTECH_SLOT": "1",
         "RESONTECH_EPOCH": "3",
         "RESONTECH_DATA_ROOT": str(tmp_path / "a7" / "data"),
+        "RESONTECH_CHECKPOINT_DIR": str(tmp_path / "a7" / "checkpoints"),
         "CUDA_VISIBLE_DEVICES": "",
     }
     gpu_env = workload_env(cmd(gpus=2, resume_from="ckpt/r3.pt"), tmp_path, gpu_indices=[1, 3], host_env={})

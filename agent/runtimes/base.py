@@ -25,9 +25,17 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class StartFailed(ResontechError):
-    """A workload could not be started (empty command, missing executable, unknown runtime)."""
+    """A workload could not be started (empty command, missing executable, unknown runtime).
+
+    Attributes:
+        retryable: not the work's fault (a rendezvous port taken on this host): place it again.
+    """
 
     code = "start_failed"
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class Workload(Protocol):
@@ -72,6 +80,11 @@ class Runtime(Protocol):
         ...
 
 
+def checkpoint_dir(workdir: Path) -> Path:
+    """Where a workload writes the checkpoints its agent uploads (``$RESONTECH_CHECKPOINT_DIR``)."""
+    return workdir / "checkpoints"
+
+
 def workload_env(
     command: StartWork,
     workdir: Path,
@@ -83,7 +96,8 @@ def workload_env(
 
     It holds ``PATH`` and ``LANG`` from the host, ``HOME`` and ``TMPDIR`` inside ``workdir``, the
     work's own ``env`` minus the reserved ``RESONTECH_`` names, the workload protocol's variables
-    (see :mod:`agent.protocol`) and ``CUDA_VISIBLE_DEVICES`` (empty for CPU work, so that it sees no
+    (see :mod:`agent.protocol`; the runtime adds ``RESONTECH_RESUME_PATH`` when it fetched the
+    checkpoint) and ``CUDA_VISIBLE_DEVICES`` (empty for CPU work, so that it sees no
     GPU). Never the agent's NATS credentials, S3 keys or anything else of its environment.
     """
     host = os.environ if host_env is None else host_env
@@ -104,6 +118,7 @@ def workload_env(
             "RESONTECH_SLOT": str(command.slot),
             "RESONTECH_EPOCH": str(command.epoch),
             "RESONTECH_DATA_ROOT": str(workdir / "data"),
+            "RESONTECH_CHECKPOINT_DIR": str(checkpoint_dir(workdir)),
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices),
         }
     )

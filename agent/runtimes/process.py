@@ -4,8 +4,10 @@
   :func:`agent.runtimes.base.workload_env`, stdin closed, and stdout and stderr captured together to
   ``<workdir>/log.txt`` (at most :data:`MAX_LOG_BYTES`; later output is still read, not stored).
 * ``cancel`` sends SIGTERM to the whole group, then SIGKILL after the grace period.
-* When the main process exits, whatever it left behind in its group is killed, so nothing keeps
-  running (and computing, unmetered) after the agent reported the exit.
+* When the main process exits, whatever it left behind is killed, so nothing keeps running (and
+  computing, unmetered) after the agent reported the exit: its process group, and any process that
+  left the group (``setsid``: torchrun starts every rank in a session of its own) but still carries
+  the workload's marks in its environment (:func:`kill_marked`).
 * ``<workdir>/pid`` names the main process while it runs: :func:`reap_orphans` kills what a crashed
   agent left behind when it starts again.
 """
@@ -20,7 +22,7 @@ import signal
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from agent.runtimes.base import StartFailed
+from agent.runtimes.base import StartFailed, checkpoint_dir
 from schemas.commands import WorkSpec
 
 log = logging.getLogger("resontech.agent")
@@ -29,6 +31,7 @@ PID_FILE = "pid"
 MAX_LOG_BYTES = 64 * 1024 * 1024
 LINE_LIMIT = 1024 * 1024
 _EOF = None
+MARKER = "RESONTECH_ASSIGNMENT_ID"
 _POLL_S = 0.2
 
 
@@ -44,23 +47,43 @@ class ProcessRuntime:
         """Start the command. Raises :class:`StartFailed` for an empty command or one that cannot run."""
         if not spec.command:
             raise StartFailed("empty command")
-        for sub in (workdir, workdir / "data", workdir / "tmp"):
-            sub.mkdir(parents=True, exist_ok=True)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *spec.command,
-                cwd=workdir,
-                env=dict(env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                limit=LINE_LIMIT,
-            )
-        except OSError as exc:
-            raise StartFailed(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from None
-        (workdir / PID_FILE).write_text(str(proc.pid))
-        return ProcessWorkload(proc, workdir)
+        prepare(workdir)
+        return await spawn(spec.command, workdir, env)
+
+
+def prepare(workdir: Path) -> None:
+    """Create the per-assignment folders a workload finds (data, checkpoints, tmp)."""
+    for sub in (workdir, workdir / "data", checkpoint_dir(workdir), workdir / "tmp"):
+        sub.mkdir(parents=True, exist_ok=True)
+
+
+async def spawn(
+    argv: list[str],
+    workdir: Path,
+    env: Mapping[str, str],
+    *,
+    workload: type[ProcessWorkload] | None = None,
+) -> ProcessWorkload:
+    """Start ``argv`` in ``workdir`` as its workload (a ``workload`` subclass wraps it, if given).
+
+    Raises:
+        StartFailed: the executable cannot run.
+    """
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=workdir,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            limit=LINE_LIMIT,
+        )
+    except OSError as exc:
+        raise StartFailed(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+    (workdir / PID_FILE).write_text(str(proc.pid))
+    return (workload or ProcessWorkload)(proc, workdir)
 
 
 class ProcessWorkload:
@@ -118,6 +141,7 @@ class ProcessWorkload:
             # then end the group, so the output ends too and nothing runs on after the reported exit.
             await asyncio.wait([self._pump], timeout=1.0)
         _signal_group(proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(kill_marked, self.workdir)
         await asyncio.wait([self._pump], timeout=1.0)
         self._pump.cancel()  # only a process that left the group (setsid) can still hold the output
         await asyncio.wait([self._pump])
@@ -141,6 +165,7 @@ class ProcessWorkload:
             await asyncio.wait([self._reaper], timeout=grace_s)
             if self._proc.returncode is None:
                 _signal_group(self._proc.pid, signal.SIGKILL)
+                await asyncio.to_thread(kill_marked, self.workdir)
         return await self.wait()
 
     def log_tail(self, n: int = 40) -> str:
@@ -158,6 +183,29 @@ def log_tail(path: Path, n: int = 40) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
+def _marked(pid: str, marks: set[bytes]) -> bool:
+    try:
+        return marks <= set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    except OSError:
+        return False
+
+
+def kill_marked(workdir: Path) -> list[int]:
+    """SIGKILL every process marked as the workload of ``workdir``, whatever its session, and return
+    their pids. The marks are what :func:`agent.runtimes.base.workload_env` sets and children
+    inherit: ``HOME`` is the folder and ``RESONTECH_ASSIGNMENT_ID`` its name (unique on the host:
+    the folder lies in one agent's state dir). Only processes this user may read are seen, which is
+    every process a workload starts."""
+    marks = {f"HOME={workdir}".encode(), f"{MARKER}={workdir.name}".encode()}
+    killed = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marks):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+    return killed
+
+
 def reap_orphans(work_dir: Path) -> list[str]:
     """Kill workloads a previous run of the agent left running; return their assignment ids.
 
@@ -172,8 +220,9 @@ def reap_orphans(work_dir: Path) -> list[str]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except (OSError, ValueError):
             environ = b""
-        if f"RESONTECH_ASSIGNMENT_ID={assignment_id}".encode() in environ.split(b"\0"):
+        if f"{MARKER}={assignment_id}".encode() in environ.split(b"\0"):
             _signal_group(pid, signal.SIGKILL)
+            kill_marked(pid_file.parent)
             reaped.append(assignment_id)
             log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)
         with contextlib.suppress(OSError):

@@ -1,7 +1,7 @@
 """Bodies of the jobs routes: the job spec a tenant submits, the job as the API shows it, its events.
 
-The spec has room for every job kind: ``process`` runs today; ``federated`` (NVFlare, ``rounds`` and
-``local_epochs``) and ``ddp`` (torchrun) use the same fields when their runtimes land.
+The spec has room for every job kind: ``process`` and ``ddp`` (torchrun) run today; ``federated``
+(NVFlare, ``rounds`` and ``local_epochs``) uses the same fields when its runtime lands.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class SubmitJob(Request, frozen=True, kw_only=True):
 
     Attributes:
         name: the job's name; its workspace folder is ``jobs/{name}/``. Names may repeat.
-        kind: ``process`` (a command on each shard's worker); ``federated`` and ``ddp`` are
-            accepted by the schema and refused until their runtimes exist.
+        kind: ``process`` (a command on each shard's worker); ``ddp`` (one torchrun node per
+            shard; ``command`` starts with the training script, a key among ``inputs``);
+            ``federated`` is accepted by the schema and refused until its runtime exists.
         job_id: the job's id (default: generated; derived from the ``Idempotency-Key`` header
             when one is sent). A duplicate id is a 409.
         shards: how many workers run it at once (gang-placed: all or none).

@@ -82,6 +82,18 @@ async def test_submit_checks_that_every_input_exists_and_appends_once(api: Api, 
     assert isinstance(stored.event, JobSubmitted) and stored.event.inputs == body["inputs"]
 
 
+async def test_a_ddp_job_runs_a_script_among_its_inputs(api: Api, log: EventLog) -> None:
+    tenant, admin = await api.tenant()
+    put(api, tenant, "scripts/train.py")
+    body = spec(kind="ddp", shards=2, command=["scripts/train.py", "--epochs", "3"], inputs=["scripts/"])
+    accepted = await submit(api, admin, body)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["kind"] == "ddp" and accepted.json()["shards"] == 2
+    elsewhere = await submit(api, admin, {**body, "inputs": ["jobs/hello/"]})
+    assert elsewhere.status_code == 422 and "scripts/train.py" in elsewhere.json()["error"]["message"]
+    assert len(await job_events(log)) == 1
+
+
 async def test_a_duplicate_job_id_is_a_conflict(api: Api, log: EventLog) -> None:
     _, admin = await api.tenant()
     first = await submit(api, admin, spec(job_id="fixed-1"))
@@ -119,7 +131,7 @@ BAD_SPECS: list[tuple[dict[str, Any], int, str]] = [
     (spec(job_id="a.b"), 400, "invalid_body"),
     (spec(resources={"gpus": 1, "vrm": 4}), 400, "invalid_body"),
     (spec(priority=1000), 400, "invalid_body"),
-    (spec(kind="ddp"), 422, "kind_unavailable"),
+    (spec(kind="ddp"), 422, "invalid_spec"),  # its script (command[0]) is not among its inputs
     (spec(kind="federated", rounds=3), 422, "kind_unavailable"),
     (spec(command=[]), 422, "invalid_spec"),
     (spec(rounds=3), 422, "invalid_spec"),

@@ -1,0 +1,82 @@
+"""The kind-specific part of an assignment's ``start_work``: what the coordinator adds to the spec
+every job gets (the command, the environment and the presigned inputs of :mod:`ops.inputs`).
+
+A ``ddp`` shard runs the ``torchrun`` runtime (:mod:`agent.runtimes.torchrun`), one node per shard,
+and its spec carries:
+
+* the rendezvous (:func:`core.rendezvous.rendezvous`): node 0 listens at the registered address of
+  the worker holding shard 0 (its host name when it registered none);
+* ``resume_url``: a presigned GET (one hour) of the job's last checkpoint, when there is one;
+* for shard 0 only (its rank 0 writes the checkpoints of the world): ``checkpoint_urls``, presigned
+  PUTs of two keys under ``jobs/{name}/checkpoints/{job_id}/``, which the agent uses in turn, so
+  that the upload in flight never overwrites the checkpoint a restart would resume from.
+
+The agent gets URLs for these keys alone, never credentials, and the workload gets neither.
+Presigning is local computation: no request is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from core.errors import ResontechError
+from core.rendezvous import rendezvous
+from gateway.workspace import bucket_for
+from ops.inputs import Presigner
+from projections.registry import WorkerRecord
+from projections.schedule import JobRecord
+from schemas import Assignment, WorkSpec
+
+CHECKPOINT_URL_TTL_S = 24 * 60 * 60
+"""Checkpoint uploads happen all along a placement: a placement longer than this checkpoints no more
+(the agent logs the refused upload) until it is placed again."""
+CHECKPOINT_SLOTS = 2
+
+
+class WorkSpecError(ResontechError):
+    """An assignment's work cannot be described; the job fails with the message."""
+
+    code = "work_spec"
+
+
+def checkpoint_keys(job: JobRecord, epoch: int) -> list[str]:
+    """The keys the checkpoints of one placement of ``job`` are uploaded to, in turn."""
+    return [f"jobs/{job.name}/checkpoints/{job.job_id}/e{epoch}-{n}.ckpt" for n in range(CHECKPOINT_SLOTS)]
+
+
+def ddp_spec(
+    job: JobRecord,
+    assignment: Assignment,
+    base: WorkSpec,
+    presigner: Presigner,
+    workers: Mapping[str, WorkerRecord],
+) -> WorkSpec:
+    """The spec of one ``ddp`` shard: ``base`` plus its rendezvous and checkpoint URLs.
+
+    Raises:
+        WorkSpecError: the worker holding shard 0 is unknown (no address to meet at).
+    """
+    holder = job.assignments.get("0")
+    record = workers.get(holder.worker_id) if holder is not None else None
+    if record is None:
+        raise WorkSpecError("the worker holding shard 0 is unknown: no rendezvous address")
+    uploads = checkpoint_keys(job, assignment.epoch) if assignment.slot == 0 else []
+    bucket, resume = bucket_for(job.tenant), base.resume_from
+    return msgspec.structs.replace(
+        base,
+        resume_url=presigner.url(bucket, resume) if resume else None,
+        checkpoint_urls={
+            key: presigner.url(bucket, key, put=True, ttl_s=CHECKPOINT_URL_TTL_S) for key in uploads
+        },
+        rendezvous=rendezvous(
+            tenant=job.tenant,
+            job_id=job.job_id,
+            epoch=assignment.epoch,
+            master_addr=record.address or record.hostname,
+            nnodes=job.shards,
+            node_rank=assignment.slot,
+            gpus=job.resources.gpus,
+        ),
+    )

@@ -1,0 +1,249 @@
+"""DDP jobs end to end: real agents, a real coordinator, real torchrun (gloo on CPU), the real object
+store, and the example's training script (``examples/ddp-mlp/train.py``).
+
+Each test uses a tenant (so a bucket) of its own, the session's servers and free ports only (the
+master port is hashed from the job id), so the tests run in parallel with the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import io
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from agent.runtimes.process import kill_marked
+from core.log import EventLog
+from core.streams import job_subject
+from ops.coordinator import Coordinator
+from ops.objectstore import ObjectStoreServer
+from schemas import (
+    JobAssignmentRevoked,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobProgress,
+    JobResources,
+    JobShardCompleted,
+    JobSubmitted,
+    WorkerLost,
+)
+from schemas.envelope import Recorded
+from tests.support import REPO, AgentProcess, of, records, registered
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = REPO / "examples" / "ddp-mlp"
+SCRIPT = "scripts/ddp-mlp/train.py"
+DATA = "jobs/mlp/data.npz"
+SAMPLES = 512
+BATCH = 64
+STEPS_PER_EPOCH = SAMPLES // 2 // BATCH  # per rank, two ranks
+HEARTBEAT = ("--heartbeat", "1.0")
+"""Torch imports peg both cores for seconds: at the suite's 0.2 s an agent starved that long would be
+declared lost (after 3 silent intervals) with nothing wrong."""
+JOB_TIMEOUT_S = 180.0
+"""Four torch imports (two per node) take ~15 s of CPU on this 2-core machine; under a loaded
+suite, a minute per placement."""
+
+
+def make_data() -> Any:
+    """The example's own dataset generator (``examples/ddp-mlp/make_data.py``)."""
+    spec = importlib.util.spec_from_file_location("ddp_mlp_make_data", EXAMPLE / "make_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.asynccontextmanager
+async def coordinator(log: EventLog) -> AsyncIterator[Coordinator]:
+    """A coordinator (presigning for the session's object store), on its own connection, until the
+    block ends."""
+    own = await EventLog.connect(log.settings, name="coordinator")
+    instance = Coordinator(own, tick_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(instance.run(stop))
+    try:
+        yield instance
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await own.close()
+
+
+def workspace(object_store: ObjectStoreServer, script: bytes | None = None) -> tuple[str, Any]:
+    """A fresh tenant whose bucket holds the training script and the example's dataset."""
+    tenant = f"ddp{secrets.token_hex(4)}"
+    s3 = object_store.client()
+    s3.create_bucket(Bucket=f"rt-{tenant}")
+    x, y = make_data().synthetic(SAMPLES)
+    data = io.BytesIO()
+    np.savez(data, x=x, y=y)
+    s3.put_object(Bucket=f"rt-{tenant}", Key=DATA, Body=data.getvalue())
+    body = script if script is not None else (EXAMPLE / "train.py").read_bytes()
+    s3.put_object(Bucket=f"rt-{tenant}", Key=SCRIPT, Body=body)
+    return tenant, s3
+
+
+async def submit(
+    log: EventLog, tenant: str, job_id: str, *args: str, inputs: list[str] | None = None
+) -> None:
+    event = JobSubmitted(
+        name="mlp",
+        kind="ddp",
+        shards=2,
+        command=[SCRIPT, "--data", DATA, "--batch-size", str(BATCH), *args],
+        inputs=inputs if inputs is not None else [SCRIPT, DATA],
+        resources=JobResources(cpus=1.0),
+    )
+    await log.append(job_subject(tenant, job_id, event), event, event_id=f"submit-{tenant}-{job_id}")
+
+
+async def job_until(
+    log: EventLog, predicate: Callable[[list[Recorded[Any]]], Any], what: str, timeout: float = JOB_TIMEOUT_S
+) -> list[Recorded[Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = await records(log, "JOBS")
+        if predicate(found):
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; JOBS holds {[r.event for r in found]}")
+
+
+def ended(found: list[Recorded[Any]]) -> bool:
+    return bool(of(found, JobCompleted) or [e for e in of(found, JobFailed) if e.slot is None])
+
+
+def load_checkpoint(s3: Any, tenant: str, key: str) -> dict[str, Any]:
+    body = s3.get_object(Bucket=f"rt-{tenant}", Key=key)["Body"].read()
+    state: dict[str, Any] = torch.load(io.BytesIO(body), weights_only=True)
+    return state
+
+
+async def test_a_two_node_ddp_job_trains_checkpoints_to_the_workspace_and_completes(
+    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer
+) -> None:
+    tenant, s3 = workspace(object_store)
+    workers = {
+        await registered(log, agents("n1", *HEARTBEAT)),
+        await registered(log, agents("n2", *HEARTBEAT)),
+    }
+    async with coordinator(log):
+        await submit(log, tenant, "mlp-1", "--epochs", "4", "--checkpoint-every", "2")
+        jobs = await job_until(log, ended, "the job ended")
+    assert of(jobs, JobCompleted), [e for e in of(jobs, JobFailed)]
+    [placed] = of(jobs, JobPlaced)
+    assert {a.worker_id for a in placed.assignments} == workers  # one node per worker
+    assert len(of(jobs, JobShardCompleted)) == 2
+
+    progress = [e for e in of(jobs, JobProgress) if e.train_epoch is not None]
+    assert [p.train_epoch for p in progress] == [1, 2, 3, 4]
+    assert [p.step for p in progress] == [STEPS_PER_EPOCH * n for n in (1, 2, 3, 4)]
+    assert all(p.metrics["world_size"] == 2.0 and p.slot == 0 for p in progress)
+    assert progress[-1].loss is not None and progress[0].loss is not None
+    assert progress[-1].loss < progress[0].loss
+
+    checkpoints = of(jobs, JobCheckpointed)
+    prefix = "jobs/mlp/checkpoints/mlp-1/"
+    assert [(c.object_key, c.step) for c in checkpoints] == [
+        (f"{prefix}e1-0.ckpt", 2 * STEPS_PER_EPOCH),
+        (f"{prefix}e1-1.ckpt", 4 * STEPS_PER_EPOCH),
+    ]
+    final = load_checkpoint(s3, tenant, checkpoints[-1].object_key)
+    assert (final["epoch"], final["step"]) == (4, 4 * STEPS_PER_EPOCH)
+
+
+async def test_a_lost_worker_restarts_the_gang_from_the_last_checkpoint_not_from_step_0(
+    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer
+) -> None:
+    tenant, s3 = workspace(object_store)
+    nodes = {
+        await registered(log, agent): agent
+        for agent in (agents("k1", *HEARTBEAT), agents("k2", *HEARTBEAT), agents("k3", *HEARTBEAT))
+    }
+    async with coordinator(log):
+        await submit(
+            log, tenant, "mlp-2", "--epochs", "12", "--checkpoint-every", "2", "--min-epoch-seconds", "0.5"
+        )
+        jobs = await job_until(log, lambda rs: of(rs, JobCheckpointed), "the first checkpoint")
+        [placed] = of(jobs, JobPlaced)
+        victim = next(a for a in placed.assignments if a.slot == 0)  # the master's host dies
+        killed_at = time.monotonic()
+        nodes[victim.worker_id].kill()
+        kill_marked(nodes[victim.worker_id].state_dir / "work" / victim.assignment_id)  # the host goes down
+        jobs = await job_until(log, lambda rs: len(of(rs, JobPlaced)) > 1, "the gang placed again")
+        replaced_in = time.monotonic() - killed_at
+        jobs = await job_until(log, ended, "the job ended")
+    assert of(jobs, JobCompleted), [e for e in of(jobs, JobFailed)]
+    assert of(await records(log, "WORKERS"), WorkerLost)
+
+    revoked = of(jobs, JobAssignmentRevoked)
+    assert sorted((r.slot, r.epoch) for r in revoked) == [(0, 1), (1, 1)]  # the whole gang
+    assert {r.reason for r in revoked if r.slot == 0} == {"worker lost"}
+    again = of(jobs, JobPlaced)[1]
+    assert sorted(a.slot for a in again.assignments) == [0, 1]
+    assert {a.epoch for a in again.assignments} == {2}
+    assert victim.worker_id not in {a.worker_id for a in again.assignments}
+
+    resumed_from = [c for c in of(jobs, JobCheckpointed) if c.epoch == 1][-1]
+    assert resumed_from.step is not None and resumed_from.step > 0
+    second = [e for e in of(jobs, JobProgress) if e.epoch == 2 and e.train_epoch is not None]
+    first_epoch_after = resumed_from.step // STEPS_PER_EPOCH + 1
+    assert second[0].train_epoch == first_epoch_after > 1, "it restarted from epoch 1"
+    assert second[0].step == resumed_from.step + STEPS_PER_EPOCH, "it restarted from step 0"
+    assert second[-1].train_epoch == 12
+    final = of(jobs, JobCheckpointed)[-1]
+    assert final.epoch == 2 and final.object_key.startswith("jobs/mlp/checkpoints/mlp-2/e2-")
+    assert load_checkpoint(s3, tenant, final.object_key)["epoch"] == 12
+    print(f"gang placed again {replaced_in:.1f}s after the kill; resumed at epoch {first_epoch_after}")
+
+
+BOOM = b"""
+import os
+import torch.distributed as dist
+
+dist.init_process_group(os.environ["RESONTECH_DDP_BACKEND"])
+print('RESONTECH_PROGRESS {"step": 1}', flush=True)
+dist.barrier()
+raise ValueError(f"boom in the training code on rank {dist.get_rank()}")
+"""
+
+
+async def test_training_code_that_raises_fails_the_job_with_its_traceback(
+    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer
+) -> None:
+    tenant, _ = workspace(object_store, script=BOOM)
+    await registered(log, agents("b1", *HEARTBEAT))
+    await registered(log, agents("b2", *HEARTBEAT))
+    async with coordinator(log):
+        await submit(log, tenant, "boom")
+        jobs = await job_until(log, ended, "the job failed")
+    [failed] = [e for e in of(jobs, JobFailed) if e.slot is None]
+    assert failed.reason.startswith("shard ") and "exit status 1" in failed.reason
+    assert "ValueError: boom in the training code on rank" in failed.log_tail
+    assert not of(jobs, JobCompleted) and len(of(jobs, JobPlaced)) == 1  # failed, not restarted
+
+
+async def test_an_input_gone_from_the_workspace_fails_the_job_naming_it(
+    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer
+) -> None:
+    tenant, s3 = workspace(object_store)
+    await registered(log, agents("g1", *HEARTBEAT))
+    await registered(log, agents("g2", *HEARTBEAT))
+    s3.delete_object(Bucket=f"rt-{tenant}", Key=DATA)  # deleted after the gateway checked it
+    async with coordinator(log):
+        await submit(log, tenant, "gone")
+        jobs = await job_until(log, ended, "the job failed", timeout=60)
+    [failed] = [e for e in of(jobs, JobFailed) if e.slot is None]
+    assert f"input {DATA}: the object store answered 404" in failed.reason
