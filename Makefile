@@ -35,6 +35,7 @@ bench: venv
 	$(PY) -m ops.bench.log
 	$(PY) -m ops.bench.schedule
 	$(PY) -m ops.bench.gateway
+	$(PY) -m ops.bench.inference
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick

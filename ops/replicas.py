@@ -148,10 +148,10 @@ class Replicas:
                     slot=replica.slot, epoch=replica.epoch, reason=reason,
                 )  # fmt: skip
             counts = replica.state == "lost" and reason != WORKER_LOST
-            if await self._append(endpoint, event) and counts:
-                if self.commanded.pop(replica.assignment_id, None) is not None:
-                    self.failures[key] = self.failures.get(key, 0) + 1
-                    self.last_failure[key] = reason
+            stored = await self._append(endpoint, event)
+            if stored and counts and self.commanded.pop(replica.assignment_id, None) is not None:
+                self.failures[key] = self.failures.get(key, 0) + 1
+                self.last_failure[key] = reason
             return True
         failed = self.failures.get(key, 0)
         if failed >= MAX_START_FAILURES and endpoint.desired_replicas > 0:

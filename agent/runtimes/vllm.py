@@ -19,7 +19,8 @@ The replica's life, as the agent reports it (:mod:`agent.reports`):
   log tail, and so does any other exit.
 
 Options (``spec.options``): ``model`` (required; see :func:`agent.models.resolve`), ``task``
-(``generate`` / ``embed``), ``engine`` (the endpoint's: ``vllm``, ``cpu`` or empty), ``served_name``, ``max_model_len``
+(``generate`` / ``embed``), ``engine`` (the endpoint's: ``vllm``, ``cpu`` or empty), ``served_name``,
+``max_model_len``
 (default 2048), ``kv_cache_gib`` (CPU only, default 1), ``dtype`` (CPU default ``float32``), ``compile``
 (``1``: let vLLM-CPU compile the model, off by default), ``ready_timeout_s`` (default 600),
 ``advertise_host`` (default 127.0.0.1).
@@ -117,7 +118,7 @@ class VllmRuntime:
         options = spec.options
         if not options.get("model"):
             raise StartFailed("no model given (options.model)")
-        workdir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         task = options.get("task")
         if task not in (None, "generate", "embed"):
             raise StartFailed(f"unknown task {task!r}")

@@ -42,8 +42,13 @@ COLD_START_HEADER = "x-resontech-cold-start-s"
 REPLICA_HEADER = "x-resontech-replica"
 """Names the replica slot that served a response (for debugging and the round-robin tests)."""
 _WAIT_STEP_S = 0.1
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}  # fmt: skip
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    503: "service_unavailable",
+}
 _FORWARD_HEADERS = ("accept", "content-type")
 
 

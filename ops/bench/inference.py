@@ -149,11 +149,15 @@ async def scale_out(http: httpx.AsyncClient, key: str, endpoint_id: str, chat: b
     headers = {"authorization": f"Bearer {key}"}
     stop = asyncio.Event()
 
+    sent: set[asyncio.Task[Any]] = set()
+
     async def load() -> None:
         i = 0
         while not stop.is_set():
             path, body = request_of(chat, "bench", i)
-            asyncio.create_task(http.post(path, json=body, headers=headers))
+            task = asyncio.create_task(http.post(path, json=body, headers=headers))
+            sent.add(task)
+            task.add_done_callback(sent.discard)
             i += 1
             await asyncio.sleep(0.25)
 

@@ -177,7 +177,8 @@ async def test_an_idle_endpoint_scales_to_zero_and_a_request_brings_it_back(
         assert body["state"] == "serving" and body["traffic"]["requests"] >= 1
         cli = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "ops.cli", "infer", "emb", "hello", "--embed", "--url", server.url, "--key", admin],
+            [sys.executable, "-m", "ops.cli", "infer", "emb", "hello", "--embed",
+             "--url", server.url, "--key", admin],
             capture_output=True, text=True, timeout=120, cwd=REPO,
         )  # fmt: skip
         assert cli.returncode == 0 and "384 dimensions" in cli.stdout, cli.stderr
