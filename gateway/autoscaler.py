@@ -30,6 +30,9 @@ from schemas.endpoints import EndpointScaled, EndpointScaledToZero
 
 log = logging.getLogger("resontech.gateway")
 TICK_S = 1.0
+RPS_WINDOW_S = 10.0
+"""The load the decisions see: requests per second over the last 10 s (a load step shows within
+seconds; the API's 60 s figures would take a minute to cross a target)."""
 
 
 def bounds_of(endpoint: EndpointRecord) -> autoscale.Bounds:
@@ -100,7 +103,7 @@ class Autoscaler:
             if endpoint.state == "deleted":
                 continue
             idle = self.idle_s(key, endpoint, now)
-            rps = self.proxy.figures(key).rps if key in self.proxy.traffic else 0.0
+            rps = self.proxy.figures(key, RPS_WINDOW_S).rps if key in self.proxy.traffic else 0.0
             scale = autoscale.decide(bounds_of(endpoint), endpoint.desired_replicas, rps, idle)
             if scale is not None:
                 await append_scale(self.kernel, endpoint, scale)

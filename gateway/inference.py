@@ -64,14 +64,16 @@ class EndpointTraffic:
         while self.samples and self.samples[0][0] < now - WINDOW_S:
             self.samples.popleft()
 
-    def figures(self, now: float) -> Figures:
+    def figures(self, now: float, window_s: float = WINDOW_S) -> Figures:
+        """The figures of the requests finished in the last ``window_s`` seconds (at most WINDOW_S)."""
         self._trim(now)
-        n = len(self.samples)
+        samples = [s for s in self.samples if s[0] >= now - window_s]
+        n = len(samples)
         if n == 0:
             return Figures(0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        latencies = sorted(s[1] for s in self.samples)
-        errors = sum(1 for s in self.samples if not s[2])
-        span = max(1.0, min(WINDOW_S, now - self.samples[0][0]))
+        latencies = sorted(s[1] for s in samples)
+        errors = sum(1 for s in samples if not s[2])
+        span = max(1.0, min(window_s, now - samples[0][0]))
         return Figures(
             requests=n,
             rps=n / span,
@@ -192,8 +194,8 @@ class InferenceProxy:
         now = time.monotonic()
         self.traffic_of(key).record(now, now - started, ok)
 
-    def figures(self, key: str) -> Figures:
-        return self.traffic_of(key).figures(time.monotonic())
+    def figures(self, key: str, window_s: float = WINDOW_S) -> Figures:
+        return self.traffic_of(key).figures(time.monotonic(), window_s)
 
     async def close(self) -> None:
         for task in list(self._probes.values()):

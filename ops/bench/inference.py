@@ -11,8 +11,9 @@ engine (``engine: cpu``) by default, or with ``--chat`` SmolLM2-135M-Instruct on
 * **Cold start.** The endpoint scales to zero after 10 idle seconds; then one request: the time from
   sending it to its complete answer (the first token, for an embedding) is ``cold_start_s``, and the
   gateway's ``x-resontech-cold-start-s`` header says how much of it was waiting for a replica.
-* **Scale-out.** With ``target_rps_per_replica`` 1 and ``max_replicas`` 2, a load step of ~4
-  requests a second: ``scale_out_s`` is from the step to the second replica ready.
+* **Scale-out.** With ``target_rps_per_replica`` 2 and ``max_replicas`` 2, a load step of ~6
+  requests a second: ``scale_out_s`` is from the step to the second replica ready (the autoscaler
+  sees the last 10 s of load).
 
 Usage: ``python -m ops.bench.inference [--quick] [--chat] [--requests N]``.
 """
@@ -121,7 +122,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ((_, key),) = await create_tenants(stack, 1)
             headers = {"authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(base_url=stack.url, timeout=300.0) as http:
-                spec = {"name": "bench", "model": model, "max_replicas": 2, "target_rps_per_replica": 1.0,
+                spec = {"name": "bench", "model": model, "max_replicas": 2, "target_rps_per_replica": 2.0,
                         "scale_to_zero_after_s": 10, **({} if args.chat else {"engine": "cpu"})}  # fmt: skip
                 created = (await http.post("/v1/endpoints", json=spec, headers=headers)).json()
                 endpoint_id = created["endpoint_id"]
@@ -145,7 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def scale_out(http: httpx.AsyncClient, key: str, endpoint_id: str, chat: bool) -> float:
-    """Send ~4 requests a second until a second replica is ready; seconds from the step."""
+    """Send ~6 requests a second until a second replica is ready; seconds from the step."""
     headers = {"authorization": f"Bearer {key}"}
     stop = asyncio.Event()
 
@@ -159,7 +160,7 @@ async def scale_out(http: httpx.AsyncClient, key: str, endpoint_id: str, chat: b
             sent.add(task)
             task.add_done_callback(sent.discard)
             i += 1
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(1 / 6)
 
     task = asyncio.create_task(load())
     try:
@@ -167,6 +168,7 @@ async def scale_out(http: httpx.AsyncClient, key: str, endpoint_id: str, chat: b
     finally:
         stop.set()
         await task
+        await asyncio.gather(*sent, return_exceptions=True)
 
 
 def main() -> None:
