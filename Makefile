@@ -27,20 +27,22 @@ browser:
 	@./ops/browser.sh
 
 lint: venv
-	$(PY) -m ruff check schemas core projections gateway agent ops tests
-	$(PY) -m ruff format --check schemas core projections gateway agent ops tests
+	$(PY) -m ruff check schemas core projections gateway agent ops tests examples
+	$(PY) -m ruff format --check schemas core projections gateway agent ops tests examples
 	$(PY) -m mypy
 
 bench: venv
 	$(PY) -m ops.bench.log
 	$(PY) -m ops.bench.schedule
 	$(PY) -m ops.bench.gateway
+	$(PY) -m ops.bench.training
 	$(PY) -m ops.bench.inference
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick
 	$(PY) -m ops.bench.schedule --quick
 	$(PY) -m ops.bench.gateway --quick
+	$(PY) -m ops.bench.training --quick
 
 clean:
 	rm -rf .venv

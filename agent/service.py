@@ -14,7 +14,8 @@ Life of an agent:
    running before its workload starts, so after a crash it is reported failed (retryable), never
    run twice. A command id already handled is skipped; a command whose
    epoch is lower than the highest seen for its work is dropped, acknowledged and logged (both
-   remembered in the state dir, :mod:`agent.state`). ``StartWork`` is
+   remembered in the state dir, :mod:`agent.state`), unless it stops an assignment running here at
+   that epoch (another slot of the job may have moved here at a newer one). ``StartWork`` is
    decided by the policy (:func:`agent.policy.decide`): refused -> ``rejected``; accepted -> the
    runtime starts it -> ``started``. ``StopWork`` sends SIGTERM to the named assignment and SIGKILL
    after the grace period: ``stop_grace_s`` with ``checkpoint`` (time to write a checkpoint and print
@@ -238,7 +239,7 @@ class Agent:
         if self._state.handled(command_id):
             log.info("command %s already handled; skipped", command_id)
             return
-        fresh = self._state.observe(cmd.work_id, cmd.epoch)
+        fresh = self._state.observe(cmd.work_id, cmd.epoch) or self._stops_running(cmd)
         self._state.mark_handled(command_id)
         self._state.save()
         if not fresh:
@@ -252,6 +253,13 @@ class Agent:
                 await self._start(cmd)
             case StopWork():
                 self._stop(cmd)
+
+    def _stops_running(self, cmd: StartWork | StopWork) -> bool:
+        """A stop of an assignment running here at that very epoch is never stale: one slot of a job
+        may be re-placed at a newer epoch while another keeps its older one (both on this agent),
+        and stopping the older one must still work."""
+        running = self._assignments.by_id.get(cmd.assignment_id)
+        return isinstance(cmd, StopWork) and running is not None and running.cmd.epoch == cmd.epoch
 
     async def _start(self, cmd: StartWork) -> None:
         await self._supersede(cmd)

@@ -23,8 +23,8 @@ from gateway.references import key_problem
 from projections.admission import Quotas, Wait, check_quota, idle_host, never_fits, request_for_job
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import JobRecord
-from schemas.api.jobs import SubmitJob
-from schemas.jobs import JobResources, JobSubmitted
+from schemas.api.jobs import FederatedSpec, SubmitJob
+from schemas.jobs import FederatedTraining, JobResources, JobSubmitted
 
 
 class KindRule(NamedTuple):
@@ -37,10 +37,10 @@ class KindRule(NamedTuple):
 
 KINDS: dict[str, KindRule] = {
     "process": KindRule(available=True, needs_command=True, federated=False),
-    "federated": KindRule(available=False, needs_command=False, federated=True),
+    "federated": KindRule(available=True, needs_command=False, federated=True),
     "ddp": KindRule(available=True, needs_command=True, federated=False),
 }
-"""Every kind the spec knows; ``federated`` runs once its runtime exists."""
+"""Every kind the spec knows (a kind whose runtime is missing is refused with ``kind_unavailable``)."""
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 RESERVED_ENV_PREFIX = "RESONTECH_"
 
@@ -60,10 +60,31 @@ def _check_kind(spec: SubmitJob) -> None:
         raise invalid_spec(f"a {spec.kind} job needs a command: the argv each worker runs")
     if rule.federated and spec.rounds is None:
         raise invalid_spec("a federated job needs rounds")
-    if not rule.federated and (spec.rounds is not None or spec.local_epochs is not None):
-        raise invalid_spec("rounds and local_epochs are for federated jobs only")
+    if rule.federated and spec.federated is None:
+        raise invalid_spec("a federated job needs its training code: federated.script")
+    if not rule.federated and (spec.rounds is not None or spec.local_epochs is not None or spec.federated):
+        raise invalid_spec("rounds, local_epochs and federated are for federated jobs only")
+    if spec.federated is not None:
+        _check_federated(spec.federated)
     if spec.kind == "ddp":
         _check_script(spec)
+
+
+def _check_federated(federated: FederatedSpec) -> None:
+    keys = [federated.script, *([federated.initial_model] if federated.initial_model else [])]
+    problems = [p for p in map(key_problem, keys) if p is not None]
+    if problems:
+        raise invalid_spec(f"bad key in federated: {'; '.join(problems)}", "invalid_key")
+    if any(key.endswith("/") for key in keys):
+        raise invalid_spec(
+            "federated.script and federated.initial_model name files, not folders", "invalid_key"
+        )
+    if not federated.script.endswith(".py"):
+        raise invalid_spec(f"federated.script {federated.script!r} must be a Python file (.py)")
+    if federated.initial_model and not federated.initial_model.endswith((".npz", ".pt", ".pth")):
+        raise invalid_spec("federated.initial_model must be a .npz of named arrays or a .pt state dict")
+    if any(not arg or any(c.isspace() for c in arg) for arg in federated.args):
+        raise invalid_spec("federated.args: each argument must be non-empty and without whitespace")
 
 
 def _check_script(spec: SubmitJob) -> None:
@@ -112,6 +133,7 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
     _check_env(spec)
     _check_keys(spec)
     r = spec.resources
+    federated = spec.federated
     return JobSubmitted(
         name=spec.name,
         kind=spec.kind,
@@ -126,11 +148,28 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
         local_epochs=spec.local_epochs,
         command=list(spec.command),
         env=dict(spec.env),
-        inputs=list(dict.fromkeys(spec.inputs)),
+        inputs=list(dict.fromkeys([*spec.inputs, *federated_inputs(spec)])),
         max_price_micros_per_gpu_hour=spec.max_price_micros_per_gpu_hour,
         submitted_by=submitted_by,
         output_prefix=spec.output_prefix,
+        federated=None
+        if federated is None
+        else FederatedTraining(
+            script=federated.script,
+            args=list(federated.args),
+            framework=federated.framework,
+            initial_model=federated.initial_model,
+        ),
     )
+
+
+def federated_inputs(spec: SubmitJob) -> list[str]:
+    """What a federated job reads, checked to exist like its ``inputs``: its script, its initial
+    model and its shards' folder."""
+    if spec.federated is None:
+        return []
+    f = spec.federated
+    return [f.script, *([f.initial_model] if f.initial_model else []), f"jobs/{spec.name}/shards/"]
 
 
 class IdleFleet:

@@ -192,6 +192,13 @@ def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_federation(args: argparse.Namespace, settings: Settings) -> int:
+    from ops import federation
+
+    _run(federation.serve(settings, _data_dir(args).absolute() / "federations"))
+    return 0
+
+
 def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.serve import serve
 
@@ -291,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("gateway", cmd_gateway, "serve the API gateway (RESONTECH_GATEWAY_HOST/PORT)")
     p = command("coordinator", cmd_coordinator, "run a coordinator (places work, detects lost workers)")
     p.add_argument("--name", default="coordinator", help="instance name, recorded on its events")
+    command("federation", cmd_federation, "run the federation service (the FL servers of federated jobs)")
     p = command("cordon", cmd_cordon, "stop placing new work on a worker")
     p.add_argument("worker")
     p.add_argument("--reason", default="cordoned by an operator")

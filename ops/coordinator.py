@@ -54,7 +54,7 @@ from ops.inputs import InputError, Presigner
 from ops.live_capacity import LiveCapacity
 from ops.replicas import Replicas
 from ops.silence import Silence
-from ops.workspecs import WorkSpecError, ddp_spec
+from ops.workspecs import WorkSpecError, ddp_spec, federated_spec
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs
 from projections.admission import Usage, Victim, health_verdicts, preemption_victims, request_for_job, triage
 from projections.capacity import tier_of
@@ -670,7 +670,7 @@ class Coordinator:
         record = self.registry.state.workers.get(assignment.worker_id)
         tier = tier_of(record, time.time_ns()) if record else "unverified"
         downloads: dict[str, str] = {}
-        if job.inputs:
+        if job.inputs and job.kind != "federated":  # a federated shard gets its own shard only
             try:
                 downloads = await self.presigner.downloads_async(job.tenant, job.inputs)
             except InputError as exc:
@@ -689,6 +689,11 @@ class Coordinator:
                 await self._append_job(job, JobFailed(reason=f"cannot start: {exc.message}", retryable=False))
                 return
             command = msgspec.structs.replace(command, spec=spec)
+        elif job.kind == "federated":
+            federated = federated_spec(job, assignment, command.spec, self.presigner)
+            if federated is None:  # sent once the job's federation is ready (a new event of the job)
+                return
+            command = msgspec.structs.replace(command, spec=federated)
         try:
             await self.log.append(
                 command_subject(assignment.worker_id), command, event_id=f"start-{assignment.assignment_id}"

@@ -75,6 +75,7 @@ DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("gateway", [sys.executable, "-m", "ops.cli", "gateway"]),
     ServiceSpec("projector", [sys.executable, "-m", "ops.cli", "projector"]),
     ServiceSpec("coordinator", [sys.executable, "-m", "ops.cli", "coordinator"]),
+    ServiceSpec("federation", [sys.executable, "-m", "ops.cli", "federation"]),
     ServiceSpec("nats-auth", [sys.executable, "-m", "ops.cli", "nats-auth"]),
     ServiceSpec(
         "agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1", "--region", "local"]

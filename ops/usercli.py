@@ -244,6 +244,10 @@ def cmd_why(args: argparse.Namespace) -> int:
 
 
 ENDED = {"job.completed": "completed", "job.failed": "failed", "job.cancelled": "cancelled"}
+WATCHED_FIELDS = (
+    *("round", "epoch", "step", "loss", "slot", "worker_id", "reason", "object_key", "train_epoch"),
+    *("server", "first_round", "rounds"),  # federated jobs: the FL server, each FL run
+)
 
 
 def describe(message: dict[str, Any]) -> str:
@@ -255,12 +259,7 @@ def describe(message: dict[str, Any]) -> str:
         gpus = event.get("gpus") or []
         utils = ", ".join(f"gpu{g.get('index')} {g.get('util_pct', 0):.0f}%" for g in gpus) or "no GPU"
         return f"{stamp}  telemetry {message.get('worker')}: {utils}"
-    details = {
-        k: v
-        for k, v in event.items()
-        if k in ("round", "epoch", "step", "loss", "slot", "worker_id", "reason", "object_key", "train_epoch")
-        and v not in (None, "")
-    }
+    details = {k: v for k, v in event.items() if k in WATCHED_FIELDS and v not in (None, "")}
     metrics = event.get("metrics") or {}
     details.update({k: v for k, v in list(metrics.items())[:4]})
     text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in details.items())
@@ -282,6 +281,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             else:
                 print(describe(message), flush=True)
             ended = ENDED.get(str(message.get("kind")))
+            if ended == "failed" and (message.get("event") or {}).get("slot") is not None:
+                ended = None  # one shard's failure: the kernel places it again, or fails the job
             if ended is not None:
                 if not args.json:
                     print(f"job {job_id} {ended}", flush=True)

@@ -1,5 +1,6 @@
 """The kind-specific part of an assignment's ``start_work``: what the coordinator adds to the spec
-every job gets (the command, the environment and the presigned inputs of :mod:`ops.inputs`).
+every job gets (the command, the environment and the presigned inputs of :mod:`ops.inputs`):
+:func:`ddp_spec` for a ``ddp`` shard, :func:`federated_spec` for a ``federated`` one.
 
 A ``ddp`` shard runs the ``torchrun`` runtime (:mod:`agent.runtimes.torchrun`), one node per shard,
 and its spec carries:
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from agent.runtimes.nvflare import KIT_FILE
 from core.errors import ResontechError
 from core.rendezvous import rendezvous
 from gateway.workspace import bucket_for
@@ -79,4 +81,41 @@ def ddp_spec(
             node_rank=assignment.slot,
             gpus=job.resources.gpus,
         ),
+    )
+
+
+def federated_spec(
+    job: JobRecord, assignment: Assignment, base: WorkSpec, presigner: Presigner
+) -> WorkSpec | None:
+    """The spec of one ``federated`` shard, or ``None`` while the job's federation is not ready.
+
+    It runs the ``nvflare-client`` runtime (:mod:`agent.runtimes.nvflare`) with the slot's NVFlare
+    identity (``options["site"]``) and two presigned GETs, one hour each: the slot's client startup
+    kit from the kernel's kit bucket (fetched as :data:`agent.runtimes.nvflare.KIT_FILE`) and the
+    slot's shard ZIP from the tenant's workspace (fetched under its workspace key). Not the job's
+    other inputs: a federated shard sees its own shard and nothing else of the workspace (its
+    training code reaches it through NVFlare). A replacement for a lost worker gets the same
+    identity and shard.
+    """
+    federation = job.federation
+    if federation is None or assignment.slot >= len(federation.sites):
+        return None
+    slot = assignment.slot
+    shard = federation.shards[slot]
+    return msgspec.structs.replace(
+        base,
+        runtime="nvflare-client",
+        command=[],
+        resume_from=None,
+        downloads={
+            KIT_FILE: presigner.url(federation.kit_bucket, federation.kits[slot]),
+            shard: presigner.url(bucket_for(job.tenant), shard),
+        },
+        options={
+            "site": federation.sites[slot],
+            "server": federation.server,
+            "shard": shard,
+            "rounds": str(job.rounds or 0),
+            "local_epochs": str(job.local_epochs or 1),
+        },
     )

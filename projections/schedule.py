@@ -21,6 +21,8 @@ Rules, in the order the coordinator relies on them:
   (``failures``, and a retryable shard failure in the slot's ``retries``) and recorded; the
   coordinator's revocation that follows re-queues the shard, or it fails the job once the slot was
   retried too often.
+* A federated job's ``job.federation_ready`` (the kernel's own, never fenced) records its
+  federation; a later one (a re-provisioned federation) replaces it.
 * ``last_seq`` is the JOBS sequence of the job's latest event, ignored events included: it is the
   expected last sequence of ``job.<tenant>.<job_id>.>`` for the coordinator's next append.
 """
@@ -34,11 +36,13 @@ import msgspec
 from projections.base import Projection
 from schemas.envelope import Recorded
 from schemas.jobs import (
+    FederatedTraining,
     JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobFederationReady,
     JobKind,
     JobPlaced,
     JobProgress,
@@ -87,6 +91,16 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
     metrics: dict[str, float] = {}
 
 
+class Federation(msgspec.Struct, frozen=True, kw_only=True):
+    """A federated job's federation, from its latest ``job.federation_ready`` (see that event)."""
+
+    server: str
+    sites: list[str]
+    kit_bucket: str
+    kits: list[str]
+    shards: list[str]
+
+
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One job. The submission's fields are copied as submitted.
 
@@ -109,6 +123,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         rejected_by: ``worker_id -> reason`` for workers whose policy refused this job.
         failure_reason / log_tail: of the latest accepted failure.
         ended_ns: envelope time of the terminal event.
+        federation: a federated job's provisioned federation (``None`` until it is ready: the
+            coordinator starts no client before).
         last_seq: JOBS sequence of the job's latest event (the expected sequence for its subjects).
     """
 
@@ -129,6 +145,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     max_price_micros_per_gpu_hour: int | None = None
     submitted_by: str = ""
     output_prefix: str = ""
+    federated: FederatedTraining | None = None
     state: JobState = "queued"
     submitted_seq: int = 0
     submitted_ns: int = 0
@@ -151,6 +168,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     cancelled_by: str = ""
     cancel_reason: str = ""
     ended_ns: int | None = None
+    federation: Federation | None = None
     last_seq: int = 0
 
 
@@ -185,6 +203,7 @@ def _submitted(tenant: str, job_id: str, e: JobSubmitted, seq: int, t: int) -> J
         max_price_micros_per_gpu_hour=e.max_price_micros_per_gpu_hour,
         submitted_by=e.submitted_by,
         output_prefix=e.output_prefix,
+        federated=e.federated,
         submitted_seq=seq,
         submitted_ns=t,
         last_seq=seq,
@@ -343,6 +362,9 @@ def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
             return _replace(job, state="completed", outputs=outputs, ended_ns=t)
         case JobFailed():
             return _failed(job, event, t)
+        case JobFederationReady(server=server, sites=sites, kit_bucket=bucket, kits=kits, shards=shards):
+            federation = Federation(server=server, sites=sites, kit_bucket=bucket, kits=kits, shards=shards)
+            return _replace(job, federation=federation)
         case JobCancelled(by=by, reason=reason):
             return _replace(job, state="cancelled", cancelled_by=by, cancel_reason=reason, ended_ns=t)
     return None
@@ -371,7 +393,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=5,
+    version=6,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

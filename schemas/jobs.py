@@ -12,6 +12,7 @@ from schemas._base import Event, Value
 from schemas.values import Assignment, Pool, Provenance
 
 JobKind = Literal["federated", "ddp", "process"]
+Framework = Literal["numpy", "pytorch"]
 
 
 class JobResources(Value, frozen=True, kw_only=True):
@@ -32,6 +33,26 @@ class JobResources(Value, frozen=True, kw_only=True):
     memory_mb: int = 1024
 
 
+class FederatedTraining(Value, frozen=True, kw_only=True):
+    """The training code of a federated job: an NVFlare Client API script in the tenant's workspace.
+
+    Attributes:
+        script: workspace key of the script every site runs; the other files in its folder (and
+            below) ship with it, so that it can import its own modules.
+        args: arguments the script is started with.
+        framework: how the script exchanges parameters: ``numpy`` (dicts of arrays, the default)
+            or ``pytorch`` (state dicts; NVFlare converts them to arrays for the server).
+        initial_model: workspace key of the first global model (``.npz`` of named arrays, or a
+            ``.pt`` state dict); without one, round 1 sends an empty model and the script starts
+            from its own initial weights (seed them identically on every site).
+    """
+
+    script: str
+    args: list[str] = []
+    framework: Framework = "numpy"
+    initial_model: str | None = None
+
+
 class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     """A tenant submitted a job. Validated at the edge: every referenced object existed.
 
@@ -39,6 +60,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
         inputs: workspace object keys the job reads (a key ending in ``/`` names a prefix).
         output_prefix: where the job writes its results in the workspace (empty: the workspace's
             own ``model_out/`` and ``files_out/``).
+        federated: the training code of a ``federated`` job.
     """
 
     name: str
@@ -56,6 +78,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     max_price_micros_per_gpu_hour: int | None = None
     submitted_by: str = ""
     output_prefix: str = ""
+    federated: FederatedTraining | None = None
 
 
 class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):
@@ -154,6 +177,45 @@ class JobFailed(Event, tag="job.failed", frozen=True, kw_only=True):
     retryable: bool = False
 
 
+class JobFederationReady(Event, tag="job.federation_ready", frozen=True, kw_only=True):
+    """The kernel provisioned the job's own federation and started its FL server: the coordinator
+    may now start the job's clients (a federated shard's ``start_work`` waits for this event).
+
+    Attributes:
+        server: ``host:port`` the clients connect to.
+        sites: the NVFlare client name of each slot (slot ``i`` runs ``sites[i]``, whichever worker
+            it lands on: a replacement gets the same identity).
+        kit_bucket: the kernel bucket that holds the startup kits (never a tenant's).
+        kits: object key of each slot's startup kit ZIP (its certificate and key) in ``kit_bucket``.
+        shards: workspace key of each slot's shard ZIP.
+    """
+
+    server: str
+    sites: list[str]
+    kit_bucket: str
+    kits: list[str]
+    shards: list[str]
+
+
+class JobFederationRun(Event, tag="job.federation_run", frozen=True, kw_only=True):
+    """The kernel submitted an FL run to the job's federation: the first one, or a restart from the
+    last global model after a client or the FL server was lost (the round in flight is redone).
+
+    Attributes:
+        run_id: NVFlare's job id of the run.
+        first_round: the round it starts with (1-based).
+        rounds: how many rounds it runs.
+        reason: why it was submitted (``start``, or what it replaces).
+        resume_from: workspace key of the global model it starts from, if any.
+    """
+
+    run_id: str
+    first_round: int
+    rounds: int
+    reason: str = "start"
+    resume_from: str | None = None
+
+
 class JobCancelled(Event, tag="job.cancelled", frozen=True, kw_only=True):
     """The tenant (or an operator) cancelled the job."""
 
@@ -175,4 +237,6 @@ JobEvent = (
     | JobCompleted
     | JobFailed
     | JobCancelled
+    | JobFederationReady
+    | JobFederationRun
 )

@@ -466,3 +466,24 @@ async def test_a_newer_epoch_of_the_same_slot_supersedes_the_running_one(
     await until(lambda: not alive(old), "the superseded workload is gone", timeout=5)
     assert [e.assignment_id for e in of(jobs, JobStarted)] == ["j1-e1", "j1-e2"]
     assert not of(jobs, JobFailed)  # superseded work is not a failure
+
+
+async def test_a_stop_of_an_older_epoch_still_running_here_is_not_stale(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    # Slot 0 of j1 was re-placed at epoch 2 onto the agent that runs slot 1 at epoch 1 (a federated
+    # job after a lost worker): stopping slot 1 must still stop it.
+    agent = agents("mixed")
+    worker_id = await registered(log, agent)
+    await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-s1-e1", slot=1, epoch=1))
+    await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-s0-e2", slot=0, epoch=2))
+    await wait_records(log, "JOBS", lambda rs: len(of(rs, JobStarted)) == 2, "both started")
+    older = await until(
+        lambda: (agent.state_dir / "work/j1-s1-e1/pid").exists() and pid_of(agent, "j1-s1-e1"), "its pid"
+    )
+    await send(log, worker_id, StopWork(work_id="j1", assignment_id="j1-s1-e1", epoch=1, reason="job ended"))
+    await until(lambda: not alive(older), "slot 1 stopped", timeout=10)
+    assert alive(pid_of(agent, "j1-s0-e2"))
+    # A start of that older epoch is still stale.
+    await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-s1-e1b", slot=1, epoch=1))
+    await until(lambda: "dropped stale command" in agent.stderr(), "the late start dropped")

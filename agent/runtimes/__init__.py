@@ -1,6 +1,7 @@
 """Workload runtimes, by the name a ``WorkSpec.runtime`` gives.
 
-Later issues add ``nvflare-client`` here.
+``process`` runs a command, ``torchrun`` a DDP node, ``nvflare-client`` an NVFlare client of a
+federated job, ``vllm`` an inference engine for an endpoint replica.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agent.runtimes.base import Runtime, StartFailed, Workload, checkpoint_dir, workload_env
+from agent.runtimes.nvflare import NvflareClientRuntime
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.torchrun import TorchrunRuntime
 from agent.runtimes.vllm import VllmRuntime
@@ -15,12 +17,14 @@ from agent.runtimes.vllm import VllmRuntime
 RUNTIMES: dict[str, Callable[[], Runtime]] = {
     "process": ProcessRuntime,
     "torchrun": TorchrunRuntime,
+    "nvflare-client": NvflareClientRuntime,
     "vllm": VllmRuntime,
 }
 """Runtime name -> factory."""
 
 __all__ = [
     "RUNTIMES",
+    "NvflareClientRuntime",
     "ProcessRuntime",
     "Runtime",
     "StartFailed",

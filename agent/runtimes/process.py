@@ -57,14 +57,27 @@ def prepare(workdir: Path) -> None:
         sub.mkdir(parents=True, exist_ok=True)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the agent dies (``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 async def spawn(
     argv: list[str],
     workdir: Path,
     env: Mapping[str, str],
     *,
     workload: type[ProcessWorkload] | None = None,
+    die_with_agent: bool = False,
 ) -> ProcessWorkload:
     """Start ``argv`` in ``workdir`` as its workload (a ``workload`` subclass wraps it, if given).
+
+    With ``die_with_agent`` the main process is SIGKILLed when the agent dies, however it dies. Plain
+    processes outlive a crashed agent (the restarted agent reaps and reports them); work whose
+    identity must not outlive its assignment does not: an NVFlare client, whose site a replacement
+    on another worker takes over.
 
     Raises:
         StartFailed: the executable cannot run.
@@ -79,6 +92,7 @@ async def spawn(
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
             limit=LINE_LIMIT,
+            preexec_fn=_die_with_parent if die_with_agent else None,
         )
     except OSError as exc:
         raise StartFailed(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
@@ -228,3 +242,23 @@ def reap_orphans(work_dir: Path) -> list[str]:
         with contextlib.suppress(OSError):
             pid_file.unlink()
     return reaped
+
+
+def tagged_pids(name: str, value: str) -> list[int]:
+    """The processes whose environment holds ``name=value`` (children inherit it, whatever their
+    session): the kernel finds an FL server's whole tree by its ``RESONTECH_FEDERATION`` tag."""
+    marks = {f"{name}={value}".encode()}
+    return [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marks)
+    ]
+
+
+def kill_tagged(name: str, value: str) -> list[int]:
+    """SIGKILL every process whose environment holds ``name=value``; return their pids."""
+    pids = tagged_pids(name, value)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids

@@ -1,7 +1,7 @@
 """Bodies of the jobs routes: the job spec a tenant submits, the job as the API shows it, its events.
 
-The spec has room for every job kind: ``process`` and ``ddp`` (torchrun) run today; ``federated``
-(NVFlare, ``rounds`` and ``local_epochs``) uses the same fields when its runtime lands.
+The spec has room for every job kind: ``process``, ``ddp`` (torchrun) and ``federated`` (NVFlare:
+``rounds``, ``local_epochs`` and the ``federated`` training code) all run today.
 """
 
 from __future__ import annotations
@@ -42,6 +42,26 @@ class Resources(Request, frozen=True, kw_only=True):
     memory_mb: Annotated[int, msgspec.Meta(ge=1, le=67_108_864)] = 1024
 
 
+class FederatedSpec(Request, frozen=True, kw_only=True):
+    """The training code of a ``federated`` job: an NVFlare Client API script in the workspace.
+
+    Attributes:
+        script: workspace key of the script each site runs (e.g. ``jobs/{name}/scripts/train.py``);
+            the files beside and below it ship with it. It reads its shard from the directory in
+            ``RESONTECH_DATA_ROOT`` and sends each round's model with ``NUM_STEPS_CURRENT_ROUND`` set to
+            its sample count (FedAvg weighs by it).
+        args: its arguments (no whitespace inside one: NVFlare splits them on whitespace).
+        framework: ``numpy`` (default) or ``pytorch``: what ``flare.receive()`` gives the script.
+        initial_model: workspace key of the first global model (``.npz`` of named arrays, or a
+            PyTorch ``.pt`` state dict); default none: the script starts from its own weights.
+    """
+
+    script: ObjectKey
+    args: Annotated[list[Annotated[str, msgspec.Meta(max_length=1024)]], msgspec.Meta(max_length=64)] = []
+    framework: Literal["numpy", "pytorch"] = "numpy"
+    initial_model: ObjectKey | None = None
+
+
 class SubmitJob(Request, frozen=True, kw_only=True):
     """A job spec.
 
@@ -49,11 +69,14 @@ class SubmitJob(Request, frozen=True, kw_only=True):
         name: the job's name; its workspace folder is ``jobs/{name}/``. Names may repeat.
         kind: ``process`` (a command on each shard's worker); ``ddp`` (one torchrun node per
             shard; ``command`` starts with the training script, a key among ``inputs``);
-            ``federated`` is accepted by the schema and refused until its runtime exists.
+            ``federated`` (NVFlare: one client per shard, FedAvg on the kernel; shard ``i`` is the
+            ``i``-th ZIP, by name, under ``jobs/{name}/shards/``).
         job_id: the job's id (default: generated; derived from the ``Idempotency-Key`` header
             when one is sent). A duplicate id is a 409.
         shards: how many workers run it at once (gang-placed: all or none).
-        rounds / local_epochs: federated only.
+        rounds / local_epochs: federated only (``local_epochs`` reaches the script as
+            ``RESONTECH_LOCAL_EPOCHS``).
+        federated: the training code of a federated job (required for one, refused for others).
         resources: per shard.
         pool: ``shared`` (default), ``managed`` or ``private``.
         priority: -100..100, higher first within the tenant's queue (default 0).
@@ -85,6 +108,7 @@ class SubmitJob(Request, frozen=True, kw_only=True):
     inputs: Annotated[list[ObjectKey], msgspec.Meta(max_length=MAX_INPUTS)] = []
     output_prefix: Annotated[str, msgspec.Meta(max_length=1024)] = ""
     max_price_micros_per_gpu_hour: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    federated: FederatedSpec | None = None
 
 
 class TenantQuery(Request, frozen=True, kw_only=True):

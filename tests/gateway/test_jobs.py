@@ -132,7 +132,21 @@ BAD_SPECS: list[tuple[dict[str, Any], int, str]] = [
     (spec(resources={"gpus": 1, "vrm": 4}), 400, "invalid_body"),
     (spec(priority=1000), 400, "invalid_body"),
     (spec(kind="ddp"), 422, "invalid_spec"),  # its script (command[0]) is not among its inputs
-    (spec(kind="federated", rounds=3), 422, "kind_unavailable"),
+    (spec(kind="federated", rounds=3), 422, "invalid_spec"),
+    (
+        spec(kind="federated", rounds=3, federated={"script": "train.py", "args": ["a b"]}),
+        422,
+        "invalid_spec",
+    ),
+    (spec(kind="federated", rounds=3, federated={"script": "jobs/x/train.sh"}), 422, "invalid_spec"),
+    (spec(kind="federated", rounds=3, federated={"script": "../train.py"}), 422, "invalid_key"),
+    (
+        spec(kind="federated", rounds=3, federated={"script": "t.py", "initial_model": "m.bin"}),
+        422,
+        "invalid_spec",
+    ),
+    (spec(federated={"script": "train.py"}), 422, "invalid_spec"),
+    (spec(kind="federated", rounds=3, federated={"script": "scripts/train.py"}), 422, "missing_objects"),
     (spec(command=[]), 422, "invalid_spec"),
     (spec(rounds=3), 422, "invalid_spec"),
     (spec(env={"lower": "x"}), 422, "invalid_spec"),

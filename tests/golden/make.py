@@ -59,6 +59,7 @@ from schemas import (
     EndpointReplicaStarting,
     EndpointScaled,
     Event,
+    FederatedTraining,
     Gpu,
     GpuTelemetry,
     Heartbeat,
@@ -67,6 +68,8 @@ from schemas import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobFederationReady,
+    JobFederationRun,
     JobPlaced,
     JobProgress,
     JobQueued,
@@ -296,8 +299,17 @@ def _flmnist(s: _Scenario) -> None:
             local_epochs=2,
             submitted_by="bob@acme",
             resources=JobResources(gpus=1, vram_mb=8_000),
-            inputs=["data/mnist/site-1/", "data/mnist/site-2/"],
+            inputs=["jobs/fl-mnist/shards/", "jobs/fl-mnist/scripts/train.py"],
+            federated=FederatedTraining(script="jobs/fl-mnist/scripts/train.py", framework="pytorch"),
         ),
+    )
+    shards = ["jobs/fl-mnist/shards/a.zip", "jobs/fl-mnist/shards/b.zip"]
+    ready = JobFederationReady(
+        server="fl.resontech.net:8102",
+        sites=["site-1", "site-2"],
+        kit_bucket="resontech-federations",
+        kits=["acme/j-flmnist/site-1.zip", "acme/j-flmnist/site-2.zip"],
+        shards=shards,
     )
     first, second, replacement = (
         _a("flmnist", 0, 1, "w-4090-b"),
@@ -305,8 +317,10 @@ def _flmnist(s: _Scenario) -> None:
         _a("flmnist", 0, 2, "w-h100-a"),
     )
     at(2.1, _placed(first, second))
+    at(2.2, ready)
     at(2.5, _started(first))
     at(2.5, _started(second))
+    at(2.8, JobFederationRun(run_id="fl-run-1", first_round=1, rounds=5))
     at(4, JobRoundCompleted(round=1, metrics={"accuracy": 0.91}))
     at(4.1, JobProgress(epoch=1, round=2, loss=0.9))
     at(6, JobCheckpointed(epoch=1, round=2, object_key="checkpoints/fl-mnist/round-2.pt"))
@@ -318,6 +332,13 @@ def _flmnist(s: _Scenario) -> None:
     at(7.5, JobProgress(epoch=1, slot=0, round=2, step=40, loss=9.99, train_epoch=7))
     # ...and a second coordinator instance repeats the old revocation: the new assignment survives it.
     at(7.6, _revoked(first, "worker lost"))
+    resumed = "checkpoints/fl-mnist/round-2.pt"
+    at(
+        7.8,
+        JobFederationRun(
+            run_id="fl-run-2", first_round=3, rounds=3, reason="site-1 lost", resume_from=resumed
+        ),
+    )
     at(9, JobProgress(epoch=2, slot=0, round=3, step=120, loss=0.61))
     for n, minute in ((3, 9.5), (4, 11.5), (5, 13.5)):
         at(minute, JobRoundCompleted(round=n, metrics={"accuracy": 0.95 + n / 100}))

@@ -1,0 +1,15 @@
+"""Federated jobs on NVFlare: the kernel side (the ``resontech federation`` service).
+
+* :mod:`ops.federation.service`: one federation per live federated job, and why the FL servers run here;
+* :mod:`ops.federation.federation`: one job's federation from provisioning to teardown, and recovery;
+* :mod:`ops.federation.server`: provisioning, the FL server process, the admin session;
+* :mod:`ops.federation.workspace`: shards, code, kits and outputs in object storage;
+* :mod:`ops.federation.resontech_fedavg`: the FedAvg workflow shipped into every run.
+
+The pure parts (the project, the job folder, what a status means) are :mod:`core.flare`; the client
+side is the agent's ``nvflare-client`` runtime (:mod:`agent.runtimes.nvflare`).
+"""
+
+from ops.federation.service import FederationService, serve
+
+__all__ = ["FederationService", "serve"]

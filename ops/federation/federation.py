@@ -1,0 +1,470 @@
+"""One federated job's federation, driven from provisioning to teardown.
+
+:meth:`Federation.drive` runs as one task per live federated job. Set-up: resolve each slot's shard,
+fetch the training code and initial model, provision the federation, upload the client kits to the
+kernel's kit bucket, start the FL server, append ``job.federation_ready`` (the coordinator starts
+clients only after it). Then, every ``TICK_S``, it re-reads the job (level-triggered, like the
+coordinator) and:
+
+* starts the FL server again if it died, and reconnects the admin session;
+* with no run in flight, submits one once every slot's current assignment has started and every
+  site is connected (a site whose client was replaced, or all of them after a server restart, must
+  have connected since), starting at the round after the last completed one, from that round's global
+  model (``job.federation_run``);
+* with a run in flight, aborts it when a slot's assignment changed (its worker was lost: NVFlare cannot
+  bring a new client into a running job, so the round in flight is redone by the next run), turns each
+  global model the server wrote into ``checkpointed``, ``round_completed`` and ``progress`` events
+  (uploading it first), and follows the run's status: completed -> the final model and metrics are
+  uploaded and the job completes; failed -> the job fails with the failing client's error log.
+
+A job that ends (completed, failed, cancelled) gets its current assignments stopped, its FL server
+killed and its kits deleted. When the service itself stops, only the server is killed: the next
+service resumes the job from its last checkpointed round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core import flare
+from core.errors import ConcurrencyConflict, ResontechError
+from core.log import EventLog
+from core.streams import command_subject, job_filter, job_subject
+from gateway.workspace import bucket_for
+from ops.federation import workspace as ws
+from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned, provision
+from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
+from schemas import (
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobFederationReady,
+    JobFederationRun,
+    JobProgress,
+    JobRoundCompleted,
+    StopWork,
+)
+
+log = logging.getLogger("resontech.federation")
+TICK_S = 0.25
+STATUS_EVERY_S = 1.0
+ERROR_LOG_WAIT_S = 8.0
+"""After a failed run, how long to wait for the failing client's error log to reach the server."""
+MAX_RUNS = 20
+"""Runs one job may need (restarts included) before it fails instead of trying again."""
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
+"""An FL server that dies more often than this fails the job instead of restarting again."""
+COMPONENT_SOURCE = Path(__file__).with_name("resontech_fedavg.py")
+
+
+@dataclass
+class Context:
+    """What every federation of one service shares."""
+
+    log: EventLog
+    s3: Any
+    root: Path
+    host: str
+    schedule: Any
+    """A callable returning the live :class:`ScheduleState`."""
+
+
+@dataclass
+class Run:
+    """The FL run in flight."""
+
+    run_id: str
+    number: int
+    first_round: int
+    rounds: int
+    epochs: dict[str, int]
+    aborting: bool = False
+
+
+class JobEnded(Exception):
+    """The federation must fail the job: ``reason`` and ``log_tail`` go into ``job.failed``."""
+
+    def __init__(self, reason: str, log_tail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.log_tail = log_tail
+
+
+@dataclass
+class Federation:
+    """The federation of job ``tenant/job_id`` (see the module docstring)."""
+
+    ctx: Context
+    tenant: str
+    job_id: str
+    prov: Provisioned | None = None
+    server: FlareServer | None = None
+    admin: FlareAdmin | None = None
+    run: Run | None = None
+    runs: int = 0
+    reported: int = 0
+    pending_reason: str = "start"
+    fresh_since: dict[str, float] = field(default_factory=dict)
+    kits: list[str] = field(default_factory=list)
+    script: str = ""
+    initial_model: Path | None = None
+    next_status_at: float = 0.0
+    restarts: list[float] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return job_key(self.tenant, self.job_id)
+
+    @property
+    def dir(self) -> Path:
+        return self.ctx.root / self.tenant / self.job_id
+
+    def job(self) -> JobRecord | None:
+        state: ScheduleState = self.ctx.schedule()
+        return state.jobs.get(self.key)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def drive(self) -> None:
+        """Run the job's federation until the job ends (or the task is cancelled)."""
+        final = False
+        try:
+            job = self.job()
+            if job is None or job.federated is None:
+                return
+            self.reported = job.round
+            await self._setup(job)
+            while (job := self.job()) is not None and job.state not in TERMINAL:
+                if await self._step(job):
+                    break
+                await asyncio.sleep(TICK_S)
+            final = True
+        except JobEnded as exc:
+            final = await self._fail(exc.reason, exc.log_tail)
+        except (FederationError, ResontechError) as exc:
+            final = await self._fail(f"federation failed: {exc.message}", "")
+        finally:
+            await self._teardown(final)
+
+    async def _step(self, job: JobRecord) -> bool:
+        assert self.server is not None and self.admin is not None
+        if not self.server.alive():
+            await self._restart_server(self.server.exit_reason())
+            return False
+        if not self.admin.connected:
+            with contextlib.suppress(FederationError):
+                await self.admin.connect()
+            return False
+        await self._collect_rounds(job)
+        if self.reported >= (job.rounds or 0):  # the last global model is in: no need to wait for
+            return await self._complete(job)  # NVFlare's own end of the run (several seconds)
+        if self.run is None:
+            if await self._ready(job):
+                await self._submit(job)
+            return False
+        lost = self._replaced_sites(job)
+        if lost and not self.run.aborting:
+            await self._abort(f"{', '.join(lost)} lost with its worker; a replacement rejoins")
+            for site in lost:
+                self.fresh_since[site] = time.time()
+            return False
+        if time.monotonic() >= self.next_status_at:
+            self.next_status_at = time.monotonic() + STATUS_EVERY_S
+            return await self._follow(job)
+        return False
+
+    # -- set-up and teardown -------------------------------------------------------------------
+
+    async def _setup(self, job: JobRecord) -> None:
+        assert job.federated is not None
+        s3, spec = self.ctx.s3, job.federated
+        sites = [flare.site_name(slot) for slot in range(job.shards)]
+        shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.name, job.shards)
+        self.prov = await asyncio.to_thread(
+            provision, self.dir, tenant=self.tenant, job_id=self.job_id, host=self.ctx.host, sites=sites
+        )
+        code = self.dir / "code"
+        shutil.rmtree(code, ignore_errors=True)
+        self.script = await asyncio.to_thread(ws.fetch_code, s3, self.tenant, spec.script, code)
+        if spec.initial_model:
+            dest = self.dir / "initial" / Path(spec.initial_model).name
+            self.initial_model = await asyncio.to_thread(
+                ws.fetch_object, s3, bucket_for(self.tenant), spec.initial_model, dest, "the initial model"
+            )
+        kit_files = {site: self.prov.kit_zip(site) for site in sites}
+        self.kits = await asyncio.to_thread(ws.upload_kits, s3, self.tenant, self.job_id, kit_files)
+        self.server = FlareServer(self.prov, f"{self.tenant}/{self.job_id}")
+        self.server.start()
+        self.admin = FlareAdmin(self.prov.admin_dir)
+        ready = JobFederationReady(
+            server=f"{self.prov.host}:{self.prov.port}",
+            sites=sites,
+            kit_bucket=flare.KIT_BUCKET,
+            kits=self.kits,
+            shards=shards,
+        )
+        if job.federation is None or job.federation.server != ready.server:
+            await self._append(ready, f"ready-{self.prov.port}")
+
+    async def _teardown(self, final: bool) -> None:
+        """Stop what this federation runs; when the job ended (``final``), also its clients and kits."""
+        if self.admin is not None:
+            self.admin.drop()
+        if self.server is not None:
+            self.server.kill()
+        if not final:
+            return
+        job = self.job()
+        for assignment in job.assignments.values() if job else []:
+            stop = StopWork(
+                work_id=self.job_id,
+                assignment_id=assignment.assignment_id,
+                epoch=assignment.epoch,
+                reason="the federated job ended",
+            )
+            with contextlib.suppress(ResontechError):
+                await self.ctx.log.append(
+                    command_subject(assignment.worker_id),
+                    stop,
+                    event_id=f"fed-stop-{assignment.assignment_id}",
+                )
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(ws.delete_kits, self.ctx.s3, self.kits)
+
+    async def _restart_server(self, why: str) -> None:
+        assert self.server is not None and self.admin is not None and self.prov is not None
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self.restarts) > MAX_RESTARTS:
+            raise JobEnded(f"the FL server keeps dying ({len(self.restarts)} times in a minute): {why}")
+        log.warning("%s: %s; restarting it", self.key, why)
+        self.admin.drop()
+        self.run = None
+        self.pending_reason = "the FL server restarted"
+        self.server.start()
+        self.fresh_since = {site: time.time() for site in self.prov.sites}
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    async def _ready(self, job: JobRecord) -> bool:
+        """Every slot's current assignment started, and every site connected (recently enough)."""
+        assert self.admin is not None and self.prov is not None
+        for slot in range(job.shards):
+            assignment = job.assignments.get(str(slot))
+            if assignment is None or job.started.get(str(slot)) != assignment.epoch:
+                return False
+        try:
+            clients = await self.admin.call(lambda s: s.get_connected_client_list())
+        except FederationError:
+            return False
+        latest: dict[str, float] = {}
+        for client in clients:
+            latest[client.name] = max(latest.get(client.name, 0.0), float(client.last_connect_time or 0.0))
+        return all(latest.get(site, -1.0) >= self.fresh_since.get(site, 0.0) for site in self.prov.sites)
+
+    def _replaced_sites(self, job: JobRecord) -> list[str]:
+        assert self.run is not None
+        lost = []
+        for slot, epoch in self.run.epochs.items():
+            current = job.assignments.get(slot)
+            if current is None or current.epoch != epoch:
+                lost.append(flare.site_name(int(slot)))
+        return lost
+
+    async def _submit(self, job: JobRecord) -> None:
+        assert self.admin is not None and self.prov is not None and job.federated is not None
+        if self.runs >= MAX_RUNS:
+            raise JobEnded(f"the federation needed more than {MAX_RUNS} runs; giving up")
+        number = self.runs + 1
+        first = self.reported + 1
+        rounds = (job.rounds or 0) - self.reported
+        start_model, resume_key = await self._start_model(job, first)
+        folder = self.dir / "runs" / str(number) / f"{job.name}-run{number}"
+        self._write_run(folder, job, first, rounds, start_model)
+        run_id = await self.admin.call(lambda s: s.submit_job(str(folder)))
+        self.runs = number
+        epochs = {slot: a.epoch for slot, a in job.assignments.items()}
+        self.run = Run(run_id=run_id, number=number, first_round=first, rounds=rounds, epochs=epochs)
+        self.next_status_at = time.monotonic() + STATUS_EVERY_S
+        log.info("%s: run %d (%s) from round %d, %d rounds (%s)", self.key, number, run_id, first, rounds,
+                 self.pending_reason)  # fmt: skip
+        event = JobFederationRun(
+            run_id=run_id,
+            first_round=first,
+            rounds=rounds,
+            reason=self.pending_reason,
+            resume_from=resume_key,
+        )
+        await self._append(event, f"run-{run_id}")
+
+    async def _start_model(self, job: JobRecord, first: int) -> tuple[Path | None, str | None]:
+        """The model round ``first`` starts from, and its workspace key: the previous round's global
+        model (downloaded again if this host lost it), else the tenant's initial model."""
+        if first == 1:
+            spec = job.federated
+            return self.initial_model, spec.initial_model if spec else None
+        root = ws.output_root(job.name, job.output_prefix)
+        key = ws.checkpoint_key(root, first - 1)
+        local = self.dir / "rounds" / f"{flare.round_stem(first - 1)}.npz"
+        if not local.exists():
+            await asyncio.to_thread(
+                ws.fetch_object, self.ctx.s3, bucket_for(self.tenant), key, local, "the last global model"
+            )
+        return local, key
+
+    def _write_run(self, folder: Path, job: JobRecord, first: int, rounds: int, model: Path | None) -> None:
+        assert self.prov is not None and job.federated is not None
+        shutil.rmtree(folder, ignore_errors=True)
+        files = flare.fl_job(
+            folder.name,
+            sites=self.prov.sites,
+            script=self.script,
+            script_args=list(job.federated.args),
+            framework=job.federated.framework,
+            first_round=first,
+            rounds=rounds,
+            out_dir=str(self.dir / "rounds"),
+            initial_model=str(model) if model else None,
+        )
+        for relative, document in files.items():
+            path = folder / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(document, indent=2))
+        server_custom = folder / flare.SERVER_APP / "custom"
+        server_custom.mkdir(parents=True)
+        shutil.copyfile(COMPONENT_SOURCE, server_custom / f"{flare.COMPONENT_MODULE}.py")
+        shutil.copytree(self.dir / "code", folder / flare.CLIENT_APP / "custom")
+
+    async def _abort(self, why: str) -> None:
+        assert self.run is not None and self.admin is not None
+        log.warning("%s: aborting run %s: %s", self.key, self.run.run_id, why)
+        self.run.aborting = True
+        self.pending_reason = why
+        run_id = self.run.run_id
+        with contextlib.suppress(FederationError):
+            await self.admin.call(lambda s: s.abort_job(run_id))
+
+    async def _follow(self, job: JobRecord) -> bool:
+        """Check the run's status; whether the job is done."""
+        assert self.run is not None and self.admin is not None
+        run_id = self.run.run_id
+        try:
+            meta = await self.admin.call(lambda s: s.get_job_meta(run_id))
+        except FederationError:
+            return False
+        outcome = flare.run_outcome(meta.get("status"))
+        if outcome == "running":
+            return False
+        if outcome == "completed":
+            self.run = None
+            await self._collect_rounds(job)
+            return False  # the next step completes the job once every round is reported
+        if outcome == "aborted" or self.run.aborting:
+            self.run = None
+            if not self.pending_reason or self.pending_reason == "start":
+                self.pending_reason = f"run {run_id} was aborted"
+            return False
+        raise JobEnded(*await self._run_failure(run_id, str(meta.get("status"))))
+
+    async def _run_failure(self, run_id: str, status: str) -> tuple[str, str]:
+        """Why a run failed: the first client error log the server received, else the status."""
+        assert self.prov is not None
+        deadline = time.monotonic() + ERROR_LOG_WAIT_S
+        while True:
+            for slot, site in enumerate(self.prov.sites):
+                path = self.prov.jobs_dir / run_id / f"ERRORLOG_{site}"
+                text = path.read_text(errors="replace") if path.exists() else ""
+                if text.strip():
+                    reason, tail = flare.error_excerpt(text)
+                    return f"training failed on {site} (shard {slot}): {reason}", tail
+            if time.monotonic() >= deadline:
+                return f"FL run {run_id} ended {status}", ""
+            await asyncio.sleep(0.5)
+
+    # -- rounds and the end --------------------------------------------------------------------
+
+    async def _collect_rounds(self, job: JobRecord) -> None:
+        """Report every global model the server wrote since the last one reported, in order."""
+        rounds_dir = self.dir / "rounds"
+        if not rounds_dir.is_dir():
+            return
+        done = sorted(r for p in rounds_dir.iterdir() if (r := flare.round_of(p.name)) is not None)
+        root = ws.output_root(job.name, job.output_prefix)
+        for number in done:
+            if number <= self.reported or number > (job.rounds or 0):
+                continue
+            stem = rounds_dir / flare.round_stem(number)
+            summary = json.loads(stem.with_suffix(".json").read_text())
+            key = await asyncio.to_thread(
+                ws.upload_round, self.ctx.s3, self.tenant, root, number, stem.with_suffix(".npz"),
+                stem.with_suffix(".json"),
+            )  # fmt: skip
+            metrics = {k: float(v) for k, v in summary.get("metrics", {}).items()}
+            epoch = job.epoch
+            await self._append(JobCheckpointed(epoch=epoch, object_key=key, round=number), f"ckpt-{number}")
+            await self._append(JobRoundCompleted(round=number, metrics=metrics), f"round-{number}")
+            progress = JobProgress(epoch=epoch, round=number, loss=metrics.get("loss"), metrics=metrics)
+            await self._append(progress, f"progress-{number}")
+            self.reported = number
+            log.info("%s: round %d done %s", self.key, number, metrics)
+
+    async def _complete(self, job: JobRecord) -> bool:
+        """Upload the final model and metrics and complete the job; whether that was appended."""
+        assert job.federated is not None and job.rounds is not None
+        rounds_dir = self.dir / "rounds"
+        final = rounds_dir / f"{flare.round_stem(job.rounds)}.npz"
+        if not final.exists():  # this host lost it: the last checkpoint is in the workspace
+            root = ws.output_root(job.name, job.output_prefix)
+            await asyncio.to_thread(
+                ws.fetch_object, self.ctx.s3, bucket_for(self.tenant), ws.checkpoint_key(root, job.rounds),
+                final, "the last global model",
+            )  # fmt: skip
+        summaries = sorted(p for p in rounds_dir.glob("round-*.json"))
+        outputs = await asyncio.to_thread(
+            ws.upload_final, self.ctx.s3, self.tenant, ws.output_root(job.name, job.output_prefix), final,
+            summaries, job.federated.framework,
+        )  # fmt: skip
+        return await self._append_terminal(JobCompleted(outputs=outputs))
+
+    async def _fail(self, reason: str, log_tail: str) -> bool:
+        """Fail the job (unless it already ended); whether it is now ended."""
+        log.warning("%s: failing the job: %s", self.key, reason)
+        for _ in range(5):
+            job = self.job()
+            if job is None or job.state in TERMINAL:
+                return True
+            if await self._append_terminal(JobFailed(reason=reason, log_tail=log_tail, retryable=False)):
+                return True
+            await asyncio.sleep(TICK_S)
+        return False
+
+    async def _append_terminal(self, event: Any) -> bool:
+        job = self.job()
+        if job is None:
+            return False
+        try:
+            await self.ctx.log.append(
+                job_subject(self.tenant, self.job_id, event),
+                event,
+                event_id=f"fed-{self.tenant}-{self.job_id}-{event.event_name()}",
+                expected_seq=job.last_seq,
+                expected_filter=job_filter(self.tenant, self.job_id),
+            )
+        except ConcurrencyConflict:
+            return False
+        return True
+
+    async def _append(self, event: Any, suffix: str) -> None:
+        await self.ctx.log.append(
+            job_subject(self.tenant, self.job_id, event),
+            event,
+            event_id=f"fed-{self.tenant}-{self.job_id}-{suffix}",
+        )

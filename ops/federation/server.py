@@ -1,0 +1,288 @@
+"""One job's federation on this host: provisioning, the FL server process, and the kernel's admin
+session on it.
+
+Layout of ``<data dir>/federations/<tenant>/<job_id>/`` (everything NVFlare writes stays in it)::
+
+    project.yml          what was provisioned (its port is reused after a restart)
+    prov/<project>/prod_00/<host>/                  the FL server's workspace (startup kit, logs)
+    prov/<project>/prod_00/kernel@resontech.local/  the kernel's admin kit
+    prov/<project>/prod_00/site-N/                  each client's kit, zipped into kits/site-N.zip
+    jobs/                the FL server's job store (each run's status and its clients' error logs)
+    code/                the tenant's training code, fetched once
+    runs/<n>/            each run's generated NVFlare job folder and its starting model
+    rounds/              the global model of every round, as the server writes it
+    server.log           the FL server's output
+    server.pid           its pid, for people (the kernel finds its processes by their tag)
+
+Commands start with ``sys.executable`` (never a ``python3`` from PATH, as NVFlare's start scripts
+do), with a clean environment whose ``HOME`` is the federation directory (so nothing lands in
+``~/.nvflare``), tagged ``RESONTECH_FEDERATION=<tenant>/<job_id>`` so that the server's whole process
+tree (NVFlare starts each run's process in a session of its own) can be found and stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from agent.runtimes.process import kill_tagged
+from core import flare
+from core.errors import ResontechError
+from ops.ports import free_port
+from ops.process import log_tail, spawn
+
+log = logging.getLogger("resontech.federation")
+T = TypeVar("T")
+TAG = "RESONTECH_FEDERATION"
+PROVISION_TIMEOUT_S = 120.0
+SESSION_TIMEOUT_S = 30.0
+"""Bound on every admin call (NVFlare's own command time-out is 10 s, but a dead server can hang a
+connect): past it, the session is dropped and a new one is made."""
+
+
+class FederationError(ResontechError):
+    """Provisioning or running a federation failed; the message says why in one line."""
+
+    code = "federation"
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """Paths and address of a provisioned federation."""
+
+    root: Path
+    host: str
+    port: int
+    sites: list[str]
+
+    @property
+    def prod(self) -> Path:
+        name = yaml.safe_load((self.root / "project.yml").read_text())["name"]
+        return self.root / "prov" / name / "prod_00"
+
+    @property
+    def server_dir(self) -> Path:
+        return self.prod / self.host
+
+    @property
+    def admin_dir(self) -> Path:
+        return self.prod / flare.ADMIN_USER
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    def kit_zip(self, site: str) -> Path:
+        return self.root / "kits" / f"{site}.zip"
+
+
+def clean_env(root: Path, tag: str) -> dict[str, str]:
+    """The environment of NVFlare processes: nothing of the kernel's (no NATS or S3 credentials)."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "HOME": str(root),
+        "TMPDIR": str(root / "tmp"),
+        "PYTHONUNBUFFERED": "1",
+        TAG: tag,
+    }
+
+
+def provision(root: Path, *, tenant: str, job_id: str, host: str, sites: list[str]) -> Provisioned:
+    """Provision the job's federation into ``root``, once: a second call returns the first result
+    (the clients' certificates must outlive a kernel restart).
+
+    Raises:
+        FederationError: ``nvflare provision`` failed (the message quotes its last lines).
+    """
+    project_file = root / "project.yml"
+    if project_file.exists() and (root / "kits").is_dir():
+        project = yaml.safe_load(project_file.read_text())
+        server = project["participants"][0]
+        return Provisioned(root=root, host=server["name"], port=server["fed_learn_port"], sites=sites)
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "tmp").mkdir(parents=True)
+    port = free_port("127.0.0.1" if host == "localhost" else "0.0.0.0")
+    name = flare.project_name(tenant, job_id)
+    project_file.write_text(yaml.safe_dump(flare.project(name, host=host, port=port, sites=sites)))
+    argv = [
+        sys.executable,
+        "-m",
+        "nvflare.cli",
+        "provision",
+        "-p",
+        str(project_file),
+        "-w",
+        str(root / "prov"),
+    ]
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=root,
+            env=clean_env(root, f"{tenant}/{job_id}"),
+            capture_output=True,
+            timeout=PROVISION_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise FederationError(f"nvflare provision did not finish in {PROVISION_TIMEOUT_S:.0f}s") from None
+    provisioned = Provisioned(root=root, host=host, port=port, sites=sites)
+    if done.returncode != 0 or not provisioned.server_dir.is_dir():
+        tail = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()[-5:]
+        raise FederationError(f"nvflare provision failed: {' | '.join(tail)}")
+    _configure_server(provisioned)
+    (root / "kits").mkdir()
+    for site in sites:
+        _zip_dir(provisioned.prod / site, provisioned.kit_zip(site))
+    return provisioned
+
+
+def _configure_server(p: Provisioned) -> None:
+    local = p.server_dir / "local"
+    default = json.loads((local / "resources.json.default").read_text())
+    resources = flare.server_resources(default, jobs_dir=str(p.jobs_dir))
+    (local / "resources.json").write_text(json.dumps(resources, indent=2))
+
+
+def _zip_dir(source: Path, dest: Path) -> None:
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(source.rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(source).as_posix())
+
+
+class FlareServer:
+    """The federation's FL server process (NVFlare's ``server_train``, run directly with our Python).
+
+    Args:
+        provisioned: the federation.
+        tag: the value of the ``RESONTECH_FEDERATION`` tag on its processes.
+    """
+
+    def __init__(self, provisioned: Provisioned, tag: str) -> None:
+        self.p = provisioned
+        self.tag = tag
+        self.log_file = provisioned.root / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it, first killing whatever an earlier kernel process left of this federation."""
+        self.kill()
+        ws = self.p.server_dir
+        argv = [
+            sys.executable, "-u", "-m", "nvflare.private.fed.app.server.server_train",
+            "-m", str(ws), "-s", "fed_server.json",
+            "--set", "secure_train=true", f"org={flare.ORG}", "config_folder=config",
+        ]  # fmt: skip
+        env = clean_env(self.p.root, self.tag)
+        Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+        self.proc = spawn(argv, self.log_file, env)
+        (self.p.root / "server.pid").write_text(str(self.proc.pid))
+        log.info(
+            "FL server of %s started on %s:%d (pid %d)", self.tag, self.p.host, self.p.port, self.proc.pid
+        )
+
+    def alive(self) -> bool:
+        """Whether the server process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_reason(self) -> str:
+        """How it ended, with the last lines of its log."""
+        code = self.proc.poll() if self.proc is not None else None
+        tail = " | ".join(log_tail(self.log_file, 3))
+        return f"FL server exited with status {code}: {tail}"
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process of this federation (its runs' processes too)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        kill_tagged(TAG, self.tag)
+
+
+class FlareAdmin:
+    """The kernel's admin session on one federation: NVFlare's Session API, which blocks, run on one
+    thread of its own; every call has a time limit, after which the session is dropped.
+
+    Args:
+        admin_dir: the admin startup kit (:attr:`Provisioned.admin_dir`).
+    """
+
+    def __init__(self, admin_dir: Path) -> None:
+        self.admin_dir = admin_dir
+        self._session: Any = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._session is not None
+
+    async def connect(self, timeout: float = 10.0) -> None:
+        """Log in as :data:`core.flare.ADMIN_USER`.
+
+        Raises:
+            FederationError: the server did not answer in time.
+        """
+        from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="flare-admin")
+        try:
+            self._session = await self._run(
+                lambda: new_secure_session(flare.ADMIN_USER, str(self.admin_dir), timeout=timeout),
+                timeout + 5,
+            )
+        except Exception:
+            self.drop()
+            raise
+
+    async def call(self, what: Callable[[Any], T], timeout: float = SESSION_TIMEOUT_S) -> T:
+        """Run ``what(session)``; on any failure the session is dropped (the next call reconnects).
+
+        Raises:
+            FederationError: not connected, timed out, or NVFlare raised.
+        """
+        session = self._session
+        if session is None:
+            raise FederationError("no admin session")
+        try:
+            return await self._run(lambda: what(session), timeout)
+        except Exception:
+            self.drop()
+            raise
+
+    async def _run(self, fn: Callable[[], T], timeout: float) -> T:
+        assert self._pool is not None
+        future = asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise FederationError(f"the FL server's admin port did not answer in {timeout:.0f}s") from None
+        except FederationError:
+            raise
+        except Exception as exc:
+            raise FederationError(f"admin call failed: {type(exc).__name__}: {exc}") from exc
+
+    def drop(self) -> None:
+        """Forget the session, closing it in the background (a dead server can make close hang)."""
+        session, pool = self._session, self._pool
+        self._session = self._pool = None
+        if pool is None:
+            return
+        if session is not None:
+            with contextlib.suppress(Exception):
+                pool.submit(session.close)
+        pool.shutdown(wait=False, cancel_futures=False)

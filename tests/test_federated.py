@@ -1,0 +1,304 @@
+"""Federated jobs end to end: real agents, coordinator, federation service and NVFlare."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.runtimes.process import kill_tagged, tagged_pids
+from core import flare
+from core.log import EventLog
+from core.settings import Settings
+from core.streams import job_subject
+from ops.federation.server import TAG
+from ops.federation.workspace import list_keys
+from schemas import (
+    JobAssignmentRevoked,
+    JobCancelled,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobFederationReady,
+    JobFederationRun,
+    JobPlaced,
+    JobProgress,
+    JobRoundCompleted,
+)
+from tests.federated import TENANT, kernel, read_object, s3, submit, upload, upload_example
+from tests.support import AgentProcess, of, records, registered, until
+
+pytestmark = pytest.mark.slow
+HEARTBEAT = ("--heartbeat", "1.0")
+"""Agents beat every second (lost after 3 s of silence): NVFlare keeps these two cores busy."""
+
+
+async def wait_for(
+    log: EventLog, kind: type, what: str, timeout: float = 120.0, subjects: str | None = None
+) -> list[Any]:
+    """The JOBS records once one of ``kind`` is there (or the job failed)."""
+    deadline = time.monotonic() + timeout
+    found: list[Any] = []
+    while time.monotonic() < deadline:
+        found = await records(log, "JOBS", subjects)
+        if of(found, kind) or of(found, JobFailed, slot=None):
+            return found
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
+
+
+def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """What the example's FedAvg computes, without NVFlare: each site's gradient descent from the global
+    model, then the average weighted by sample count."""
+    sites = []
+    for path in sorted(shards.glob("shard-*.zip")):
+        with zipfile.ZipFile(path) as archive, np.load(io.BytesIO(archive.read("data.npz"))) as data:
+            sites.append((data["x"], data["y"]))
+    w, b = np.zeros(sites[0][0].shape[1]), np.zeros(1)
+    for _ in range(rounds):
+        results = []
+        for x, y in sites:
+            lw, lb = w, b
+            for _ in range(epochs):
+                error = x @ lw + lb - y
+                lw, lb = lw - lr * 2 * x.T @ error / len(y), lb - lr * 2 * np.mean(error, keepdims=True)
+            results.append((lw, lb, len(y)))
+        total = sum(n for _, _, n in results)
+        w = sum(lw * n for lw, _, n in results) / total
+        b = sum(lb * n for _, lb, n in results) / total
+    return w, b
+
+
+def kits_left(settings: Settings, job: str) -> list[str]:
+    """The job's client kits still in the kernel's kit bucket."""
+    return sorted(key for key, _ in list_keys(s3(settings), flare.KIT_BUCKET, f"{TENANT}/{job}/"))
+
+
+async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
+    """Every client of the job and its FL server are gone (the job's end stops them)."""
+    assignments = [a.assignment_id for placed in of(found, JobPlaced) for a in placed.assignments]
+
+    def left() -> list[str]:
+        pids = [p for a in assignments for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", a)]
+        pids += tagged_pids(TAG, f"{TENANT}/{job}")
+        return [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160] for p in pids]
+
+    deadline = time.monotonic() + timeout
+    while (still := left()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+    assert not still, f"still running {timeout:.0f}s after the job ended: {still}"
+
+
+async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-fedavg", tmp_path)
+    await registered(log, agents("fl-a", *HEARTBEAT))
+    await registered(log, agents("fl-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-fedavg", rounds=2, local_epochs=3, args=["--lr", "0.1"])
+        found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "np-fedavg")
+        await until(lambda: not kits_left(settings, "np-fedavg"), "the kits (the clients' keys) deleted")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [ready] = of(found, JobFederationReady)
+    assert ready.sites == ["site-1", "site-2"] and ready.server.startswith("localhost:")
+    [run] = of(found, JobFederationRun)
+    assert (run.first_round, run.rounds, run.reason) == (1, 2, "start")
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2]
+    checkpoints = of(found, JobCheckpointed)
+    assert [c.object_key for c in checkpoints] == [
+        "jobs/np-fedavg/model_out/rounds/round-00001.npz",
+        "jobs/np-fedavg/model_out/rounds/round-00002.npz",
+    ]
+    site_progress = [e for e in of(found, JobProgress) if e.slot is not None]
+    assert {(e.slot, e.round, e.train_epoch) for e in site_progress} >= {(0, 1, 1), (1, 2, 3)}
+    assert all(e.loss is not None for e in site_progress)
+    [completed] = of(found, JobCompleted)
+    assert "jobs/np-fedavg/model_out/model.npz" in completed.outputs
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-fedavg/model_out/model.npz"))) as model:
+        assert set(model.files) == {"w", "b"}
+        w, b = fedavg_by_hand(tmp_path / "np-fedavg-shards", rounds=2, epochs=3, lr=0.1)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+    metrics = json.loads(read_object(settings, "jobs/np-fedavg/files_out/metrics.json"))["rounds"]
+    assert [r["round"] for r in metrics] == [1, 2] and all(r["clients"] == 2 for r in metrics)
+
+
+async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_every_round(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-recover", tmp_path)
+    by_worker = {}
+    for name in ("rc-a", "rc-b", "rc-c"):
+        agent = agents(name, *HEARTBEAT)
+        by_worker[await registered(log, agent)] = agent
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-recover", rounds=3, local_epochs=2, args=["--delay", "1"])
+        found = await wait_for(log, JobRoundCompleted, "round 1")
+        [placed] = of(found, JobPlaced)
+        victim = next(a for a in placed.assignments if a.slot == 0)
+        killed_at = time.time()
+        by_worker[victim.worker_id].kill()
+        found = await wait_for(log, JobCompleted, "job.completed after the kill", timeout=180)
+        await all_stopped(found, "np-recover")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    revoked = of(found, JobAssignmentRevoked)
+    assert [(r.slot, r.worker_id, r.reason) for r in revoked] == [(0, victim.worker_id, "worker lost")]
+    replacement = of(found, JobPlaced)[1].assignments[0]
+    assert (replacement.slot, replacement.epoch) == (0, 2) and replacement.worker_id != victim.worker_id
+    first, again = of(found, JobFederationRun)
+    assert (first.first_round, first.rounds) == (1, 3)
+    assert again.first_round >= 2 and again.first_round + again.rounds - 1 == 3
+    assert "site-1 lost" in again.reason
+    assert again.resume_from == f"jobs/np-recover/model_out/rounds/round-{again.first_round - 1:05d}.npz"
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
+    assert of(found, JobCompleted)[0].outputs[0] == "jobs/np-recover/model_out/model.npz"
+    # The replacement ran site-1 with the same shard; the lost worker's metering ended at the kill.
+    ticks = [r.event for r in await records(log, "METERING") if r.event.assignment_id == victim.assignment_id]
+    assert ticks and max(t.end_ms for t in ticks) <= killed_at * 1000 + 1
+
+
+async def test_a_dead_fl_server_is_restarted_and_the_job_resumes_from_its_last_global_model(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-server", tmp_path)
+    await registered(log, agents("sv-a", *HEARTBEAT))
+    await registered(log, agents("sv-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel") as k:
+        await submit(log, "np-server", rounds=3, local_epochs=2, args=["--delay", "1"])
+        await wait_for(log, JobRoundCompleted, "round 1")
+        server_tree = kill_tagged(TAG, f"{TENANT}/np-server")  # the FL server and its run's process
+        assert server_tree
+        found = await wait_for(log, JobCompleted, "job.completed after the FL server died", timeout=180)
+        assert "restarting it" in k.logs("federation")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    first, again = of(found, JobFederationRun)
+    assert first.first_round == 1 and again.reason == "the FL server restarted"
+    assert again.first_round >= 2 and again.resume_from == (
+        f"jobs/np-server/model_out/rounds/round-{again.first_round - 1:05d}.npz"
+    )
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
+    assert len(of(found, JobPlaced)) == 1  # the clients stayed where they were
+
+
+RAISES_ON_SITE_2 = """
+import json, os
+import nvflare.client as flare
+
+flare.init()
+while flare.is_running():
+    model = flare.receive()
+    if flare.get_site_name() == "site-2":
+        raise ValueError("row 17 of the shard has 4 columns, expected 3")
+    kernel = [k for k in os.environ if "SECRET" in k or k.startswith(("RESONTECH_NATS", "AWS_"))]
+    workdir = os.path.dirname(os.environ["RESONTECH_DATA_ROOT"])
+    seen = {"kernel_env": len(kernel), "in_workdir": int(os.getcwd().startswith(workdir)),
+            "has_shard": int(os.path.exists(os.path.join(os.environ["RESONTECH_DATA_ROOT"], "data.npz")))}
+    print("RESONTECH_PROGRESS " + json.dumps({"round": 1, "metrics": seen}), flush=True)
+    flare.send(flare.FLModel(params={"w": [1.0]}, meta={"NUM_STEPS_CURRENT_ROUND": 1}))
+"""
+
+
+async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-raise", tmp_path)
+    upload(settings, "jobs/np-raise/scripts/train.py", RAISES_ON_SITE_2.encode())
+    secrets = {"RESONTECH_S3_SECRET_KEY": "agent-secret", "AWS_SECRET_ACCESS_KEY": "agent-secret"}
+    await registered(log, agents("rs-a", *HEARTBEAT, env=secrets))
+    await registered(log, agents("rs-b", *HEARTBEAT, env=secrets))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-raise", rounds=2)
+        found = await wait_for(log, JobFailed, "job.failed")
+        [failed] = of(found, JobFailed, slot=None)
+        assert failed.reason == (
+            "training failed on site-2 (shard 1): ValueError: row 17 of the shard has 4 columns, expected 3"
+        )
+        assert "Traceback" in failed.log_tail and 'raise ValueError("row 17' in failed.log_tail
+        await all_stopped(found, "np-raise")  # nothing hangs
+    assert not of(found, JobCompleted)
+    # Site-1's script ran in its assignment's directory, with its shard, and none of the kernel's
+    # or the agent's credentials in its environment.
+    [seen] = [e.metrics for e in of(found, JobProgress) if e.slot == 0]
+    assert seen == {"kernel_env": 0.0, "in_workdir": 1.0, "has_shard": 1.0}
+
+
+async def test_missing_or_corrupt_shards_fail_the_job_naming_the_shard(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-short", tmp_path, "--shards", "1")
+    upload_example(settings, "fedavg-numpy", "np-corrupt", tmp_path)
+    upload(settings, "jobs/np-corrupt/shards/shard-1.zip", b"this is not a zip file")
+    await registered(log, agents("bd-a", *HEARTBEAT))
+    await registered(log, agents("bd-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-short", rounds=1)
+        await submit(log, "np-corrupt", rounds=1)
+        short = await wait_for(log, JobFailed, "np-short failed", subjects="job.acme.np-short.>")
+        corrupt = await wait_for(log, JobFailed, "np-corrupt failed", subjects="job.acme.np-corrupt.>")
+    [failed] = of(short, JobFailed)
+    assert failed.reason == (
+        "federation failed: the job has 2 shards but jobs/np-short/shards/ holds 1 shard ZIP(s): "
+        "nothing for slot 1"
+    )
+    job_failure = of(corrupt, JobFailed, slot=None)[0]
+    assert job_failure.reason.startswith(
+        "shard 1 failed: cannot start: shard jobs/np-corrupt/shards/shard-1.zip is not a valid ZIP file"
+    )
+
+
+async def test_a_torch_mlp_trains_federated_from_an_initial_model(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    import torch
+
+    upload_example(settings, "fedavg-torch", "mlp", tmp_path)
+    await registered(log, agents("pt-a", *HEARTBEAT))
+    await registered(log, agents("pt-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(
+            log, "mlp", rounds=2, local_epochs=2, framework="pytorch", initial_model="jobs/mlp/init/model.pt"
+        )
+        found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "mlp")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [run] = of(found, JobFederationRun)
+    assert run.resume_from == "jobs/mlp/init/model.pt"
+    rounds = of(found, JobRoundCompleted)
+    assert [r.round for r in rounds] == [1, 2] and set(rounds[-1].metrics) == {"loss", "accuracy"}
+    assert rounds[-1].metrics["accuracy"] > 0.8  # the blobs are easy; FedAvg of two skewed sites learns them
+    assert of(found, JobCompleted)[0].outputs[:2] == [
+        "jobs/mlp/model_out/model.npz",
+        "jobs/mlp/model_out/model.pt",
+    ]
+    state = torch.load(io.BytesIO(read_object(settings, "jobs/mlp/model_out/model.pt")), weights_only=True)
+    initial = torch.load(tmp_path / "mlp-shards" / "model.pt", weights_only=True)
+    assert state.keys() == initial.keys() and not torch.equal(state["net.0.weight"], initial["net.0.weight"])
+    progress = [e for e in of(found, JobProgress) if e.slot is not None]
+    assert {e.round for e in progress} == {1, 2} and all("accuracy" in e.metrics for e in progress)
+
+
+async def test_a_cancelled_federated_job_stops_its_clients_and_server_and_deletes_its_kits(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-cancel", tmp_path)
+    await registered(log, agents("cn-a", *HEARTBEAT))
+    await registered(log, agents("cn-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-cancel", rounds=50, args=["--delay", "1"])
+        found = await wait_for(log, JobFederationRun, "the first run")
+        assert kits_left(settings, "np-cancel") == ["acme/np-cancel/site-1.zip", "acme/np-cancel/site-2.zip"]
+        cancelled = JobCancelled(by="tenant:acme", reason="enough")
+        await log.append(job_subject(TENANT, "np-cancel", cancelled), cancelled)
+        await all_stopped(found, "np-cancel")
+        await until(lambda: not kits_left(settings, "np-cancel"), "the kits deleted")
+    assert not of(await records(log, "JOBS"), JobCompleted)
