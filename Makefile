@@ -36,6 +36,7 @@ bench: venv
 	$(PY) -m ops.bench.schedule
 	$(PY) -m ops.bench.gateway
 	$(PY) -m ops.bench.training
+	$(PY) -m ops.bench.inference
 
 bench-quick: venv
 	$(PY) -m ops.bench.log --quick

@@ -7,6 +7,7 @@ document (whose description carries the feed's protocol), the docs page, the das
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,11 +21,13 @@ from starlette.routing import BaseRoute, Route
 from core import settings as core_settings
 from gateway import dashboard
 from gateway.api import Operation, openapi, starlette_routes
+from gateway.autoscaler import Autoscaler
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.feed import PROTOCOL
+from gateway.inference import InferenceProxy
 from gateway.kernel import Kernel
 from gateway.metrics import GatewayMetrics, RequestMetrics
-from gateway.routes import ROUTERS
+from gateway.routes import ROUTERS, openai
 from gateway.routes.feed import websocket_routes
 from gateway.settings import GatewaySettings, load_gateway_settings
 
@@ -78,15 +81,21 @@ def create_app(
         app.state.kernel = kernel or Kernel(settings, gateway)
         if own_kernel:
             await app.state.kernel.start()
+        stop_scaling = asyncio.Event()
+        scaler = asyncio.create_task(Autoscaler(app.state.kernel, app.state.inference).run(stop_scaling))
         try:
             yield
         finally:
+            stop_scaling.set()
+            await scaler
+            await app.state.inference.close()
             if own_kernel:
                 await app.state.kernel.stop()
 
     routes: list[BaseRoute] = [
         Route("/openapi.json", openapi_json, include_in_schema=False),
         Route("/docs", docs, include_in_schema=False),
+        *openai.routes(),  # before the API's: OpenAI's error shape, bodies passed through
         *starlette_routes(ops),
         *websocket_routes(),
         *dashboard.routes(),
@@ -101,6 +110,7 @@ def create_app(
         app.state.kernel = kernel
     app.state.openapi = document
     app.state.metrics = metrics
+    app.state.inference = metrics.inference = InferenceProxy()
     return app
 
 

@@ -26,10 +26,12 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api import Call, Router
-from projections import LIVENESS, REGISTRY, SCHEDULE
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
+from projections.endpoints import ready_replicas
 from projections.liveness import overdue
 
 if TYPE_CHECKING:
+    from gateway.inference import InferenceProxy
     from gateway.kernel import Kernel
 
 router = Router("metrics")
@@ -62,6 +64,7 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.kernel: Kernel | None = None
+        self.inference: InferenceProxy | None = None  # set by the app
         self.stream_last: dict[str, int] = {}
         self.registry.register(KernelCollector(self))
 
@@ -96,6 +99,7 @@ class KernelCollector(Collector):
             return
         yield from self._projections(kernel)
         yield from self._work(kernel)
+        yield from self._inference(kernel)
         feed = kernel.feed
         yield GaugeMetricFamily(
             "resontech_feed_subscribers", "Connected feed clients", value=feed.subscribers
@@ -153,6 +157,37 @@ class KernelCollector(Collector):
         )
         silent.add_metric([], len(overdue(kernel.state(LIVENESS), time.time_ns())))
         yield from (by_state, queue, workers, silent)
+
+    def _inference(self, kernel: Kernel) -> Iterator[Metric]:
+        """Per endpoint: ready replicas, and (from this gateway's proxy, last 60 s) requests per
+        second, error rate and latency percentiles."""
+        proxy = self.metrics.inference
+        labels = ["tenant", "endpoint"]
+        ready = GaugeMetricFamily("resontech_endpoint_ready_replicas", "Ready replicas", labels=labels)
+        rps = GaugeMetricFamily(
+            "resontech_endpoint_rps", "Inference requests per second, last 60 s", labels=labels
+        )
+        errors = GaugeMetricFamily(
+            "resontech_endpoint_error_rate", "Share of failed requests, last 60 s", labels=labels
+        )
+        latency = GaugeMetricFamily(
+            "resontech_endpoint_latency_seconds",
+            "Inference latency percentiles, last 60 s",
+            labels=[*labels, "quantile"],
+        )
+        for key, endpoint in sorted(kernel.state(ENDPOINTS).endpoints.items()):
+            if endpoint.state == "deleted":
+                continue
+            names = [endpoint.tenant, endpoint.name]
+            ready.add_metric(names, len(ready_replicas(endpoint)))
+            if proxy is None or key not in proxy.traffic:
+                continue
+            f = proxy.figures(key)
+            rps.add_metric(names, f.rps)
+            errors.add_metric(names, f.error_rate)
+            for q, ms in (("0.5", f.p50_ms), ("0.95", f.p95_ms), ("0.99", f.p99_ms)):
+                latency.add_metric([*names, q], ms / 1000)
+        yield from (ready, rps, errors, latency)
 
 
 class RequestMetrics:

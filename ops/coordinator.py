@@ -57,6 +57,7 @@ from core.streams import command_subject, job_filter, job_subject, worker_filter
 from core.wire import Position
 from ops.inputs import InputError, Presigner
 from ops.live_capacity import LiveCapacity
+from ops.replicas import Replicas
 from ops.silence import Silence
 from ops.workspecs import WorkSpecError, ddp_spec, federated_spec
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs
@@ -136,6 +137,7 @@ class Coordinator:
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.endpoints = ProjectionRunner(event_log, ENDPOINTS, write_snapshots=False)
         self.tenants = ProjectionRunner(event_log, TENANTS, write_snapshots=False)
+        self.replicas = Replicas(self)
         self._changed = asyncio.Event()
         self._commanded: set[str] = set()
         self._failures: dict[str, list[int]] = {}
@@ -199,6 +201,7 @@ class Coordinator:
         await self.complete_jobs(jobs)
         await self.place_queued(now_ns, jobs)
         await self.send_commands(jobs)
+        await self.replicas.step(now_ns)
 
     # -- what changed --------------------------------------------------------------------------
 

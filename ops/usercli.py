@@ -331,6 +331,35 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_infer(args: argparse.Namespace) -> int:
+    """Ask an endpoint through the gateway's OpenAI-compatible routes, with the official client."""
+    import openai
+
+    with client(args) as rt:
+        config = rt.config
+    api = openai.OpenAI(base_url=f"{config.url.rstrip('/')}/v1", api_key=config.key or "", timeout=180.0)
+    try:
+        if args.embed:
+            vector = api.embeddings.create(model=args.endpoint, input=args.prompt).data[0].embedding
+            print(json.dumps(vector) if args.json else f"{len(vector)} dimensions: {vector[:4]}...")
+            return 0
+        messages = [{"role": "user", "content": args.prompt}]
+        stream = api.chat.completions.create(
+            model=args.endpoint,
+            messages=messages,
+            max_tokens=args.max_tokens,
+            stream=True,  # type: ignore[arg-type]
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                print(chunk.choices[0].delta.content, end="", flush=True)
+        print()
+    except openai.APIStatusError as exc:
+        print(f"error: {exc.status_code} {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_workers(args: argparse.Namespace) -> int:
     with client(args) as rt:
         page = rt.workers(limit=args.limit)
@@ -447,6 +476,11 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--max", type=int, help="maximum replicas")
     p = user("undeploy", cmd_undeploy, "delete an endpoint (its replicas stop)")
     p.add_argument("endpoint")
+    p = user("infer", cmd_infer, "ask an endpoint a question (chat, streamed) or embed a text")
+    p.add_argument("endpoint", help="the endpoint's name")
+    p.add_argument("prompt")
+    p.add_argument("--embed", action="store_true", help="embed the text instead of chatting")
+    p.add_argument("--max-tokens", type=int, default=128)
     p = user("workers", cmd_workers, "a provider's nodes: health, tier, uptime, earnings")
     p.add_argument("--limit", type=int, default=50)
     p = user("billing", cmd_billing, "invoices (tenants) or payouts (providers)")

@@ -37,6 +37,7 @@ from schemas.api.endpoints import (
     EndpointPage,
     Replica,
     ScaleEndpoint,
+    Traffic,
 )
 from schemas.api.jobs import TenantQuery
 from schemas.commands import StopWork
@@ -47,8 +48,8 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0
 CHANGE_ATTEMPTS = 5
 
 
-def endpoint_view(e: EndpointRecord) -> Endpoint:
-    """The API body of an endpoint record."""
+def endpoint_view(e: EndpointRecord, traffic: Traffic | None = None) -> Endpoint:
+    """The API body of an endpoint record (with its traffic figures when given)."""
     return Endpoint(
         endpoint_id=e.endpoint_id,
         tenant=e.tenant,
@@ -84,7 +85,15 @@ def endpoint_view(e: EndpointRecord) -> Endpoint:
         deployed_at=iso(e.deployed_ns),
         deleted_by=e.deleted_by,
         deleted_at=iso(e.deleted_ns) if e.deleted_ns is not None else None,
+        traffic=traffic or Traffic(),
     )
+
+
+def traffic_of(call: Call[Any, Any], e: EndpointRecord) -> Traffic:
+    """The endpoint's figures from this gateway's inference proxy (:mod:`gateway.inference`)."""
+    f = call.request.app.state.inference.figures(endpoint_key(e.tenant, e.endpoint_id))
+    return Traffic(requests=f.requests, rps=f.rps, error_rate=f.error_rate,
+                   p50_ms=f.p50_ms, p95_ms=f.p95_ms, p99_ms=f.p99_ms)  # fmt: skip
 
 
 def _invalid(message: str, code: str = "invalid_spec") -> ApiError:
@@ -264,7 +273,7 @@ async def list_endpoints(call: Call[None, EndpointListQuery]) -> EndpointPage:
     page = found[: q.limit]
     more = len(found) > q.limit
     return EndpointPage(
-        items=[endpoint_view(e) for e in page],
+        items=[endpoint_view(e, traffic_of(call, e)) for e in page],
         next=encode_cursor("endpoints", page[-1].deployed_seq) if more else None,
     )
 
@@ -272,7 +281,8 @@ async def list_endpoints(call: Call[None, EndpointListQuery]) -> EndpointPage:
 @router.get("/v1/endpoints/{endpoint_id}", query=TenantQuery, response=Endpoint)
 async def get_endpoint(call: Call[None, TenantQuery]) -> Endpoint:
     """One endpoint with its replicas and their states."""
-    return endpoint_view(visible_endpoint(call))
+    record = visible_endpoint(call)
+    return endpoint_view(record, traffic_of(call, record))
 
 
 async def _change(call: Call[Any, Any], endpoint: EndpointRecord, decide: Any) -> EndpointRecord:

@@ -81,6 +81,18 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
+class Traffic(msgspec.Struct, frozen=True, kw_only=True):
+    """An endpoint's inference traffic through this gateway over the last 60 s (latencies in ms,
+    from a request's arrival to the last byte of its response)."""
+
+    requests: int = 0
+    rps: float = 0.0
+    error_rate: float = 0.0
+    p50_ms: float = 0.0
+    p95_ms: float = 0.0
+    p99_ms: float = 0.0
+
+
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     """An endpoint as the API shows it (``state``: deploying, serving, scaled_to_zero, deleted)."""
 
@@ -106,6 +118,7 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     deployed_at: str
     deleted_by: str
     deleted_at: str | None
+    traffic: Traffic = Traffic()
 
 
 EndpointPage = Page[Endpoint]

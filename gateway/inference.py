@@ -1,0 +1,203 @@
+"""The inference proxy: round-robin over an endpoint's ready replicas, failover, and its figures.
+
+Why it sits apart from the routes (:mod:`gateway.routes.openai`): this is the part with state (the
+round-robin cursors, ejected replicas, the latency windows) and the part the benchmark measures.
+
+* **Round robin.** Each endpoint has a cursor; a request starts at the next ready replica (from the
+  ENDPOINTS projection) that is not ejected.
+* **Failover.** A replica that refuses the connection, times out or answers 502/503/504 before the
+  response started is ejected for :data:`EJECT_S` seconds (a passive health check), and the request
+  is retried on the next replica; once a response's headers went out, a failure ends that response
+  (a stream cannot be replayed). Ejected replicas are probed with ``GET /health`` (the active check)
+  and return when it answers 200.
+* **Figures.** Per endpoint, over a sliding :data:`WINDOW_S` window: requests per second, error rate
+  and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+EJECT_S = 5.0
+WINDOW_S = 60.0
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=300.0, write=30.0, pool=10.0)
+RETRYABLE_STATUS = frozenset({502, 503, 504})
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """An endpoint's traffic over the last window (latencies in milliseconds)."""
+
+    requests: int
+    rps: float
+    error_rate: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+@dataclass(slots=True)
+class EndpointTraffic:
+    """Recent requests of one endpoint: ``(finished at, seconds, ok)`` in finishing order."""
+
+    samples: deque[tuple[float, float, bool]] = field(default_factory=deque)
+    cursor: int = 0
+    last_request_at: float = 0.0
+    total: int = 0
+    errors: int = 0
+
+    def record(self, now: float, seconds: float, ok: bool) -> None:
+        self.samples.append((now, seconds, ok))
+        self.total += 1
+        self.errors += 0 if ok else 1
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self.samples and self.samples[0][0] < now - WINDOW_S:
+            self.samples.popleft()
+
+    def figures(self, now: float, window_s: float = WINDOW_S) -> Figures:
+        """The figures of the requests finished in the last ``window_s`` seconds (at most WINDOW_S)."""
+        self._trim(now)
+        samples = [s for s in self.samples if s[0] >= now - window_s]
+        n = len(samples)
+        if n == 0:
+            return Figures(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        latencies = sorted(s[1] for s in samples)
+        errors = sum(1 for s in samples if not s[2])
+        span = max(1.0, min(window_s, now - samples[0][0]))
+        return Figures(
+            requests=n,
+            rps=n / span,
+            error_rate=errors / n,
+            p50_ms=percentile(latencies, 0.50) * 1000,
+            p95_ms=percentile(latencies, 0.95) * 1000,
+            p99_ms=percentile(latencies, 0.99) * 1000,
+        )
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` percentile of an ascending sequence (0 for an empty one)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(0, min(len(sorted_values) - 1, int(q * len(sorted_values) + 0.999999) - 1))
+    return sorted_values[rank]
+
+
+class NoReplica(Exception):
+    """No ready replica could take the request (all ejected, or every attempt failed)."""
+
+
+@dataclass(slots=True)
+class Upstream:
+    """A replica's response whose headers arrived; iterate :meth:`body` to stream it through."""
+
+    response: httpx.Response
+    address: str
+    attempts: int
+
+    def headers(self) -> dict[str, str]:
+        return {k: v for k, v in self.response.headers.items() if k.lower() not in _HOP_HEADERS}
+
+    async def body(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.aiter_raw():
+                yield chunk
+        finally:
+            await self.response.aclose()
+
+
+class InferenceProxy:
+    """Forwards OpenAI-shaped requests to replicas (see the module docstring)."""
+
+    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+        self.client = client or httpx.AsyncClient(
+            timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
+        )
+        self.traffic: dict[str, EndpointTraffic] = {}
+        self.ejected: dict[str, float] = {}  # address -> until (monotonic)
+        self._probes: dict[str, asyncio.Task[None]] = {}
+
+    def traffic_of(self, key: str) -> EndpointTraffic:
+        traffic = self.traffic.get(key)
+        if traffic is None:
+            traffic = self.traffic[key] = EndpointTraffic()
+        return traffic
+
+    def order(self, key: str, addresses: Sequence[str]) -> list[str]:
+        """The replicas to try for the next request of endpoint ``key``, round robin, ejected last
+        out (an ejected replica is not tried while any other is in)."""
+        traffic = self.traffic_of(key)
+        n = len(addresses)
+        if n == 0:
+            return []
+        start = traffic.cursor % n
+        traffic.cursor += 1
+        rotated = [addresses[(start + i) % n] for i in range(n)]
+        now = time.monotonic()
+        return [a for a in rotated if self.ejected.get(a, 0.0) <= now]
+
+    def eject(self, address: str) -> None:
+        """Take a failing replica out for :data:`EJECT_S` and probe it until it is healthy again."""
+        self.ejected[address] = time.monotonic() + EJECT_S
+        if address not in self._probes:
+            self._probes[address] = asyncio.create_task(self._probe(address))
+
+    async def _probe(self, address: str) -> None:
+        try:
+            while self.ejected.get(address, 0.0) > 0.0:
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await self.client.get(f"{address}/health", timeout=2.0)).status_code == 200:
+                        self.ejected.pop(address, None)
+        finally:
+            self._probes.pop(address, None)
+
+    async def send(
+        self, key: str, addresses: Sequence[str], path: str, body: bytes, headers: dict[str, str]
+    ) -> Upstream:
+        """Send ``body`` to ``path`` on the endpoint's replicas until one answers without a retryable
+        failure; the response's body is not read yet.
+
+        Raises:
+            NoReplica: every replica was ejected or failed; the message says what happened last.
+        """
+        self.traffic_of(key).last_request_at = time.monotonic()
+        last = "no ready replica"
+        attempts = 0
+        for address in self.order(key, addresses):
+            attempts += 1
+            request = self.client.build_request("POST", f"{address}{path}", content=body, headers=headers)
+            try:
+                response = await self.client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                last = f"replica {address}: {type(exc).__name__}"
+                self.eject(address)
+                continue
+            if response.status_code in RETRYABLE_STATUS:
+                await response.aclose()
+                last = f"replica {address} answered {response.status_code}"
+                self.eject(address)
+                continue
+            return Upstream(response, address, attempts)
+        raise NoReplica(last)
+
+    def record(self, key: str, started: float, ok: bool) -> None:
+        now = time.monotonic()
+        self.traffic_of(key).record(now, now - started, ok)
+
+    def figures(self, key: str, window_s: float = WINDOW_S) -> Figures:
+        return self.traffic_of(key).figures(time.monotonic(), window_s)
+
+    async def close(self) -> None:
+        for task in list(self._probes.values()):
+            task.cancel()
+        await self.client.aclose()

