@@ -48,6 +48,11 @@ class AppendRejected(ResontechError):
     code = "append_rejected"
 
 
+class NoResponders(AppendRejected):
+    """Nothing answered the append: no stream captures its subject, or JetStream was briefly
+    unavailable (a server reloading its accounts stops answering for ~50 ms). Nothing was stored."""
+
+
 class LogUnavailable(ResontechError):
     """NATS could not be reached or JetStream is not enabled."""
 

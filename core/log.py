@@ -32,7 +32,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from core.errors import LogUnavailable
+from core.errors import LogUnavailable, NoResponders
 from core.settings import Settings
 from core.streams import (
     BY_NAME,
@@ -61,6 +61,12 @@ from schemas import Event
 from schemas._base import UPCASTERS, upcast
 from schemas.catalog import decode, decoder, encode
 from schemas.envelope import Recorded
+
+NO_RESPONDERS_RETRY_S = 1.0
+"""How long :meth:`EventLog.append` retries an append that nothing answered. A server reloading its
+configuration (``resontech nats-auth`` adding an agent's user) leaves JetStream silent for ~50 ms;
+an append in that gap is retried rather than failed. A subject no stream captures fails after it."""
+NO_RESPONDERS_FIRST_DELAY_S = 0.025
 
 __all__ = ["EventLog", "Position", "RawRecord", "Watch", "new_event_id"]
 
@@ -237,7 +243,8 @@ class EventLog:
         Raises:
             ConcurrencyConflict: the expected sequence did not match; re-read and re-decide.
             AppendTimeout: no acknowledgement within ``ack_timeout_s``; retry with the same id.
-            AppendRejected: the server refused the message.
+            AppendRejected: the server refused the message; :class:`~core.errors.NoResponders` when
+                nothing answered for :data:`NO_RESPONDERS_RETRY_S` (no stream captures the subject).
         """
         headers = {MSG_ID: event_id or new_event_id()}
         if expected_seq is not None:
@@ -246,8 +253,19 @@ class EventLog:
                 headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_filter
         elif expected_filter is not None:
             raise ValueError("expected_filter needs expected_seq")
-        future = await self._publish(subject, encode(event), headers, expected_seq)
-        return await future
+        data = encode(event)
+        delay = NO_RESPONDERS_FIRST_DELAY_S
+        deadline = asyncio.get_running_loop().time() + NO_RESPONDERS_RETRY_S
+        while True:
+            future = await self._publish(subject, data, headers, expected_seq)
+            try:
+                return await future
+            except NoResponders:
+                # Nothing was stored; the same message id makes the retry safe in any case.
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
 
     async def append_many(
         self,

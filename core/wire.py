@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
+from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict, NoResponders
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -139,7 +139,7 @@ class AckTracker:
         if future.done():
             return
         if no_responders:
-            future.set_exception(AppendRejected(f"no stream captures subject {subject!r}"))
+            future.set_exception(NoResponders(f"no stream captures subject {subject!r}"))
             return
         try:
             ack = _ACK_DECODER.decode(data)

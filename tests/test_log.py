@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
 import nats
+import nats.js.api
 import pytest
 
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
-from core.log import EventLog, new_event_id
+from core.log import NO_RESPONDERS_RETRY_S, EventLog, new_event_id
 from core.settings import Settings
 from core.streams import heartbeat_subject, job_filter, job_subject
 from schemas import Heartbeat, JobProgress, JobQueued, JobSubmitted
@@ -145,6 +147,25 @@ async def test_rejected_append_fails_instead_of_hanging(log: EventLog) -> None:
                 ("nostream.y", JobQueued(reason="x")),
             ]
         )
+
+
+async def test_an_append_nothing_answered_is_retried_until_a_stream_answers(log: EventLog) -> None:
+    """What a server reloading its accounts looks like to an append: ~50 ms of no responders. The
+    append is retried with the same message id and lands once, when something answers."""
+
+    async def create_stream_later() -> None:
+        await asyncio.sleep(0.2)
+        await log._js.add_stream(nats.js.api.StreamConfig(name="LATE", subjects=["late.>"]))
+
+    creating = asyncio.create_task(create_stream_later())
+    try:
+        started = time.monotonic()
+        position = await log.append("late.x", JobQueued(reason="after a silence"))
+        assert position.stream == "LATE" and position.seq == 1 and not position.duplicate
+        assert 0.2 <= time.monotonic() - started < NO_RESPONDERS_RETRY_S + 0.5
+    finally:
+        await creating
+        await log._js.delete_stream("LATE")
 
 
 async def test_unacknowledged_append_times_out(nats_server: object, log: EventLog) -> None:
