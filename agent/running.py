@@ -34,23 +34,50 @@ class Running:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
+@dataclass
+class Preparing:
+    """An accepted assignment whose inputs are being fetched: it holds its GPUs and VRAM already, so
+    that the commands handled meanwhile see them taken.
+
+    Attributes:
+        cmd / gpu_indices / vram_mb: as in :class:`Running`.
+        cause: ``exited`` until the agent is told to drop it (then it never starts).
+        fetch: the download task, cancelled when the assignment is dropped.
+        task: the task that fetches, then starts it.
+    """
+
+    cmd: StartWork
+    gpu_indices: list[int]
+    vram_mb: int
+    cause: EndCause = "exited"
+    fetch: asyncio.Task[object] | None = field(default=None, repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
 class Assignments:
-    """Running assignments by id, over the host's GPUs."""
+    """Assignments preparing or running here, by id, over the host's GPUs."""
 
     def __init__(self, gpus: list[Gpu]) -> None:
         self.gpus = gpus
         self.by_id: dict[str, Running] = {}
+        self.preparing: dict[str, Preparing] = {}
 
     def __len__(self) -> int:
-        return len(self.by_id)
+        return len(self.by_id) + len(self.preparing)
+
+    def __contains__(self, assignment_id: str) -> bool:
+        return assignment_id in self.by_id or assignment_id in self.preparing
 
     def ids(self) -> list[str]:
-        """Assignment ids, oldest first."""
-        return list(self.by_id)
+        """Assignment ids, running ones oldest first, then those preparing."""
+        return [*self.by_id, *self.preparing]
+
+    def _all(self) -> list[Running | Preparing]:
+        return [*self.by_id.values(), *self.preparing.values()]
 
     def free_gpus(self) -> list[int]:
-        """Indices of GPUs no running assignment holds."""
-        held = {i for r in self.by_id.values() for i in r.gpu_indices}
+        """Indices of GPUs no assignment holds."""
+        held = {i for r in self._all() for i in r.gpu_indices}
         return [g.index for g in self.gpus if g.index not in held]
 
     def gpu_vram_mb(self) -> int:
@@ -62,18 +89,18 @@ class Assignments:
         return sum(g.vram_total_mb for g in self.gpus)
 
     def vram_claimed_mb(self) -> int:
-        """VRAM the running assignments claim."""
-        return sum(r.vram_mb for r in self.by_id.values())
+        """VRAM the assignments claim."""
+        return sum(r.vram_mb for r in self._all())
 
     def model_of(self, indices: list[int]) -> str:
         """The model of the first of ``indices`` (empty for none)."""
         by_index = {g.index: g.model for g in self.gpus}
         return by_index.get(indices[0], "") if indices else ""
 
-    def superseded_by(self, cmd: StartWork) -> list[Running]:
-        """Running assignments of the same work and slot with an older epoch than ``cmd``."""
+    def superseded_by(self, cmd: StartWork) -> list[Running | Preparing]:
+        """Assignments of the same work and slot with an older epoch than ``cmd``."""
         return [
             r
-            for r in self.by_id.values()
+            for r in self._all()
             if r.cmd.work_id == cmd.work_id and r.cmd.slot == cmd.slot and r.cmd.epoch < cmd.epoch
         ]

@@ -17,7 +17,10 @@ Life of an agent:
    remembered in the state dir, :mod:`agent.state`), unless it stops an assignment running here at
    that epoch (another slot of the job may have moved here at a newer one). ``StartWork`` is
    decided by the policy (:func:`agent.policy.decide`): refused -> ``rejected``; accepted -> the
-   runtime starts it -> ``started``. ``StopWork`` sends SIGTERM to the named assignment and SIGKILL
+   runtime starts it -> ``started``. The inputs (``spec.downloads``) are fetched and the runtime
+   started in a task of the assignment's own, so that a multi-gigabyte shard never holds up the next
+   command; meanwhile the assignment holds its GPUs and VRAM, and a stop drops it before it starts.
+   ``StopWork`` sends SIGTERM to the named assignment and SIGKILL
    after the grace period: ``stop_grace_s`` with ``checkpoint`` (time to write a checkpoint and print
    ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without. A ``StartWork`` refused while
    other work is being stopped is judged again once that work has ended: the coordinator places
@@ -52,7 +55,7 @@ from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, requested_vram_mb
 from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, parse_line
 from agent.reports import Append, Meter
-from agent.running import Assignments, Running
+from agent.running import Assignments, Preparing, Running
 from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
 from agent.runtimes.process import reap_orphans
 from agent.settings import AgentSettings
@@ -68,6 +71,9 @@ from schemas.workers import WorkerPolicy, WorkerPolicySet, WorkerRegistered
 
 log = logging.getLogger("resontech.agent")
 QUICK_STOP_S = 2.0
+LAUNCH_WAIT_S = 60.0
+"""How long a stopping agent waits for runtimes in the middle of starting a workload (unpacking a
+kit, converting a model) before it stops what they started."""
 
 
 def agent_version() -> str:
@@ -258,7 +264,8 @@ class Agent:
         """A stop of an assignment running here at that very epoch is never stale: one slot of a job
         may be re-placed at a newer epoch while another keeps its older one (both on this agent),
         and stopping the older one must still work."""
-        running = self._assignments.by_id.get(cmd.assignment_id)
+        a = self._assignments
+        running = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
         return isinstance(cmd, StopWork) and running is not None and running.cmd.epoch == cmd.epoch
 
     async def _start(self, cmd: StartWork) -> None:
@@ -270,35 +277,58 @@ class Agent:
             log.info("rejected %s: %s", cmd.assignment_id, reason)
             await self._emit([reports.rejected(cmd, self.worker_id, reason)])
             return
-        gpu_indices = self._assignments.free_gpus()[: cmd.spec.gpus]
-        workdir = self.work_dir / cmd.assignment_id
-        env = workload_env(cmd, workdir, gpu_indices=gpu_indices)
+        a = self._assignments
+        prep = Preparing(cmd, a.free_gpus()[: cmd.spec.gpus], requested_vram_mb(cmd, a.gpu_vram_mb()))
+        a.preparing[cmd.assignment_id] = prep
         self._state.running[cmd.assignment_id] = cmd  # before it starts: a crash is reported after
         self._state.save()
+        prep.task = asyncio.create_task(self._launch(prep))
+
+    async def _launch(self, prep: Preparing) -> None:
+        """Fetch the inputs, then start the workload, beside the command loop: a multi-gigabyte shard
+        must not hold up the next command (a stop, another start) for this agent."""
+        cmd = prep.cmd
+        workdir = self.work_dir / cmd.assignment_id
         try:
-            await fetch_all(cmd.spec.downloads, workdir)
+            prep.fetch = asyncio.create_task(fetch_all(cmd.spec.downloads, workdir))
+            await asyncio.wait([prep.fetch])
+            if prep.cause != "exited":  # dropped while fetching: it never starts
+                self._forget(cmd)
+                await self._emit(reports.ended(cmd, prep.cause))
+                return
+            prep.fetch.result()
+            env = workload_env(cmd, workdir, gpu_indices=prep.gpu_indices)
             workload = await RUNTIMES[cmd.spec.runtime]().start(cmd.spec, workdir, env)
         except StartFailed as exc:
-            self._state.running.pop(cmd.assignment_id, None)
-            self._state.save()
+            self._forget(cmd)
             log.info("%s could not start: %s", cmd.assignment_id, exc.message)
             await self._emit([reports.start_failed(cmd, exc.message, retryable=exc.retryable)])
             return
-        gpu_type = gpu_family(self._assignments.model_of(gpu_indices))
+        gpu_type = gpu_family(self._assignments.model_of(prep.gpu_indices))
         meter = Meter(
             cmd, worker_id=self.worker_id, provider=self.settings.provider,
             worker_pool=self.settings.pool, gpu_type=gpu_type, start_ms=_now_ms(),
         )  # fmt: skip
-        vram = requested_vram_mb(cmd, self._assignments.gpu_vram_mb())
-        running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=gpu_indices, vram_mb=vram)
+        running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=prep.gpu_indices,
+                          vram_mb=prep.vram_mb, cause=prep.cause)  # fmt: skip
+        self._assignments.preparing.pop(cmd.assignment_id, None)
         self._assignments.by_id[cmd.assignment_id] = running
         log.info("started %s (%s %s, pid %s)", cmd.assignment_id, cmd.work_kind, cmd.work_id, workload.pid)
-        await self._emit([reports.started(cmd, self.worker_id)])
+        if running.cause == "exited":
+            await self._emit([reports.started(cmd, self.worker_id)])
+        else:  # dropped while the runtime was starting it
+            self._cancel(running, running.cause, QUICK_STOP_S)
         running.task = asyncio.create_task(self._supervise(running))
 
+    def _forget(self, cmd: StartWork) -> None:
+        """An assignment that never started: it holds nothing and a crash has nothing to report."""
+        self._assignments.preparing.pop(cmd.assignment_id, None)
+        self._state.running.pop(cmd.assignment_id, None)
+        self._state.save()
+
     async def _supersede(self, cmd: StartWork) -> None:
-        """Stop older epochs of the same work and slot running here, and let them release what
-        they hold before ``cmd`` is decided."""
+        """Stop older epochs of the same work and slot here, and let them release what they hold
+        before ``cmd`` is decided."""
         older = self._assignments.superseded_by(cmd)
         for running in older:
             log.info(
@@ -323,7 +353,7 @@ class Agent:
     def _refusal(self, cmd: StartWork) -> str | None:
         if cmd.spec.runtime not in RUNTIMES:
             return f"runtime {cmd.spec.runtime!r} not available on this worker"
-        if cmd.assignment_id in self._assignments.by_id:
+        if cmd.assignment_id in self._assignments:
             return "assignment already running"
         a = self._assignments
         return decide(
@@ -340,7 +370,8 @@ class Agent:
         )
 
     def _stop(self, cmd: StopWork) -> None:
-        running = self._assignments.by_id.get(cmd.assignment_id)
+        a = self._assignments
+        running = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
         if running is None or running.cmd.epoch != cmd.epoch:
             log.info("stop for %s (epoch %d): not running here", cmd.assignment_id, cmd.epoch)
             return
@@ -350,9 +381,14 @@ class Agent:
         log.info("stopping %s (%s), grace %.1fs", cmd.assignment_id, cmd.reason, grace)
         self._cancel(running, "stopped", grace)
 
-    def _cancel(self, running: Running, cause: reports.EndCause, grace_s: float) -> None:
+    def _cancel(self, running: Running | Preparing, cause: reports.EndCause, grace_s: float) -> None:
+        """Stop a workload (SIGTERM, SIGKILL after ``grace_s``), or drop one still fetching."""
         if running.cause == "exited":
             running.cause = cause
+        if isinstance(running, Preparing):
+            if running.fetch is not None:
+                running.fetch.cancel()
+            return  # its launch sees the cause and never starts it (or stops it at once)
         task = asyncio.create_task(running.workload.cancel(grace_s))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -407,6 +443,12 @@ class Agent:
         await self._emit(items)
 
     async def _stop_all(self) -> None:
+        preparing = list(self._assignments.preparing.values())
+        for prep in preparing:
+            self._cancel(prep, "agent_stopped", 0.0)
+        launches = [p.task for p in preparing if p.task is not None]
+        if launches:  # a runtime mid-start (unpacking, converting a model) finishes its start first
+            await asyncio.wait(launches, timeout=LAUNCH_WAIT_S)
         running = list(self._assignments.by_id.values())
         for r in running:
             self._cancel(r, "agent_stopped", self.settings.stop_grace_s)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 
@@ -487,3 +488,61 @@ async def test_a_stop_of_an_older_epoch_still_running_here_is_not_stale(
     # A start of that older epoch is still stale.
     await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-s1-e1b", slot=1, epoch=1))
     await until(lambda: "dropped stale command" in agent.stderr(), "the late start dropped")
+
+
+class StallingServer:
+    """An HTTP server on loopback that answers a GET with headers and one byte of a large body, then
+    nothing: a download that takes forever. ``closed`` is set when the client hangs up."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+        self.server: asyncio.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> StallingServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/shard.zip"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\nx")
+        await writer.drain()
+        await reader.read()  # until the client closes the connection
+        self.closed.set()
+        writer.close()
+
+
+async def test_a_slow_download_holds_up_no_other_command_and_a_stop_drops_it(
+    log: EventLog, agents: Callable[..., AgentProcess]
+) -> None:
+    agent = agents("fetching")
+    worker_id = await registered(log, agent)
+    async with StallingServer() as stalling:
+        slow = start_work(["true"], work_id="big", assignment_id="big-s0-e1")
+        slow = msgspec.structs.replace(
+            slow, spec=msgspec.structs.replace(slow.spec, downloads={"shards/0.zip": stalling.url})
+        )
+        await send(log, worker_id, slow)
+        await send(log, worker_id, start_work(["sleep", "60"], work_id="small", assignment_id="small-s0-e1"))
+        started = await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "the second job started")
+        assert [r.subject.split(".")[2] for r in started if isinstance(r.event, JobStarted)] == ["small"]
+        await wait_records(
+            log,
+            "HEARTBEATS",
+            lambda rs: sorted(rs[-1].event.running) == ["big-s0-e1", "small-s0-e1"],
+            "a beat naming the fetching assignment too",
+        )
+        await send(log, worker_id, StopWork(work_id="big", assignment_id="big-s0-e1", epoch=1, reason="x"))
+        await asyncio.wait_for(stalling.closed.wait(), 10)  # the download was abandoned
+        await wait_records(
+            log, "HEARTBEATS", lambda rs: rs[-1].event.running == ["small-s0-e1"], "the dropped one gone"
+        )
+    jobs = await records(log, "JOBS", "job.*.big.>")
+    assert not of(jobs, JobStarted) and not of(jobs, JobFailed)  # dropped before it started: no events
+    assert not [p for p in (agent.state_dir / "work/big-s0-e1").rglob("*") if p.is_file()]  # no partial
