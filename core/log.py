@@ -153,13 +153,18 @@ class EventLog:
     # -- streams -------------------------------------------------------------------------------
 
     async def ensure_streams(self, streams: Sequence[StreamSpec] = STREAMS) -> None:
-        """Create every stream, or update its configuration to the table in :mod:`core.streams`."""
+        """Create every stream, or update its configuration to the table in :mod:`core.streams`.
+
+        A stream's persist mode is fixed at its creation (the server refuses to change it): an
+        existing stream keeps the one it has."""
         jsm = self._js
         for spec in streams:
             config = _stream_config(spec, self.settings.stream_replicas)
             try:
                 await jsm.add_stream(config)
             except nats.js.errors.BadRequestError:
+                existing = await jsm.stream_info(spec.name)
+                config.persist_mode = existing.config.persist_mode
                 await jsm.update_stream(config)
             except nats.js.errors.ServiceUnavailableError as exc:
                 raise LogUnavailable(f"JetStream is not available: {exc}") from None
@@ -678,6 +683,7 @@ def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
         duplicate_window=float(DUPLICATE_WINDOW_S),
         sources=[api.StreamSource(name=s) for s in spec.sources] or None,
         allow_direct=True,
+        persist_mode=api.PersistMode.ASYNC if spec.persist_async and replicas == 1 else None,
     )
 
 

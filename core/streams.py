@@ -29,6 +29,10 @@ class StreamSpec:
         max_age_s: drop messages older than this (0: never).
         max_msgs_per_subject: keep at most this many messages per subject (-1: unlimited).
         sources: streams this one copies from (server side).
+        persist_async: acknowledge before the write reaches the disk (JetStream's ``persist_mode:
+            async``, R1 streams only; a replicated stream is made durable by its quorum instead).
+            For heartbeats alone: each is superseded a second later, a crash loses at most the last
+            moment of telemetry, and fsyncing 10,000 beats a second is what this disk cannot do.
     """
 
     name: str
@@ -40,6 +44,7 @@ class StreamSpec:
     max_age_s: int = 0
     max_msgs_per_subject: int = -1
     sources: tuple[str, ...] = field(default=())
+    persist_async: bool = False
 
 
 STREAMS: tuple[StreamSpec, ...] = (
@@ -64,6 +69,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "hb.<worker_id>",
         "heartbeats with telemetry, kept 7 days",
         max_age_s=7 * DAY_S,
+        persist_async=True,
     ),
     StreamSpec(
         "HEARTBEATS_LATEST",
@@ -73,6 +79,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "the latest heartbeat of every worker, kept forever (sourced from HEARTBEATS)",
         max_msgs_per_subject=1,
         sources=("HEARTBEATS",),
+        persist_async=True,
     ),
     StreamSpec(
         "JOBS",

@@ -317,3 +317,18 @@ async def test_commands_wait_on_the_workers_durable_consumer_until_acknowledged(
     await ack()
     await again.aclose()
     assert [r.event.reason for r in await all_records(log, "COMMANDS")] == ["not mine"]
+
+
+async def test_heartbeat_streams_persist_async_and_an_existing_stream_keeps_its_mode(log: EventLog) -> None:
+    """Heartbeats are acknowledged before fsync (R1); every other stream waits for the disk. A stream
+    created before (with the default mode) is updated without touching its mode, which the server
+    refuses to change."""
+    modes = {name: (await log._js.stream_info(name)).config.persist_mode for name in ("HEARTBEATS", "JOBS")}
+    assert modes == {"HEARTBEATS": nats.js.api.PersistMode.ASYNC, "JOBS": None}
+    await log._js.delete_stream("HEARTBEATS_LATEST")
+    await log._js.add_stream(nats.js.api.StreamConfig(name="HEARTBEATS_LATEST", sources=[]))
+    await log.ensure_streams()
+    latest = (await log._js.stream_info("HEARTBEATS_LATEST")).config
+    assert latest.persist_mode is None and [s.name for s in latest.sources or []] == ["HEARTBEATS"]
+    await log.append(heartbeat_subject("w-1"), Heartbeat(running=[]))
+    assert (await log.last_seq("HEARTBEATS")) == 1
