@@ -405,7 +405,9 @@ def cmd_billing(args: argparse.Namespace) -> int:
                     [f"invoice {i.period}: {i.total.usd} USD ({'open' if i.open else 'closed'})"]
                     + [
                         f"  {line.work_kind} {line.work_id} on {line.gpu_type} ({line.pool}): "
-                        f"{line.gpu_seconds:,.0f} GPU-s, {line.cpu_seconds:,.0f} CPU-s: {line.charge.usd} USD"
+                        f"{line.gpu_seconds:,.0f} GPU-s, {line.cpu_seconds:,.0f} CPU-s"
+                        + (f", {line.tokens:,} tokens" if line.tokens else "")
+                        + f": {line.charge.usd} USD"
                         for line in i.lines
                     ]
                 ),
@@ -423,6 +425,24 @@ def cmd_billing(args: argparse.Namespace) -> int:
                     or "(no invoices yet)"
                 ),
             )
+    return 0
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    """A tenant's usage by period and by job or endpoint: GPU- and CPU-seconds, tokens, charges."""
+    with client(args) as rt:
+        usage = rt.usage(args.period)
+
+    def human(u: Any) -> str:
+        rows = []
+        for p in u.periods:
+            rows.append(f"{p.period}: {p.gpu_seconds:,.0f} GPU-s, {p.cpu_seconds:,.0f} CPU-s, "
+                        f"{p.tokens:,} tokens: {p.charge.usd} USD")  # fmt: skip
+            rows += [f"  {w.work_kind} {w.work_id}: {w.gpu_seconds:,.0f} GPU-s, {w.cpu_seconds:,.0f} CPU-s, "
+                     f"{w.tokens:,} tokens: {w.charge.usd} USD" for w in p.work]  # fmt: skip
+        return "\n".join(rows) or "(no usage yet)"
+
+    show(args, usage, human)
     return 0
 
 
@@ -484,4 +504,6 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = user("workers", cmd_workers, "a provider's nodes: health, tier, uptime, earnings")
     p.add_argument("--limit", type=int, default=50)
     p = user("billing", cmd_billing, "invoices (tenants) or payouts (providers)")
+    p.add_argument("--period", help="one month, YYYY-MM")
+    p = user("usage", cmd_usage, "your usage by month and by job or endpoint, tokens included")
     p.add_argument("--period", help="one month, YYYY-MM")

@@ -7,10 +7,12 @@ lines and provider payout lines. Money is integer micro-USD (see :mod:`core.pric
   ``provider/period/tier``. Every invoice line lists the METERING sequences it was derived from, in
   order (ticks arrive in sequence order). Each worker's earnings to date (the payouts of the ticks
   it metered) are kept by worker id, for providers' per-node view.
-* A tick whose ``(assignment_id, start_ms)`` was already counted is a duplicate (an agent retry under a
-  new event id) and is ignored, as is a tick with negative usage or ``end_ms < start_ms``: both are
-  counted (``duplicates``, ``invalid``) so that the ledger accounts for every sequence it saw. Times
-  outside 1970-01..2199-12 are invalid too.
+* A tick whose ``(assignment_id, source, start_ms)`` was already counted is a duplicate (an agent retry
+  under a new event id) and is ignored (the agent's own ticks, whose ``source`` is empty, are keyed
+  ``assignment_id:start_ms``; a gateway's token ticks add their source), as is a tick with negative
+  usage or ``end_ms < start_ms``: both are counted (``duplicates``, ``invalid``) so that the ledger
+  accounts for every sequence it saw. Times outside 1970-01..2199-12 are invalid too.
+* Tokens are summed on invoice lines but not priced: the price tables bill GPU and CPU time.
 
 :class:`InvoiceLine`, :class:`PayoutLine` and :class:`WorkerEarnings` are accumulators and, unlike
 the frozen records of the other projections, are updated in place: an invoice line's ``source_seqs``
@@ -108,7 +110,8 @@ class LedgerState(msgspec.Struct, kw_only=True):
     Attributes:
         seq: the last METERING sequence applied.
         workers: each worker's earnings to date, by worker id.
-        seen: ``assignment_id:start_ms`` -> the sequence of the tick that was counted for it.
+        seen: ``assignment_id:start_ms`` (``assignment_id:source:start_ms`` for a tick with a
+            source) -> the sequence of the tick that was counted for it.
         duplicates / invalid: ticks ignored as duplicates / as invalid.
     """
 
@@ -164,7 +167,8 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     if gpu_ms < 0 or cpu_ms < 0 or tokens < 0 or not _FIRST_MS <= start_ms <= end_ms < _END_MS:
         state.invalid += 1
         return state
-    seen_key = f"{tick.assignment_id}:{start_ms}"
+    source = tick.source
+    seen_key = f"{tick.assignment_id}:{source}:{start_ms}" if source else f"{tick.assignment_id}:{start_ms}"
     if seen_key in state.seen:
         state.duplicates += 1
         return state
