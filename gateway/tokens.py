@@ -5,8 +5,9 @@ tenant is billed for what the kernel measured, not for what the provider's agent
 summed per replica (assignment) and appended every :data:`INTERVAL_S` seconds, and once more when the
 gateway stops, as one :class:`~schemas.metering.UsageTick` per replica that served any: ``tokens=N``,
 no GPU or CPU time (the agent meters those), and the replica's provider, GPU family, pool and tier,
-so that its tokens land on the same invoice line as its GPU-seconds. The tick goes on the replica
-worker's ``meter.<tenant>.<worker>`` subject.
+so that its tokens land on the same invoice line as its GPU-seconds. The tick goes on
+``meter.<tenant>.<worker>.tokens`` of the replica's worker, a subject agents cannot publish on: the
+ledger takes tokens from there only.
 
 Identity: every gateway process is its own ``source`` (``gateway-<random>``), and its ticks' event ids
 are ``<source>-<n>``: a retried append is stored once, and several gateway workers never collide
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from core.errors import ResontechError
 from core.pricing import CPU_GPU_TYPE, gpu_family
-from core.streams import metering_subject
+from core.streams import token_metering_subject
 from gateway.kernel import Kernel
 from projections import REGISTRY
 from projections.capacity import tier_of
@@ -120,7 +121,7 @@ class TokenMeter:
             tick = token_tick(counted, workers.get(counted.worker_id), source=self.source,
                               end_ms=end_ms, now_ns=now_ns)  # fmt: skip
             self.next_ms[assignment_id] = tick.end_ms
-            subject = metering_subject(counted.tenant, counted.worker_id)
+            subject = token_metering_subject(counted.tenant, counted.worker_id)
             self.pending.append((subject, tick, f"{self.source}-{self._n}"))
         self.counted.clear()
         return list(self.pending)

@@ -18,11 +18,11 @@ class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
         gpu_type: the GPU model family billed (``cpu`` for CPU work).
         gpu_ms: GPU-milliseconds used (GPUs x wall milliseconds); ``cpu_ms`` likewise for CPU work.
         tier: the provider's tier when the work was assigned (``platinum``... ``unverified``).
-        tokens: tokens served, for inference (prompt plus completion tokens; counted by the
-            gateway, which appends them as ticks of their own with no GPU or CPU time).
-        source: who measured the tick: empty for the worker's agent, ``gateway-<id>`` for one
-            gateway process's token counts. A tick is counted once per
-            ``(assignment_id, source, start_ms)``.
+        tokens: tokens served, for inference (prompt plus completion tokens). Counted by the
+            gateways, which append them as ticks of their own with no GPU or CPU time on
+            ``meter.<tenant>.<worker_id>.tokens``; the ledger ignores tokens anywhere else.
+        source: the gateway process that counted a token tick (``gateway-<id>``); empty for an
+            agent's tick.
     """
 
     work_id: str

@@ -688,7 +688,8 @@ def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
         "globex/2026-04/j9/H100/shared/v1",
     ]
     march = state.lines["acme/2026-03/j1/H100/shared/v1"]
-    assert (march.ticks, march.gpu_ms, march.tokens, march.source_seqs) == (2, 20_000, 10, [1, 3])
+    # an agent's own count of tokens is not billed: tokens come from the gateways' .tokens subjects
+    assert (march.ticks, march.gpu_ms, march.tokens, march.source_seqs) == (2, 20_000, 0, [1, 3])
     assert march.charge_micros == 2 * 6_917  # 6_916.67 per tick, each rounded on its own
     assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_seqs == [5, 7]
     assert state.lines["globex/2026-04/j9/H100/shared/v1"].charge_micros == 2 * 42

@@ -120,7 +120,7 @@ def test_the_meter_sums_tokens_per_replica_into_contiguous_ticks_with_unique_ids
     meter.add(ENDPOINT, REPLICA, 30)
     meter.add(ENDPOINT, REPLICA, 0)
     (subject, tick, event_id), = meter.cut({"w1": WORKER}, NOW_MS * 1_000_000)  # fmt: skip
-    assert subject == "meter.acme.w1" and event_id == f"{meter.source}-1"
+    assert subject == "meter.acme.w1.tokens" and event_id == f"{meter.source}-1"
     assert (tick.tokens, tick.gpu_ms, tick.cpu_ms, tick.work_kind, tick.work_id) == (
         42,
         0,
@@ -151,22 +151,28 @@ def test_a_tick_is_at_least_a_millisecond_and_a_cpu_replica_is_priced_as_cpu() -
     assert tick.end_ms == tick.start_ms + 1 and tick.gpu_type == "cpu"
 
 
-def _recorded(seq: int, tick: UsageTick, worker: str = "w1") -> Recorded[UsageTick]:
-    return Recorded(stream="METERING", seq=seq, subject=f"meter.acme.{worker}", time_ns=0, msg_id=f"m{seq}",
-                    event=tick)  # fmt: skip
+def _recorded(seq: int, tick: UsageTick, subject: str = "meter.acme.w1") -> Recorded[UsageTick]:
+    return Recorded(stream="METERING", seq=seq, subject=subject, time_ns=0, msg_id=f"m{seq}", event=tick)
 
 
-def test_the_ledger_sums_tokens_on_the_replicas_line_and_counts_each_source_once() -> None:
+def test_the_ledger_sums_the_gateways_tokens_on_the_replicas_line_and_ignores_an_agents() -> None:
     base = dict(work_id="ep1", work_kind="endpoint", assignment_id="ep1-s0-e1", epoch=1,
                 provider="gpuco", gpu_type="H100", pool="shared", start_ms=NOW_MS,
                 end_ms=NOW_MS + 10_000, tier="gold")  # fmt: skip
-    agent = UsageTick(**base, gpu_ms=10_000)  # type: ignore[arg-type]
+    agent = UsageTick(**base, gpu_ms=10_000, tokens=999)  # type: ignore[arg-type]
+    forged = UsageTick(**base, gpu_ms=10_000, tokens=999, source="gateway-b")  # type: ignore[arg-type]
     gateway_a = UsageTick(**base, tokens=40, source="gateway-a")  # type: ignore[arg-type]
     gateway_b = UsageTick(**base, tokens=2, source="gateway-b")  # type: ignore[arg-type]
+    counted = "meter.acme.w1.tokens"
     state = LEDGER.initial()
-    for seq, tick in enumerate([agent, gateway_a, gateway_b, gateway_a], start=1):
-        state = evolve(state, _recorded(seq, tick))
+    for seq, (tick, subject) in enumerate(
+        [(agent, "meter.acme.w1"), (forged, "meter.acme.w1"), (gateway_a, counted), (gateway_b, counted),
+         (gateway_a, counted)],
+        start=1,
+    ):  # fmt: skip
+        state = evolve(state, _recorded(seq, tick, subject))
     (line,) = state.lines.values()
-    assert (line.gpu_ms, line.tokens, line.ticks, line.source_seqs) == (10_000, 42, 3, [1, 2, 3])
-    assert state.duplicates == 1  # the retried gateway-a tick
+    assert (line.gpu_ms, line.tokens, line.ticks, line.source_seqs) == (10_000, 42, 3, [1, 3, 4])
+    assert state.duplicates == 2  # the agent's tick sent again with a source, the retried gateway-a tick
     assert line.charge_micros == round(10_000 * 2_490_000 / 3_600_000)  # tokens are not priced
+    assert state.workers["w1"].gpu_ms == 10_000
