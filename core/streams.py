@@ -88,7 +88,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "endpoint",
         "endpoint.<tenant>.<endpoint_id>.<event>",
         "deployed, scaled, replica_placed, replica_revoked, replica_starting, replica_ready, "
-        "replica_lost, scaled_to_zero, deleted",
+        "replica_lost, scaled_to_zero, failed, deleted",
     ),
     StreamSpec(
         "METERING",

@@ -454,7 +454,10 @@ def _endpoint(s: _Scenario) -> None:
     up(1.3, first, "http://10.0.2.15:8001", ready=2)
     at(2.2, EndpointScaled(replicas=2, reason="rps above target", inputs={"rps": 14.2, "replicas": 1.0}))
     up(2.3, second, "http://10.0.1.7:8002", ready=3)
-    at(7.02, EndpointReplicaLost(assignment_id=first.assignment_id, epoch=1, reason="worker lost"))
+    at(
+        7.02,
+        EndpointReplicaLost(assignment_id=first.assignment_id, epoch=1, reason="worker lost", retryable=True),
+    )
     at(
         7.03,
         EndpointReplicaRevoked(
