@@ -20,9 +20,9 @@ The replica's life, as the agent reports it (:mod:`agent.reports`):
 
 Options (``spec.options``): ``model`` (required; see :func:`agent.models.resolve`), ``task``
 (``generate`` / ``embed``; ``embed`` with engine ``cpu``), ``engine`` (the endpoint's: ``vllm``,
-``cpu`` or empty), ``served_name``, ``max_model_len`` (default 2048), ``kv_cache_gib`` (CPU only, default 1), ``dtype`` (CPU default ``float32``), ``compile``
-(``1``: let vLLM-CPU compile the model, off by default), ``ready_timeout_s`` (default 600),
-``advertise_host`` (default 127.0.0.1).
+``cpu`` or empty), ``served_name``, ``max_model_len`` (default 2048), ``kv_cache_gib`` (CPU only,
+default 1), ``dtype`` (CPU default ``float32``), ``compile`` (``1``: let vLLM-CPU compile the model,
+off by default), ``ready_timeout_s`` (default 600), ``advertise_host`` (default 127.0.0.1).
 """
 
 from __future__ import annotations
