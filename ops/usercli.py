@@ -299,8 +299,29 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def endpoint_line(e: Any) -> str:
+    """One line per endpoint; a failed one adds why on the next line."""
     replicas = f"{e.ready_replicas}/{e.desired_replicas} ready"
-    return f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas}  {e.model}"
+    line = f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas}  {e.model}"
+    return line + (f"\n  failed: {e.scale_reason}" if e.state == "failed" else "")
+
+
+def endpoint_details(e: Any) -> str:
+    """An endpoint, its replicas, and the latest replica failure with the engine's last lines."""
+    rows = [endpoint_line(e), f"  scale: {e.scale_reason or '-'}"]
+    rows += [
+        f"  replica {r.slot} on {r.worker_id}: {r.state} {r.address or r.reason}".rstrip() for r in e.replicas
+    ]
+    if e.last_failure:
+        rows.append(f"  last replica failure ({e.start_failures} in a row): {e.last_failure}")
+        rows += [f"    | {line}" for line in e.last_failure_log_tail.splitlines()]
+    return "\n".join(rows)
+
+
+def cmd_endpoint(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        endpoint = rt.endpoint(args.endpoint)
+    show(args, endpoint, endpoint_details)
+    return 1 if endpoint.state == "failed" else 0
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
@@ -488,6 +509,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
         p.add_argument("job", help="the job id (operator: TENANT/JOB)")
     p = user("endpoints", cmd_endpoints, "list your inference endpoints")
     p.add_argument("--limit", type=int, default=50)
+    p = user("endpoint", cmd_endpoint, "one endpoint: its replicas, and why it failed if it did")
+    p.add_argument("endpoint", help="the endpoint id")
     p = user("deploy", cmd_deploy, "deploy an endpoint from a YAML, TOML or JSON spec file")
     p.add_argument("spec", help="the endpoint spec file (fields of POST /v1/endpoints)")
     p = user("scale", cmd_scale, "change an endpoint's replica bounds")

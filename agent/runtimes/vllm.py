@@ -125,6 +125,11 @@ class VllmRuntime:
             model = await asyncio.to_thread(resolve, options["model"], workdir, task=task)  # type: ignore[arg-type]
         except (OSError, ValueError) as exc:
             raise StartFailed(f"model {options['model']!r}: {exc}") from None
+        if options.get("engine") == "cpu" and not await asyncio.to_thread(Path(model.path).is_dir):
+            raise StartFailed(
+                f"model {options['model']!r} is neither a shipped model nor a folder from the workspace "
+                "(nothing is fetched from a model hub)"
+            )
         if "served_name" in options:
             model = ResolvedModel(model.path, options["served_name"], model.task)
         host = options.get("advertise_host", "127.0.0.1")
