@@ -17,8 +17,12 @@ from schemas.envelope import Recorded
 from schemas.metering import UsageTick
 from schemas.values import Gpu
 
-NOW_MS = time.time_ns() // 1_000_000 + 60_000
-"""A minute from now: after the meter's first count, which takes the wall clock."""
+NOW_MS = 1_780_000_000_000
+
+
+def _later_ms() -> int:
+    """A minute from now: after the meter's counts, which take the wall clock."""
+    return time.time_ns() // 1_000_000 + 60_000
 
 
 def _sse(*documents: dict[str, object] | str) -> list[bytes]:
@@ -116,10 +120,11 @@ WORKER = WorkerRecord(
 
 def test_the_meter_sums_tokens_per_replica_into_contiguous_ticks_with_unique_ids() -> None:
     meter = TokenMeter()
+    later = _later_ms()
     meter.add(ENDPOINT, REPLICA, 12)
     meter.add(ENDPOINT, REPLICA, 30)
     meter.add(ENDPOINT, REPLICA, 0)
-    (subject, tick, event_id), = meter.cut({"w1": WORKER}, NOW_MS * 1_000_000)  # fmt: skip
+    (subject, tick, event_id), = meter.cut({"w1": WORKER}, later * 1_000_000)  # fmt: skip
     assert subject == "meter.acme.w1.tokens" and event_id == f"{meter.source}-1"
     assert (tick.tokens, tick.gpu_ms, tick.cpu_ms, tick.work_kind, tick.work_id) == (
         42,
@@ -134,12 +139,12 @@ def test_the_meter_sums_tokens_per_replica_into_contiguous_ticks_with_unique_ids
         "managed",
         meter.source,
     )
-    assert tick.end_ms == NOW_MS and tick.start_ms <= tick.end_ms
+    assert tick.end_ms == later and tick.start_ms <= tick.end_ms
     meter.pending.clear()  # as a flush that stored it does
     meter.add(ENDPOINT, REPLICA, 5)
-    (unstored,) = meter.cut({"w1": WORKER}, (NOW_MS + 1) * 1_000_000)
+    (unstored,) = meter.cut({"w1": WORKER}, (later + 1) * 1_000_000)
     assert unstored[1].start_ms >= tick.end_ms and unstored[2] == f"{meter.source}-2"
-    assert meter.cut({}, (NOW_MS + 2) * 1_000_000) == [unstored]  # not stored yet: sent again, same id
+    assert meter.cut({}, (later + 2) * 1_000_000) == [unstored]  # not stored yet: sent again, same id
 
 
 def test_a_tick_is_at_least_a_millisecond_and_a_cpu_replica_is_priced_as_cpu() -> None:
@@ -147,7 +152,9 @@ def test_a_tick_is_at_least_a_millisecond_and_a_cpu_replica_is_priced_as_cpu() -
     cpu_replica = msgspec.structs.replace(REPLICA, gpus=0)
     meter.add(ENDPOINT, cpu_replica, 3)
     counted = meter.counted[REPLICA.assignment_id]
-    tick = token_tick(counted, WORKER, source="gateway-x", end_ms=counted.since_ms, now_ns=NOW_MS * 1_000_000)
+    tick = token_tick(
+        counted, WORKER, source="gateway-x", end_ms=counted.since_ms, now_ns=_later_ms() * 1_000_000
+    )
     assert tick.end_ms == tick.start_ms + 1 and tick.gpu_type == "cpu"
 
 
