@@ -18,6 +18,8 @@ exit N != 0 / signal   ``job.failed`` (reason ``exit status N``, epoch, slot, th
                        lines) or ``endpoint.replica_lost`` with the same
 could not start        ``job.failed`` (``cannot start: ...``; ``retryable`` when the runtime says
                        so, e.g. a rendezvous port already taken) / ``endpoint.replica_lost``
+                       (``retryable`` likewise: only a replica's own failures count towards
+                       failing its endpoint; a rejection is retryable)
 stopped (StopWork) or  nothing: the kernel asked for it and already knows
 superseded by a newer
 epoch
@@ -74,7 +76,10 @@ def rejected(cmd: StartWork, worker_id: str, reason: str) -> Append:
     """The agent refused the assignment (policy, capacity, unknown runtime)."""
     if cmd.work_kind == "endpoint":
         event: Event = EndpointReplicaLost(
-            assignment_id=cmd.assignment_id, epoch=cmd.epoch, reason=f"rejected by worker: {reason}"
+            assignment_id=cmd.assignment_id,
+            epoch=cmd.epoch,
+            reason=f"rejected by worker: {reason}",
+            retryable=True,
         )
     else:
         event = JobRejected(
@@ -151,7 +156,11 @@ def start_failed(cmd: StartWork, reason: str, *, retryable: bool = False) -> App
 def _failure(cmd: StartWork, reason: str, log_tail: str, *, retryable: bool) -> Append:
     if cmd.work_kind == "endpoint":
         lost = EndpointReplicaLost(
-            assignment_id=cmd.assignment_id, epoch=cmd.epoch, reason=reason, log_tail=log_tail
+            assignment_id=cmd.assignment_id,
+            epoch=cmd.epoch,
+            reason=reason,
+            log_tail=log_tail,
+            retryable=retryable,
         )
         return _one(cmd, lost, "lost")
     failed = JobFailed(reason=reason, epoch=cmd.epoch, slot=cmd.slot, log_tail=log_tail, retryable=retryable)

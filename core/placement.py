@@ -51,6 +51,7 @@ change together.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -450,7 +451,7 @@ def gang(
         rnd += 1
     assignments = [
         Assignment(
-            assignment_id=f"{request.work_id}-s{slot}-e{request.epoch}",
+            assignment_id=assignment_id(request.work_id, slot, request.epoch),
             worker_id=worker_id,
             slot=slot,
             epoch=request.epoch,
@@ -598,3 +599,17 @@ def explain(provenance: Provenance) -> list[str]:
         terms = " x ".join(f"{name} {value:.3f}" for name, value in card.terms.items())
         lines.append(f"  #{i} {card.worker_id}: score {card.score:.3f} = {terms}")
     return lines
+
+
+_ASSIGNMENT_ID = re.compile(r"^(.+)-s([0-9]+)-e([0-9]+)$")
+
+
+def assignment_id(work_id: str, slot: int, epoch: int) -> str:
+    """The id of the assignment of ``slot`` of ``work_id`` at ``epoch``: ``<work_id>-s<slot>-e<epoch>``."""
+    return f"{work_id}-s{slot}-e{epoch}"
+
+
+def parse_assignment_id(value: str) -> tuple[str, int, int] | None:
+    """``(work_id, slot, epoch)`` of an :func:`assignment_id`, or ``None`` for another shape."""
+    match = _ASSIGNMENT_ID.match(value)
+    return None if match is None else (match[1], int(match[2]), int(match[3]))

@@ -95,14 +95,15 @@ STREAMS: tuple[StreamSpec, ...] = (
         "endpoint",
         "endpoint.<tenant>.<endpoint_id>.<event>",
         "deployed, scaled, replica_placed, replica_revoked, replica_starting, replica_ready, "
-        "replica_lost, scaled_to_zero, deleted",
+        "replica_lost, scaled_to_zero, failed, deleted",
     ),
     StreamSpec(
         "METERING",
         ("meter.>",),
         "meter",
-        "meter.<tenant>.<worker_id>",
-        "usage ticks (GPU- and CPU-milliseconds per assignment per interval)",
+        "meter.<tenant>.<worker_id>[.tokens]",
+        "usage ticks (GPU- and CPU-milliseconds per assignment per interval; a gateway's token "
+        "counts per replica on .tokens)",
     ),
     StreamSpec(
         "COMMANDS",
@@ -205,6 +206,16 @@ def heartbeat_subject(worker_id: str) -> str:
 def metering_subject(tenant: str, worker_id: str) -> str:
     """``meter.<tenant>.<worker_id>``."""
     return f"meter.{token(tenant, 'tenant')}.{token(worker_id, 'worker id')}"
+
+
+def token_metering_subject(tenant: str, worker_id: str) -> str:
+    """``meter.<tenant>.<worker_id>.tokens``: a gateway's token counts for a replica on that worker.
+
+    Only the kernel's services publish here (an agent may publish on ``meter.<tenant>.<its id>``
+    alone, :mod:`core.natsauth`), so the ledger takes tokens from these ticks only: a provider's agent
+    never counts what the tenant is billed for.
+    """
+    return f"{metering_subject(tenant, worker_id)}.tokens"
 
 
 def command_subject(worker_id: str) -> str:

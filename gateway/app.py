@@ -30,6 +30,7 @@ from gateway.metrics import GatewayMetrics, RequestMetrics
 from gateway.routes import ROUTERS, openai
 from gateway.routes.feed import websocket_routes
 from gateway.settings import GatewaySettings, load_gateway_settings
+from gateway.tokens import TokenMeter
 
 VERSION = "0.1.0"
 DOCS_HTML = """<!doctype html>
@@ -81,13 +82,16 @@ def create_app(
         app.state.kernel = kernel or Kernel(settings, gateway)
         if own_kernel:
             await app.state.kernel.start()
-        stop_scaling = asyncio.Event()
-        scaler = asyncio.create_task(Autoscaler(app.state.kernel, app.state.inference).run(stop_scaling))
+        stop_loops = asyncio.Event()
+        loops = [
+            asyncio.create_task(Autoscaler(app.state.kernel, app.state.inference).run(stop_loops)),
+            asyncio.create_task(app.state.tokens.run(app.state.kernel, stop_loops)),  # flushes at the end
+        ]
         try:
             yield
         finally:
-            stop_scaling.set()
-            await scaler
+            stop_loops.set()
+            await asyncio.gather(*loops)
             await app.state.inference.close()
             if own_kernel:
                 await app.state.kernel.stop()
@@ -111,6 +115,7 @@ def create_app(
     app.state.openapi = document
     app.state.metrics = metrics
     app.state.inference = metrics.inference = InferenceProxy()
+    app.state.tokens = TokenMeter(gateway.token_tick_s)
     return app
 
 

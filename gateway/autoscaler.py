@@ -65,8 +65,9 @@ async def append_scale(kernel: Kernel, endpoint: EndpointRecord, scale: autoscal
 
 
 async def wake(kernel: Kernel, endpoint: EndpointRecord) -> None:
-    """Scale an endpoint at zero up for a request (a conflict means someone else just did)."""
-    if endpoint.desired_replicas == 0 and endpoint.max_replicas > 0:
+    """Scale an endpoint at zero up for a request (a conflict means someone else just did); a failed
+    endpoint stays down (only its tenant brings it back)."""
+    if endpoint.desired_replicas == 0 and endpoint.max_replicas > 0 and not endpoint.failed:
         await append_scale(kernel, endpoint, autoscale.wake(bounds_of(endpoint)))
 
 
@@ -100,7 +101,7 @@ class Autoscaler:
 
     async def tick(self, now: float) -> None:
         for key, endpoint in list(self.kernel.state(ENDPOINTS).endpoints.items()):
-            if endpoint.state == "deleted":
+            if endpoint.state in ("deleted", "failed"):
                 continue
             idle = self.idle_s(key, endpoint, now)
             rps = self.proxy.figures(key, RPS_WINDOW_S).rps if key in self.proxy.traffic else 0.0

@@ -35,6 +35,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             (default 5).
         agent_nats_url: the NATS URL(s) handed to enrolling agents (default: the gateway's own
             ``RESONTECH_NATS_URL``; set it when agents reach NATS at another address).
+        token_tick_s: how often the tokens counted per replica are appended as usage ticks
+            (default 10 s; see :mod:`gateway.tokens`).
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +49,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     feed_ping_s: float = 20.0
     feed_telemetry_s: float = 5.0
     agent_nats_url: str = ""
+    token_tick_s: float = 10.0
 
     @property
     def url(self) -> str:
@@ -74,4 +77,6 @@ def load_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
         raise ConfigError(f"{PREFIX}MAX_BODY_BYTES must be at least 1024")
     if settings.feed_queue < 1 or settings.feed_ping_s <= 0 or settings.feed_telemetry_s < 0:
         raise ConfigError(f"{PREFIX}FEED_QUEUE must be >= 1, FEED_PING_S > 0 and FEED_TELEMETRY_S >= 0")
+    if settings.token_tick_s <= 0:
+        raise ConfigError(f"{PREFIX}TOKEN_TICK_S must be > 0")
     return settings

@@ -6,15 +6,19 @@ jobs' decisions and the endpoints' evolve independently. Each step, for every en
 1. **Retire.** A replica that is ``lost`` (its engine exited, failed to start or was refused) is
    revoked, which frees its slot; so is one on a worker the registry shows lost or deregistered, and
    one whose slot is at or above ``desired_replicas`` (scale-in).
-2. **Give up.** :data:`MAX_START_FAILURES` replicas lost in a row without any becoming ready
-   (a bad model path, an engine that runs out of memory) scale the endpoint to zero with the last
-   replica's reason: placement never loops forever, and the endpoint shows why.
+2. **Give up.** :data:`MAX_START_FAILURES` replicas lost in a row by their own failure without any
+   becoming ready (a bad model path, an engine that runs out of memory; the projection's
+   ``start_failures``) fail the endpoint: ``endpoint.failed`` with the last replica's reason and log
+   tail. It then wants no replica, so placement never loops forever, and the endpoint shows why
+   until its tenant scales it again. A replica lost with its worker does not count.
 3. **Place** the missing slots (``projections.endpoints.missing_replicas``) with the same pure
    placement as jobs (:func:`core.placement.place` through the coordinator's live capacity),
    appending ``endpoint.replica_placed`` at the endpoint's expected sequence.
 4. **Command.** ``start_work`` (``work_kind="endpoint"``, runtime ``vllm``) for each placed replica
-   not yet commanded; ``stop_work`` for each replica this process commanded that is no longer
-   current (revoked, scaled to zero, deleted).
+   not yet commanded; ``stop_work`` for each replica that a worker still runs, by its latest
+   heartbeat, but that is no longer current (revoked, scaled in or to zero, its endpoint failed or
+   deleted). The workers' word, not this process's memory: a coordinator that restarted, or was down
+   while an endpoint scaled to zero, still stops them, and their metering (billing) stops with them.
 
 Every append carries the endpoint's expected sequence: a conflict (another writer) drops this
 step's decision about that endpoint, and the next step decides again.
@@ -23,11 +27,13 @@ step's decision about that endpoint, and the next step decides again.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
 from core import placement
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
+from core.placement import parse_assignment_id
 from core.pricing import list_price_micros
 from core.streams import command_subject, endpoint_filter, endpoint_subject
 from ops.inputs import InputError
@@ -36,10 +42,10 @@ from projections.capacity import tier_of
 from projections.endpoints import EndpointRecord, ReplicaRecord, missing_replicas
 from schemas.commands import StartWork, StopWork, WorkSpec
 from schemas.endpoints import (
+    EndpointFailed,
     EndpointReplicaLost,
     EndpointReplicaPlaced,
     EndpointReplicaRevoked,
-    EndpointScaled,
 )
 from schemas.values import Assignment
 
@@ -48,8 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("resontech.coordinator")
 MAX_START_FAILURES = 3
+STOP_RESEND_S = 30.0
+"""A replica still running this long after its stop was sent is sent it again."""
 WORKER_LOST = "worker lost"
-"""A replica lost with its worker is not the engine's failure: it does not count towards giving up."""
 ENGINE_RUNTIME = "vllm"
 MODEL_DIR = "model"
 """Where a workspace model lands in the replica's directory."""
@@ -109,58 +116,55 @@ class Replicas:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.c = coordinator
-        self.commanded: dict[str, tuple[str, str, int]] = {}  # assignment -> (worker, endpoint id, epoch)
-        self.failures: dict[str, int] = {}  # endpoint key -> replicas lost in a row, none ready since
-        self.last_failure: dict[str, str] = {}
+        self.commanded: set[str] = set()  # current replicas whose start_work this process sent
+        self.stopping: dict[str, float] = {}  # assignment -> when its stop was sent (monotonic s)
 
     async def step(self, now_ns: int) -> None:
         """One round of decisions about every endpoint."""
         registry = self.c.registry.state.workers
         gone = {w for w, r in registry.items() if r.state in ("lost", "deregistered")}
         current: set[str] = set()
-        for key, endpoint in list(self.c.endpoints.state.endpoints.items()):
+        for endpoint in list(self.c.endpoints.state.endpoints.values()):
             if endpoint.state == "deleted":
                 continue
             current.update(r.assignment_id for r in endpoint.replicas.values() if r.state != "lost")
-            if await self._retire(key, endpoint, gone):
-                continue  # decide again once the projection shows the revocations
+            if await self._give_up(endpoint) or await self._retire(endpoint, gone):
+                continue  # decide again once the projection shows the change
             if missing_replicas(endpoint):
                 await self._place(endpoint, now_ns)
             await self._start(endpoint)
-        await self._stop_stale(current)
+        self.commanded &= current
+        await self._stop_strays(current)
 
-    async def _retire(self, key: str, endpoint: EndpointRecord, gone: set[str]) -> bool:
-        """Retire one replica (the next append needs the projection to show this one), or give up on
-        an endpoint whose replicas keep failing; whether anything was appended or tried."""
-        if any(r.state == "ready" for r in endpoint.replicas.values()):
-            self.failures.pop(key, None)
+    async def _give_up(self, endpoint: EndpointRecord) -> bool:
+        """Fail an endpoint whose replicas keep failing (step 2); whether anything was tried."""
+        failed = endpoint.start_failures
+        if failed < MAX_START_FAILURES or endpoint.failed:
+            return False
+        reason = f"{failed} replicas failed in a row without one ready; the last: {endpoint.last_failure}"
+        log.warning("endpoint %s failed: %s", endpoint.endpoint_id, reason)
+        await self._append(endpoint, EndpointFailed(reason=reason, log_tail=endpoint.last_failure_log_tail))
+        return True
+
+    async def _retire(self, endpoint: EndpointRecord, gone: set[str]) -> bool:
+        """Retire one replica (the next append needs the projection to show this one); whether
+        anything was appended or tried."""
         todo = retirements(endpoint, gone)
-        if todo:
-            replica, reason = todo[0]
-            event: Any
-            if replica.state != "lost" and replica.worker_id in gone:
-                event = EndpointReplicaLost(
-                    assignment_id=replica.assignment_id, epoch=replica.epoch, reason=reason
-                )
-            else:
-                event = EndpointReplicaRevoked(
-                    assignment_id=replica.assignment_id, worker_id=replica.worker_id,
-                    slot=replica.slot, epoch=replica.epoch, reason=reason,
-                )  # fmt: skip
-            counts = replica.state == "lost" and reason != WORKER_LOST
-            stored = await self._append(endpoint, event)
-            if stored and counts and self.commanded.pop(replica.assignment_id, None) is not None:
-                self.failures[key] = self.failures.get(key, 0) + 1
-                self.last_failure[key] = reason
-            return True
-        failed = self.failures.get(key, 0)
-        if failed >= MAX_START_FAILURES and endpoint.desired_replicas > 0:
-            reason = f"{failed} replicas failed in a row, the last: {self.last_failure.get(key, '')}"
-            log.warning("endpoint %s: %s; scaling to zero", endpoint.endpoint_id, reason)
-            self.failures.pop(key, None)
-            await self._append(endpoint, EndpointScaled(replicas=0, reason=reason))
-            return True
-        return False
+        if not todo:
+            return False
+        replica, reason = todo[0]
+        event: Any
+        if replica.state != "lost" and replica.worker_id in gone:
+            event = EndpointReplicaLost(
+                assignment_id=replica.assignment_id, epoch=replica.epoch, reason=reason, retryable=True
+            )
+        else:
+            event = EndpointReplicaRevoked(
+                assignment_id=replica.assignment_id, worker_id=replica.worker_id,
+                slot=replica.slot, epoch=replica.epoch, reason=reason,
+            )  # fmt: skip
+        await self._append(endpoint, event)
+        return True
 
     async def _place(self, endpoint: EndpointRecord, now_ns: int) -> None:
         capacity = self.c._ensure_capacity(now_ns)
@@ -194,11 +198,27 @@ class Replicas:
             except (AppendTimeout, AppendRejected) as exc:
                 log.warning("start of replica %s not sent yet: %s", replica.assignment_id, exc)
                 continue
-            self.commanded[replica.assignment_id] = (replica.worker_id, endpoint.endpoint_id, replica.epoch)
+            self.commanded.add(replica.assignment_id)
 
-    async def _stop_stale(self, current: set[str]) -> None:
-        for assignment_id, (worker_id, endpoint_id, epoch) in list(self.commanded.items()):
-            if assignment_id in current:
+    async def _stop_strays(self, current: set[str]) -> None:
+        """Stop every replica a worker still runs (its latest heartbeat lists it) that is no longer
+        current (step 4), again every :data:`STOP_RESEND_S` while it runs."""
+        endpoint_ids = {e.endpoint_id for e in self.c.endpoints.state.endpoints.values()}
+        strays = [
+            (worker_id, running, parsed)
+            for worker_id, beat in self.c.liveness.state.beats.items()
+            for running in beat.running
+            if running not in current
+            and (parsed := parse_assignment_id(running)) is not None
+            and parsed[0] in endpoint_ids
+        ]
+        self.stopping = {a: t for a, t in self.stopping.items() if any(a == s[1] for s in strays)}
+        if not strays:
+            return
+        job_ids = {job.job_id for job in self.c.schedule.state.jobs.values()}  # never stop a job's shard
+        now = time.monotonic()
+        for worker_id, assignment_id, (endpoint_id, _, epoch) in strays:
+            if endpoint_id in job_ids or now - self.stopping.get(assignment_id, -math.inf) < STOP_RESEND_S:
                 continue
             stop = StopWork(
                 work_id=endpoint_id, assignment_id=assignment_id, epoch=epoch, reason="replica retired"
@@ -208,7 +228,8 @@ class Replicas:
             except (AppendTimeout, AppendRejected) as exc:
                 log.warning("stop of replica %s not sent yet: %s", assignment_id, exc)
                 continue
-            del self.commanded[assignment_id]
+            log.info("replica %s on %s is no longer current: stopping it", assignment_id, worker_id)
+            self.stopping[assignment_id] = now
 
     async def _append(self, endpoint: EndpointRecord, event: Any) -> bool:
         try:

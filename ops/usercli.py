@@ -4,6 +4,10 @@ takes ``--url`` and ``--key`` to override, then ``RESONTECH_GATEWAY_URL`` / ``RE
 what ``login`` stored, then the dev stack's ``dev.env``.
 
 Output is a short human summary, or with ``--json`` the API's own JSON. Errors are one line.
+
+Over 500 lines on purpose: one short handler per command (an SDK call and how to print its answer)
+beside the parser that registers them all; split by resource, the shared options and printing would
+be scattered for no gain.
 """
 
 from __future__ import annotations
@@ -299,8 +303,29 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def endpoint_line(e: Any) -> str:
+    """One line per endpoint; a failed one adds why on the next line."""
     replicas = f"{e.ready_replicas}/{e.desired_replicas} ready"
-    return f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas}  {e.model}"
+    line = f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas}  {e.model}"
+    return line + (f"\n  failed: {e.scale_reason}" if e.state == "failed" else "")
+
+
+def endpoint_details(e: Any) -> str:
+    """An endpoint, its replicas, and the latest replica failure with the engine's last lines."""
+    rows = [endpoint_line(e), f"  scale: {e.scale_reason or '-'}"]
+    rows += [
+        f"  replica {r.slot} on {r.worker_id}: {r.state} {r.address or r.reason}".rstrip() for r in e.replicas
+    ]
+    if e.last_failure:
+        rows.append(f"  last replica failure ({e.start_failures} in a row): {e.last_failure}")
+        rows += [f"    | {line}" for line in e.last_failure_log_tail.splitlines()]
+    return "\n".join(rows)
+
+
+def cmd_endpoint(args: argparse.Namespace) -> int:
+    with client(args) as rt:
+        endpoint = rt.endpoint(args.endpoint)
+    show(args, endpoint, endpoint_details)
+    return 1 if endpoint.state == "failed" else 0
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
@@ -405,7 +430,9 @@ def cmd_billing(args: argparse.Namespace) -> int:
                     [f"invoice {i.period}: {i.total.usd} USD ({'open' if i.open else 'closed'})"]
                     + [
                         f"  {line.work_kind} {line.work_id} on {line.gpu_type} ({line.pool}): "
-                        f"{line.gpu_seconds:,.0f} GPU-s, {line.cpu_seconds:,.0f} CPU-s: {line.charge.usd} USD"
+                        f"{line.gpu_seconds:,.0f} GPU-s, {line.cpu_seconds:,.0f} CPU-s"
+                        + (f", {line.tokens:,} tokens" if line.tokens else "")
+                        + f": {line.charge.usd} USD"
                         for line in i.lines
                     ]
                 ),
@@ -423,6 +450,24 @@ def cmd_billing(args: argparse.Namespace) -> int:
                     or "(no invoices yet)"
                 ),
             )
+    return 0
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    """A tenant's usage by period and by job or endpoint: GPU- and CPU-seconds, tokens, charges."""
+    with client(args) as rt:
+        usage = rt.usage(args.period)
+
+    def human(u: Any) -> str:
+        rows = []
+        for p in u.periods:
+            rows.append(f"{p.period}: {p.gpu_seconds:,.0f} GPU-s, {p.cpu_seconds:,.0f} CPU-s, "
+                        f"{p.tokens:,} tokens: {p.charge.usd} USD")  # fmt: skip
+            rows += [f"  {w.work_kind} {w.work_id}: {w.gpu_seconds:,.0f} GPU-s, {w.cpu_seconds:,.0f} CPU-s, "
+                     f"{w.tokens:,} tokens: {w.charge.usd} USD" for w in p.work]  # fmt: skip
+        return "\n".join(rows) or "(no usage yet)"
+
+    show(args, usage, human)
     return 0
 
 
@@ -468,6 +513,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
         p.add_argument("job", help="the job id (operator: TENANT/JOB)")
     p = user("endpoints", cmd_endpoints, "list your inference endpoints")
     p.add_argument("--limit", type=int, default=50)
+    p = user("endpoint", cmd_endpoint, "one endpoint: its replicas, and why it failed if it did")
+    p.add_argument("endpoint", help="the endpoint id")
     p = user("deploy", cmd_deploy, "deploy an endpoint from a YAML, TOML or JSON spec file")
     p.add_argument("spec", help="the endpoint spec file (fields of POST /v1/endpoints)")
     p = user("scale", cmd_scale, "change an endpoint's replica bounds")
@@ -484,4 +531,6 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = user("workers", cmd_workers, "a provider's nodes: health, tier, uptime, earnings")
     p.add_argument("--limit", type=int, default=50)
     p = user("billing", cmd_billing, "invoices (tenants) or payouts (providers)")
+    p.add_argument("--period", help="one month, YYYY-MM")
+    p = user("usage", cmd_usage, "your usage by month and by job or endpoint, tokens included")
     p.add_argument("--period", help="one month, YYYY-MM")

@@ -13,7 +13,11 @@ Rules (fencing as in :mod:`projections.schedule`):
   one even when it may scale to zero, and the idle timeout takes it down. ``scaled`` sets the wanted
   count (and, when a tenant set them, the bounds); ``scaled_to_zero`` removes every replica and wants
   none.
-* State is derived: ``deleted`` (terminal, sticky) > ``serving`` (a replica is ready) >
+* ``start_failures`` counts the replicas lost in a row by their own failure (not ``retryable``) with
+  none becoming ready since (a ready replica resets it); ``last_failure`` / ``last_failure_log_tail``
+  keep the latest such loss. ``failed`` (the coordinator gave up) wants no replica; only a tenant's
+  ``scaled`` (``by`` set) clears it and the count, so that the endpoint is tried again.
+* State is derived: ``deleted`` (terminal, sticky) > ``failed`` > ``serving`` (a replica is ready) >
   ``scaled_to_zero`` (wants none and has none) > ``deploying``.
 * ``last_seq`` is the ENDPOINTS sequence of the endpoint's latest event, ignored events included.
 """
@@ -28,6 +32,7 @@ from projections.base import Projection
 from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
+    EndpointFailed,
     EndpointReplicaLost,
     EndpointReplicaPlaced,
     EndpointReplicaReady,
@@ -41,7 +46,7 @@ from schemas.endpoints import (
 from schemas.envelope import Recorded
 from schemas.values import Pool
 
-EndpointState = Literal["deploying", "serving", "scaled_to_zero", "deleted"]
+EndpointState = Literal["deploying", "serving", "scaled_to_zero", "failed", "deleted"]
 ReplicaState = Literal["placed", "starting", "ready", "lost"]
 
 _replace = msgspec.structs.replace
@@ -73,7 +78,10 @@ class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         desired_replicas: how many replicas it wants now (see the module docstring).
-        scale_reason: the reason of the latest ``scaled`` / ``scaled_to_zero``.
+        scale_reason: the reason of the latest ``scaled`` / ``scaled_to_zero`` / ``failed``.
+        start_failures: replicas lost in a row by their own failure, none ready since.
+        last_failure / last_failure_log_tail: the reason and engine output of the latest of those.
+        failed: the coordinator gave up on it (``endpoint.failed``) and no tenant scaled it since.
         replicas: current replicas by ``str(slot)``.
         epoch: the highest replica epoch placed.
         deployed_seq / deployed_ns: ENDPOINTS sequence and envelope time (Unix ns) of the deployment.
@@ -97,6 +105,10 @@ class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     model_source: ModelSource = "hub"
     desired_replicas: int = 0
     scale_reason: str = ""
+    start_failures: int = 0
+    last_failure: str = ""
+    last_failure_log_tail: str = ""
+    failed: bool = False
     state: EndpointState = "deploying"
     replicas: dict[str, ReplicaRecord] = {}
     epoch: int = 0
@@ -146,7 +158,9 @@ def _derive(endpoint: EndpointRecord) -> EndpointRecord:
     if endpoint.state == "deleted":
         return endpoint
     state: EndpointState
-    if any(r.state == "ready" for r in endpoint.replicas.values()):
+    if endpoint.failed:
+        state = "failed"
+    elif any(r.state == "ready" for r in endpoint.replicas.values()):
         state = "serving"
     elif endpoint.desired_replicas == 0 and not endpoint.replicas:
         state = "scaled_to_zero"
@@ -196,10 +210,18 @@ def _replica_changed(endpoint: EndpointRecord, event: Any, seq: int) -> Endpoint
             new = _replace(replica, state="starting", changed_seq=seq)
         case EndpointReplicaReady(address=address):
             new = _replace(replica, state="ready", address=address, changed_seq=seq)
-        case EndpointReplicaLost(reason=reason, log_tail=log_tail):
+            endpoint = _replace(endpoint, start_failures=0)
+        case EndpointReplicaLost(reason=reason, log_tail=log_tail, retryable=retryable):
             new = _replace(
                 replica, state="lost", address="", reason=reason, log_tail=log_tail, changed_seq=seq
             )
+            if not retryable:
+                endpoint = _replace(
+                    endpoint,
+                    start_failures=endpoint.start_failures + 1,
+                    last_failure=reason,
+                    last_failure_log_tail=log_tail,
+                )
         case _:
             return None
     return _with_replica(endpoint, new)
@@ -208,13 +230,25 @@ def _replica_changed(endpoint: EndpointRecord, event: Any, seq: int) -> Endpoint
 def _changed(endpoint: EndpointRecord, event: Any, seq: int, t: int) -> EndpointRecord | None:
     """The endpoint after ``event``, or ``None`` when the event changes nothing (or is stale)."""
     match event:
-        case EndpointScaled(replicas=replicas, reason=reason, min_replicas=low, max_replicas=high):
+        case EndpointScaled(replicas=replicas, reason=reason, min_replicas=low, max_replicas=high, by=by):
+            if endpoint.failed and not by:
+                return None  # only its tenant brings a failed endpoint back
             return _replace(
                 endpoint,
                 desired_replicas=replicas,
                 scale_reason=reason,
                 min_replicas=endpoint.min_replicas if low is None else low,
                 max_replicas=endpoint.max_replicas if high is None else high,
+                failed=False,
+                start_failures=0 if by else endpoint.start_failures,
+            )
+        case EndpointFailed(reason=reason, log_tail=log_tail):
+            return _replace(
+                endpoint,
+                failed=True,
+                desired_replicas=0,
+                scale_reason=reason,
+                last_failure_log_tail=log_tail or endpoint.last_failure_log_tail,
             )
         case EndpointReplicaPlaced():
             return _placed(endpoint, event, seq)
@@ -226,6 +260,8 @@ def _changed(endpoint: EndpointRecord, event: Any, seq: int, t: int) -> Endpoint
         case EndpointReplicaStarting() | EndpointReplicaReady() | EndpointReplicaLost():
             return _replica_changed(endpoint, event, seq)
         case EndpointScaledToZero(idle_s=idle_s):
+            if endpoint.failed:
+                return None
             return _replace(endpoint, replicas={}, desired_replicas=0, scale_reason=f"idle {idle_s:g}s")
         case EndpointDeleted(by=by):
             return _replace(endpoint, state="deleted", deleted_by=by, deleted_ns=t)
@@ -255,7 +291,7 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
 ENDPOINTS: Projection[EndpointsState] = Projection(
     name="endpoints",
     stream="ENDPOINTS",
-    version=2,
+    version=3,
     state_type=EndpointsState,
     initial=EndpointsState,
     evolve=evolve,

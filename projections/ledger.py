@@ -1,6 +1,11 @@
 """The billing ledger: the METERING stream (``meter.<tenant>.<worker_id>``) priced into tenant invoice
 lines and provider payout lines. Money is integer micro-USD (see :mod:`core.pricing`).
 
+* Tokens come only from ticks on ``meter.<tenant>.<worker_id>.tokens``, which only the kernel's
+  gateways may publish (:func:`core.streams.token_metering_subject`); the ``tokens`` of a tick on an
+  agent's own subject are ignored. Tokens are summed on invoice lines but not priced: the price
+  tables bill GPU and CPU time.
+
 * A tick is priced by the table in effect at its ``end_ms``, and billed in the UTC month of its
   ``end_ms`` (``YYYY-MM``).
 * Invoice lines are keyed ``tenant/period/work_id/gpu_type/pool/v<price version>``; payout lines
@@ -8,9 +13,10 @@ lines and provider payout lines. Money is integer micro-USD (see :mod:`core.pric
   order (ticks arrive in sequence order). Each worker's earnings to date (the payouts of the ticks
   it metered) are kept by worker id, for providers' per-node view.
 * A tick whose ``(assignment_id, start_ms)`` was already counted is a duplicate (an agent retry under a
-  new event id) and is ignored, as is a tick with negative usage or ``end_ms < start_ms``: both are
-  counted (``duplicates``, ``invalid``) so that the ledger accounts for every sequence it saw. Times
-  outside 1970-01..2199-12 are invalid too.
+  new event id) and is ignored (a gateway's token ticks are keyed by ``(assignment_id, source,
+  start_ms)``: each gateway process is its own source), as is a tick with negative usage or
+  ``end_ms < start_ms``: both are counted (``duplicates``, ``invalid``) so that the ledger accounts
+  for every sequence it saw. Times outside 1970-01..2199-12 are invalid too.
 
 :class:`InvoiceLine`, :class:`PayoutLine` and :class:`WorkerEarnings` are accumulators and, unlike
 the frozen records of the other projections, are updated in place: an invoice line's ``source_seqs``
@@ -108,7 +114,8 @@ class LedgerState(msgspec.Struct, kw_only=True):
     Attributes:
         seq: the last METERING sequence applied.
         workers: each worker's earnings to date, by worker id.
-        seen: ``assignment_id:start_ms`` -> the sequence of the tick that was counted for it.
+        seen: ``assignment_id:start_ms`` (``assignment_id:source:start_ms`` for a gateway's token
+            tick) -> the sequence of the tick that was counted for it.
         duplicates / invalid: ticks ignored as duplicates / as invalid.
     """
 
@@ -154,23 +161,27 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     tick = recorded.event
     if type(tick) is not UsageTick:
         return state
+    subject = recorded.subject.split(".")  # meter.<tenant>.<worker_id>[.tokens]
+    tenant, worker_id = subject[1], subject[2]
+    counted = len(subject) == 4  # the kernel's own count: only it carries tokens and a source
     start_ms, end_ms, gpu_ms, cpu_ms, tokens = (
         tick.start_ms,
         tick.end_ms,
         tick.gpu_ms,
         tick.cpu_ms,
-        tick.tokens,
+        tick.tokens if counted else 0,
     )
     if gpu_ms < 0 or cpu_ms < 0 or tokens < 0 or not _FIRST_MS <= start_ms <= end_ms < _END_MS:
         state.invalid += 1
         return state
-    seen_key = f"{tick.assignment_id}:{start_ms}"
+    seen_key = (
+        f"{tick.assignment_id}:{tick.source}:{start_ms}" if counted else f"{tick.assignment_id}:{start_ms}"
+    )
     if seen_key in state.seen:
         state.duplicates += 1
         return state
     state.seen[seen_key] = seq
 
-    _, tenant, worker_id = recorded.subject.split(".", 2)  # meter.<tenant>.<worker_id>
     charge, payout, version = price(tick)
     period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, end_ms) - 1]  # period_of(end_ms)
     key = line_key(tenant, period, tick.work_id, tick.gpu_type, tick.pool, version)
@@ -214,7 +225,7 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
 LEDGER: Projection[LedgerState] = Projection(
     name="ledger",
     stream="METERING",
-    version=2,
+    version=3,
     state_type=LedgerState,
     initial=LedgerState,
     evolve=evolve,

@@ -6,6 +6,7 @@ from schemas.commands import Rendezvous, StartWork, StopWork, WorkSpec
 from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
+    EndpointFailed,
     EndpointReplicaLost,
     EndpointReplicaPlaced,
     EndpointReplicaReady,
@@ -58,6 +59,7 @@ __all__ = [
     "Assignment",
     "EndpointDeleted",
     "EndpointDeployed",
+    "EndpointFailed",
     "EndpointReplicaLost",
     "EndpointReplicaPlaced",
     "EndpointReplicaReady",

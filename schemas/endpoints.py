@@ -89,10 +89,30 @@ class EndpointReplicaReady(Event, tag="endpoint.replica_ready", frozen=True, kw_
 
 
 class EndpointReplicaLost(Event, tag="endpoint.replica_lost", frozen=True, kw_only=True):
-    """A replica stopped serving (worker lost, engine died, failed to start)."""
+    """A replica stopped serving (worker lost, engine died, failed to start).
+
+    Attributes:
+        log_tail: the engine's last lines of output, when it ran.
+        retryable: not the replica's own failure (its worker was lost, stopped or restarted, or
+            refused it): it does not count towards failing the endpoint.
+    """
 
     assignment_id: str
     epoch: int
+    reason: str
+    log_tail: str = ""
+    retryable: bool = False
+
+
+class EndpointFailed(Event, tag="endpoint.failed", frozen=True, kw_only=True):
+    """The coordinator gave up on the endpoint: its replicas kept failing without one becoming ready
+    (a bad model path, an engine out of memory). It wants no replica until its tenant scales it.
+
+    Attributes:
+        reason: why, with the last replica's reason.
+        log_tail: the last failed engine's output.
+    """
+
     reason: str
     log_tail: str = ""
 
@@ -119,4 +139,5 @@ EndpointEvent = (
     | EndpointReplicaLost
     | EndpointScaledToZero
     | EndpointDeleted
+    | EndpointFailed
 )

@@ -9,7 +9,7 @@ from schemas.values import Pool, WorkKind
 class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
     """Usage of one running assignment over one interval (every 10 s by default).
 
-    The interval is the time the usage happened (Unix milliseconds, from the agent); billing periods
+    The interval is the time the usage happened (Unix milliseconds, from its meter); billing periods
     are taken from ``end_ms``. Money is never in a tick: the ledger prices it.
 
     Attributes:
@@ -18,7 +18,11 @@ class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
         gpu_type: the GPU model family billed (``cpu`` for CPU work).
         gpu_ms: GPU-milliseconds used (GPUs x wall milliseconds); ``cpu_ms`` likewise for CPU work.
         tier: the provider's tier when the work was assigned (``platinum``... ``unverified``).
-        tokens: tokens served, for inference.
+        tokens: tokens served, for inference (prompt plus completion tokens). Counted by the
+            gateways, which append them as ticks of their own with no GPU or CPU time on
+            ``meter.<tenant>.<worker_id>.tokens``; the ledger ignores tokens anywhere else.
+        source: the gateway process that counted a token tick (``gateway-<id>``); empty for an
+            agent's tick.
     """
 
     work_id: str
@@ -34,6 +38,7 @@ class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
     cpu_ms: int = 0
     tier: str = "unverified"
     tokens: int = 0
+    source: str = ""
 
 
 MeteringEvent = UsageTick

@@ -84,6 +84,9 @@ def test_engine_argv_and_env_for_cpu_gpu_and_embeddings() -> None:
     assert tp[tp.index("--tensor-parallel-size") + 1] == "4"
     embed = engine_command(models.ResolvedModel("/e", "e", "embed"), host="h", port=1, gpus=0, options={})
     assert "--runner" in embed and "pooling" in embed
+    folder = models.ResolvedModel("/ws/model", "emb", "embed")
+    st = engine_command(folder, host="h", port=1, gpus=0, options={"engine": "cpu"})
+    assert st[1:3] == ["-m", "agent.engines.embeddings"] and st[st.index("--model") + 1] == "/ws/model"
     cpu_env = engine_env({"PATH": "/bin"}, gpus=0, options={"kv_cache_gib": "2"})
     assert cpu_env["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu_env["HF_HUB_OFFLINE"] == "1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in engine_env({}, gpus=1, options={})
@@ -165,3 +168,39 @@ def test_autoscaler_scales_out_in_and_to_zero_within_bounds() -> None:
     kept = Bounds(min_replicas=1, max_replicas=2, target_rps_per_replica=10.0, scale_to_zero_after_s=60)
     assert decide(kept, desired=1, rps=0.0, idle_s=999.0) is None  # min 1: never to zero
     assert wake(b).replicas == 1 and wake(kept).replicas == 1
+
+
+async def _engine(tmp_path: Path, script: str, ready_timeout_s: float) -> tuple[int, list[str], str]:
+    """Run ``script`` as an engine that never answers ``/health``: its exit code, lines, log tail."""
+    import asyncio
+    import sys
+
+    from agent.runtimes.process import ProcessRuntime
+    from agent.runtimes.vllm import EngineWorkload, free_port
+    from schemas.commands import WorkSpec
+
+    spec = WorkSpec(runtime="process", command=[sys.executable, "-c", script])
+    inner = await ProcessRuntime().start(spec, tmp_path, {"PATH": "/usr/bin:/bin"})
+    engine = EngineWorkload(
+        inner, f"http://127.0.0.1:{free_port('127.0.0.1')}", ready_timeout_s=ready_timeout_s
+    )
+
+    async def collect() -> list[str]:
+        return [line async for line in engine.lines()]
+
+    lines, code = await asyncio.wait_for(asyncio.gather(collect(), engine.wait()), 60)
+    return code, lines, engine.log_tail()
+
+
+async def test_an_engine_that_dies_before_health_ends_with_its_own_exit_and_log_tail(tmp_path: Path) -> None:
+    code, lines, tail = await _engine(
+        tmp_path, "print('OSError: does/not/exist is not a folder'); exit(3)", 600
+    )
+    assert code == 3
+    assert not any("RESONTECH_READY" in line or "not healthy" in line for line in lines)
+    assert "does/not/exist" in tail
+
+
+async def test_an_engine_never_healthy_is_stopped_after_its_ready_timeout(tmp_path: Path) -> None:
+    code, lines, _ = await _engine(tmp_path, "import time; time.sleep(120)", 1.0)
+    assert code != 0 and any("engine not healthy after 1s" in line for line in lines)

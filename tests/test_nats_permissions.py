@@ -106,6 +106,8 @@ def test_every_subject_an_agent_emits_is_allowed_and_others_are_not() -> None:
         "tenant.acme.created",
         "provider.p.agent_enrolled",
         f"meter.acme.{other}",
+        f"meter.acme.{worker}.tokens",  # the gateway's count of what the tenant is billed for
+        "endpoint.acme.e1.failed",  # the coordinator's word
         "job.acme.j1.submitted",
         "job.acme.j1.placed",
         "job.acme.j1.completed",

@@ -32,6 +32,7 @@ from schemas import (
     Assignment,
     EndpointDeleted,
     EndpointDeployed,
+    EndpointFailed,
     EndpointReplicaLost,
     EndpointReplicaPlaced,
     EndpointReplicaReady,
@@ -656,6 +657,46 @@ def test_endpoint_scale_to_zero_and_back_and_delete() -> None:
     assert ep.record.last_seq == log.seq
 
 
+def test_endpoint_counts_replicas_failing_in_a_row_fails_and_only_its_tenant_revives_it() -> None:
+    log = Log(ENDPOINTS)
+    ep = Endpoint(log)
+    ep(EndpointDeployed(name="emb", model="does/not/exist", max_replicas=2))
+
+    def fail(slot: int, epoch: int, retryable: bool = False) -> None:
+        a = _asg(slot, epoch, work="e1")
+        ep(EndpointReplicaPlaced(assignments=[a], provenance=PROV))
+        ep(EndpointReplicaLost(assignment_id=a.assignment_id, epoch=epoch, reason=f"exit status {epoch}",
+                               log_tail=f"tail {epoch}", retryable=retryable))  # fmt: skip
+        ep(EndpointReplicaRevoked(assignment_id=a.assignment_id, worker_id="w1", slot=slot, epoch=epoch,
+                                  reason="lost"))  # fmt: skip
+
+    fail(0, 1)
+    fail(0, 2, retryable=True)  # its worker was lost: not the replica's failure
+    assert (ep.record.start_failures, ep.record.last_failure, ep.record.last_failure_log_tail) == (
+        1, "exit status 1", "tail 1",
+    )  # fmt: skip
+    ep.up(_asg(0, 3, work="e1"), "http://a:1")  # a ready replica resets the count
+    assert (ep.record.start_failures, ep.record.state) == (0, "serving")
+    ep(EndpointReplicaLost(assignment_id="e1-0-3", epoch=3, reason="exit status 3", log_tail="tail 3"))
+    ep(EndpointReplicaRevoked(assignment_id="e1-0-3", worker_id="w1", slot=0, epoch=3, reason="lost"))
+    fail(0, 4)
+    assert ep.record.start_failures == 2
+    ep(EndpointFailed(reason="2 replicas failed in a row", log_tail="tail 4"))
+    failed = ep.record
+    assert (failed.state, failed.desired_replicas, failed.scale_reason, missing_replicas(failed)) == (
+        "failed", 0, "2 replicas failed in a row", [],
+    )  # fmt: skip
+    ep(EndpointScaled(replicas=1, reason="a request arrived at zero replicas"))  # the autoscaler: ignored
+    ep(EndpointScaledToZero(idle_s=300))
+    assert ep.record.state == "failed" and ep.record.desired_replicas == 0
+    ep(EndpointScaled(replicas=1, reason="bounds set", min_replicas=1, max_replicas=2, by="alice"))
+    revived = ep.record
+    assert (revived.state, revived.failed, revived.start_failures, missing_replicas(revived)) == (
+        "deploying", False, 0, [0],
+    )  # fmt: skip
+    assert revived.last_failure == "exit status 4"  # the history of why stays visible
+
+
 def test_endpoint_events_before_deploy_are_ignored() -> None:
     log = Log(ENDPOINTS)
     Endpoint(log, "ghost")(EndpointScaled(replicas=3, reason="x"))
@@ -688,7 +729,8 @@ def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
         "globex/2026-04/j9/H100/shared/v1",
     ]
     march = state.lines["acme/2026-03/j1/H100/shared/v1"]
-    assert (march.ticks, march.gpu_ms, march.tokens, march.source_seqs) == (2, 20_000, 10, [1, 3])
+    # an agent's own count of tokens is not billed: tokens come from the gateways' .tokens subjects
+    assert (march.ticks, march.gpu_ms, march.tokens, march.source_seqs) == (2, 20_000, 0, [1, 3])
     assert march.charge_micros == 2 * 6_917  # 6_916.67 per tick, each rounded on its own
     assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_seqs == [5, 7]
     assert state.lines["globex/2026-04/j9/H100/shared/v1"].charge_micros == 2 * 42

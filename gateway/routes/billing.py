@@ -90,7 +90,8 @@ def _work_usage(lines: Iterable[InvoiceLine]) -> list[WorkUsage]:
 
 @router.get("/v1/billing/usage", query=UsageQuery, response=Usage)
 async def usage(call: Call[None, UsageQuery]) -> Usage:
-    """GPU- and CPU-seconds and charges by period and by job or endpoint (newest period first)."""
+    """GPU- and CPU-seconds, inference tokens and charges by period and by job or endpoint (newest
+    period first)."""
     tenant = scoped_tenant(call, call.query.tenant)
     by_period: dict[str, list[InvoiceLine]] = defaultdict(list)
     for line in tenant_lines(call.kernel.state(LEDGER), tenant, call.query.period):
@@ -100,6 +101,7 @@ async def usage(call: Call[None, UsageQuery]) -> Usage:
             period=period,
             gpu_seconds=seconds(sum(line.gpu_ms for line in lines)),
             cpu_seconds=seconds(sum(line.cpu_ms for line in lines)),
+            tokens=sum(line.tokens for line in lines),
             charge=money(sum(line.charge_micros for line in lines)),
             work=_work_usage(lines),
         )

@@ -78,9 +78,13 @@ def endpoint_view(e: EndpointRecord, traffic: Traffic | None = None) -> Endpoint
                 state=r.state,
                 address=r.address,
                 reason=r.reason,
+                log_tail=r.log_tail,
             )
             for r in sorted(e.replicas.values(), key=lambda r: r.slot)
         ],
+        start_failures=e.start_failures,
+        last_failure=e.last_failure,
+        last_failure_log_tail=e.last_failure_log_tail,
         deployed_by=e.deployed_by,
         deployed_at=iso(e.deployed_ns),
         deleted_by=e.deleted_by,
@@ -327,7 +331,8 @@ def _not_deleted(endpoint: EndpointRecord) -> None:
     errors={409: "the endpoint was deleted", 422: "invalid_spec, over_quota, unplaceable"},
 )
 async def scale_endpoint(call: Call[ScaleEndpoint, TenantQuery]) -> Endpoint:
-    """Set the endpoint's min/max replicas; the desired count is brought inside the new bounds."""
+    """Set the endpoint's min/max replicas; the desired count is brought inside the new bounds. A
+    failed endpoint is tried again (with min_replicas 0, on its next request)."""
     endpoint = visible_endpoint(call)
     low, high = call.body.min_replicas, call.body.max_replicas
     _check_bounds(low, high)

@@ -7,11 +7,17 @@ error body, ``{"error": {"message", "type", "param", "code"}}``, where the rest 
 included) passed through, never re-encoded. They are also not in the OpenAPI document (OpenAI's
 own specification describes them).
 
+Tokens are metered here (:mod:`gateway.usage`, :mod:`gateway.tokens`): the ``usage`` of every
+response is counted for the replica that served it. A streaming request is sent with
+``stream_options.include_usage`` (its only change), and the usage chunk that asks for is not passed
+on unless the client asked for it too.
+
 ``model`` names an endpoint of the caller's tenant (by name, or by endpoint id); another tenant's
 endpoint is as unknown as one that does not exist: 404 ``model_not_found``. A key is a tenant key of
 any role (the operator and provider accounts have no endpoints to call). A malformed body is a 400
 and is not forwarded. A request that finds no ready replica waits up to ``COLD_START_WAIT_S`` for
-one (a replica starting, or a scale-up from zero) before a 503.
+one (a replica starting, or a scale-up from zero) before a 503; an endpoint that failed (its
+replicas kept failing to start) is a 503 ``endpoint_failed`` with the reason, at once.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from gateway.autoscaler import wake
 from gateway.errors import ApiError
 from gateway.inference import InferenceProxy, NoReplica
 from gateway.kernel import Kernel
+from gateway.tokens import TokenMeter
+from gateway.usage import BodyUsage, SseUsage, ask_for_usage
 from projections import ENDPOINTS
-from projections.endpoints import EndpointRecord, endpoint_key, ready_replicas
+from projections.endpoints import EndpointRecord, ReplicaRecord, endpoint_key, ready_replicas
 
 log = logging.getLogger("resontech.gateway")
 COLD_START_WAIT_S = 120.0
@@ -106,18 +114,20 @@ def find_endpoint(kernel: Kernel, tenant: str, model: str) -> EndpointRecord:
     return record
 
 
-async def ready_addresses(
+async def ready_replicas_of(
     kernel: Kernel, tenant: str, model: str, wait_s: float
-) -> tuple[str, dict[str, int]]:
-    """The endpoint's key and its ready replicas (address -> slot), waiting up to ``wait_s`` for one;
-    an endpoint at zero replicas is scaled up first (:func:`gateway.autoscaler.wake`)."""
+) -> tuple[EndpointRecord, dict[str, ReplicaRecord]]:
+    """The endpoint and its ready replicas by address, waiting up to ``wait_s`` for one; an endpoint
+    at zero replicas is scaled up first (:func:`gateway.autoscaler.wake`); a failed one is a 503."""
     deadline = time.monotonic() + wait_s
     woken = False
     while True:
         record = find_endpoint(kernel, tenant, model)
-        addresses = {r.address: r.slot for r in ready_replicas(record)}
-        if addresses or time.monotonic() >= deadline:
-            return endpoint_key(record.tenant, record.endpoint_id), addresses
+        if record.state == "failed":
+            raise OpenAIError(503, "endpoint_failed", f"endpoint `{model}` failed: {record.scale_reason}")
+        replicas = {r.address: r for r in ready_replicas(record)}
+        if replicas or time.monotonic() >= deadline:
+            return record, replicas
         if record.desired_replicas == 0 and not woken:
             await wake(kernel, record)
             woken = True
@@ -139,29 +149,42 @@ async def forward(request: Request, path: str) -> Response:
             parsed = _DECODE(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise OpenAIError(400, "invalid_request", f"malformed request body: {exc}") from None
-        key, addresses = await ready_addresses(kernel, tenant, parsed.model, COLD_START_WAIT_S)
+        endpoint, replicas = await ready_replicas_of(kernel, tenant, parsed.model, COLD_START_WAIT_S)
         waited_s = time.monotonic() - started
     except OpenAIError as exc:
         return error_response(exc)
+    key = endpoint_key(endpoint.tenant, endpoint.endpoint_id)
+    strip_usage = False
+    if parsed.stream:
+        body, strip_usage = ask_for_usage(body)
     proxy = proxy_of(request)
     headers = {h: v for h in _FORWARD_HEADERS if (v := request.headers.get(h))}
+    headers["accept-encoding"] = "identity"  # usage is read off the bytes passed through
     try:
-        upstream = await proxy.send(key, list(addresses), path, body, headers)
+        upstream = await proxy.send(key, list(replicas), path, body, headers)
     except NoReplica as exc:
         proxy.record(key, started, ok=False)
         return error_response(OpenAIError(503, "no_replica", f"no replica could serve the request: {exc}"))
     ok = upstream.response.status_code < 500
+    replica = replicas[upstream.address]
+    streamed = upstream.response.headers.get("content-type", "").startswith("text/event-stream")
+    usage = SseUsage(strip=strip_usage) if streamed else BodyUsage()
+    meter: TokenMeter = request.app.state.tokens
 
     async def body_then_record() -> Any:
         completed = False
         try:
             async for chunk in upstream.body():
-                yield chunk
+                if passed := usage.feed(chunk):
+                    yield passed
+            if rest := usage.finish():
+                yield rest
             completed = True
         finally:
             proxy.record(key, started, ok=ok and completed)
+            meter.add(endpoint, replica, usage.tokens)
 
-    headers = {**upstream.headers(), REPLICA_HEADER: str(addresses[upstream.address])}
+    headers = {**upstream.headers(), REPLICA_HEADER: str(replica.slot)}
     if waited_s >= COLD_START_REPORT_S:  # the request waited for a replica: say how long
         headers[COLD_START_HEADER] = f"{waited_s:.3f}"
         log.info("%s: served after a %.2fs cold start", key, waited_s)

@@ -31,7 +31,8 @@ class UsageQuery(Request, frozen=True, kw_only=True):
 
 
 class WorkUsage(msgspec.Struct, frozen=True, kw_only=True):
-    """One job's or endpoint's usage in a period."""
+    """One job's or endpoint's usage in a period (``tokens``: an endpoint's prompt plus completion
+    tokens, as the gateway counted them; metered, not priced)."""
 
     work_id: str
     work_kind: str
@@ -47,6 +48,7 @@ class PeriodUsage(msgspec.Struct, frozen=True, kw_only=True):
     period: str
     gpu_seconds: float
     cpu_seconds: float
+    tokens: int
     charge: Money
     work: list[WorkUsage]
 

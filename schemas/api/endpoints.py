@@ -17,7 +17,7 @@ from schemas.api.jobs import Pool, Token
 EndpointName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 """Letters, digits, ``.``, ``-`` and ``_``, 1-64 characters: what clients name as ``model``."""
 Replicas = Annotated[int, msgspec.Meta(ge=0, le=64)]
-EndpointStateName = Literal["deploying", "serving", "scaled_to_zero", "deleted"]
+EndpointStateName = Literal["deploying", "serving", "scaled_to_zero", "failed", "deleted"]
 DEFAULT_SCALE_TO_ZERO_S = 300
 
 
@@ -69,7 +69,8 @@ class EndpointListQuery(PageQuery, frozen=True, kw_only=True):
 
 
 class Replica(msgspec.Struct, frozen=True, kw_only=True):
-    """One replica: ``placed`` -> ``starting`` -> ``ready`` (serving at ``address``), or ``lost``."""
+    """One replica: ``placed`` -> ``starting`` -> ``ready`` (serving at ``address``), or ``lost``
+    (``reason``, and the engine's last lines of output in ``log_tail``) until it is replaced."""
 
     slot: int
     worker_id: str
@@ -79,6 +80,7 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     state: str
     address: str
     reason: str
+    log_tail: str = ""
 
 
 class Traffic(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,7 +96,15 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
-    """An endpoint as the API shows it (``state``: deploying, serving, scaled_to_zero, deleted)."""
+    """An endpoint as the API shows it.
+
+    Attributes:
+        state: ``deploying``, ``serving``, ``scaled_to_zero``, ``failed`` (its replicas kept failing
+            to start: ``scale_reason`` says why; it wants no replica until its tenant scales it) or
+            ``deleted``.
+        start_failures: replicas lost in a row by their own failure, none ready since.
+        last_failure / last_failure_log_tail: the latest such replica's reason and engine output.
+    """
 
     endpoint_id: str
     tenant: str
@@ -114,6 +124,9 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     ready_replicas: int
     scale_reason: str
     replicas: list[Replica]
+    start_failures: int = 0
+    last_failure: str = ""
+    last_failure_log_tail: str = ""
     deployed_by: str
     deployed_at: str
     deleted_by: str

@@ -246,12 +246,31 @@ async def test_vllm_serves_chat_streaming_and_completions_through_the_gateway(
         async for chunk in stream:
             chunks.append(chunk)
         assert len(chunks) > 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
+        # the gateway asked the engine for usage to meter it; the client, which did not, never sees it
+        assert all(c.choices and c.usage is None for c in chunks)
+        asked = [c async for c in await api.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True,
+            stream_options={"include_usage": True},
+        )]  # fmt: skip
+        assert asked[-1].choices == [] and asked[-1].usage is not None and asked[-1].usage.total_tokens > 0
         completion = await api.completions.create(
             model="chat", prompt="The capital of France is", max_tokens=4, temperature=0
         )
         assert "Paris" in completion.choices[0].text
+        least = chat.usage.total_tokens + asked[-1].usage.total_tokens + completion.usage.total_tokens  # type: ignore[union-attr]
+        metered = await until(
+            lambda: _metered_tokens(log, endpoint["endpoint_id"], least), "the tokens metered", timeout=60
+        )
+        assert metered > least  # the first stream's tokens too, which its client never saw
         with pytest.raises(openai.NotFoundError):
             await api.completions.create(model="no-such-model", prompt="x", max_tokens=1)
         with pytest.raises(openai.BadRequestError):
             await api.completions.create(model=None, prompt="x")  # type: ignore[arg-type]
     assert tenant
+
+
+async def _metered_tokens(log: EventLog, endpoint_id: str, least: int) -> int:
+    """The tokens the gateway metered for the endpoint, once they reach ``least`` (else 0)."""
+    ticks = [r.event for r in await records(log, "METERING", "meter.*.*.tokens")]
+    total = sum(t.tokens for t in ticks if t.work_id == endpoint_id)
+    return total if total > least else 0

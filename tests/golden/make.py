@@ -17,7 +17,8 @@ The scenario, 2026-03-31 23:50 UTC to 2026-04-01 00:14 UTC (so billing spans two
 * ``j-sweep``: rejected by a provider policy, re-queued, cancelled;
 * ``ep-chat``: 2 replicas, one lost with its worker and re-placed (its zombie ``ready`` ignored), the
   other lost at the end with its engine (a ``ready`` after that ignored);
-* metering ticks of every running assignment, one sent twice under a new event id; heartbeats;
+* metering ticks of every running assignment, one sent twice under a new event id, and a gateway's
+  token counts of the endpoint's replicas; heartbeats;
 * provider ``gpuco``: keys, an enrolled agent whose credentials are revoked, a managed-pool
   enrollment token revoked unused.
 """
@@ -43,6 +44,7 @@ from core.streams import (
     provider_subject,
     stream_for_subject,
     tenant_subject,
+    token_metering_subject,
     worker_subject,
 )
 from projections import ALL
@@ -452,7 +454,10 @@ def _endpoint(s: _Scenario) -> None:
     up(1.3, first, "http://10.0.2.15:8001", ready=2)
     at(2.2, EndpointScaled(replicas=2, reason="rps above target", inputs={"rps": 14.2, "replicas": 1.0}))
     up(2.3, second, "http://10.0.1.7:8002", ready=3)
-    at(7.02, EndpointReplicaLost(assignment_id=first.assignment_id, epoch=1, reason="worker lost"))
+    at(
+        7.02,
+        EndpointReplicaLost(assignment_id=first.assignment_id, epoch=1, reason="worker lost", retryable=True),
+    )
     at(
         7.03,
         EndpointReplicaRevoked(
@@ -517,12 +522,16 @@ def _ticks(s: _Scenario) -> None:
                 end_ms=tick_end,
                 gpu_ms=gpus * (tick_end - tick_start),
                 tier=tier,
-                tokens=tokens * (tick_end - tick_start) // TICK_MS,
             )
             subject = metering_subject(tenant, worker)
             s.at_ms(tick_end + 250, subject, tick)
             if (assignment, index) == _DUPLICATED:
                 s.at_ms(tick_end + 4_250, subject, tick)
+            if tokens:  # a gateway's count of the tokens the replica served, on the kernel's subject
+                counted = msgspec.structs.replace(
+                    tick, gpu_ms=0, tokens=tokens * (tick_end - tick_start) // TICK_MS, source="gateway-g1"
+                )
+                s.at_ms(tick_end + 500, token_metering_subject(tenant, worker), counted)
 
 
 def _tenants(s: _Scenario) -> None:
