@@ -12,6 +12,10 @@ round-robin cursors, ejected replicas, the latency windows) and the part the ben
   and return when it answers 200.
 * **Figures.** Per endpoint, over a sliding :data:`WINDOW_S` window: requests per second, error rate
   and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response).
+
+The upstream client is aiohttp's, not httpx (which the SDK uses): measured here against the same
+local replica, a small request costs ~0.45 ms through aiohttp and ~4.5-6 ms through httpx, and the
+proxy's overhead target is 2 ms in all.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 EJECT_S = 5.0
 WINDOW_S = 60.0
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=300.0, write=30.0, pool=10.0)
+UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=2.0, sock_read=300.0)
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 
@@ -98,33 +103,63 @@ class NoReplica(Exception):
 
 @dataclass(slots=True)
 class Upstream:
-    """A replica's response whose headers arrived; iterate :meth:`body` to stream it through."""
+    """A replica's response whose headers arrived; iterate :meth:`body` (or :meth:`read`) to pass it
+    through."""
 
-    response: httpx.Response
+    response: aiohttp.ClientResponse
     address: str
     attempts: int
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def content_type(self) -> str:
+        return self.response.headers.get("content-type", "")
 
     def headers(self) -> dict[str, str]:
         return {k: v for k, v in self.response.headers.items() if k.lower() not in _HOP_HEADERS}
 
+    async def read(self) -> bytes:
+        """The whole body (an answer that is not a stream)."""
+        try:
+            return await self.response.read()
+        finally:
+            self.response.release()
+
     async def body(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self.response.aiter_raw():
+            async for chunk in self.response.content.iter_any():
                 yield chunk
         finally:
-            await self.response.aclose()
+            self.response.release()  # back to the pool when read to the end, else closed
+
+
+UpstreamError = (aiohttp.ClientError, TimeoutError)
+"""What a replica that cannot answer raises: refused, reset, timed out."""
 
 
 class InferenceProxy:
     """Forwards OpenAI-shaped requests to replicas (see the module docstring)."""
 
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
-        self.client = client or httpx.AsyncClient(
-            timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
-        )
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
         self.traffic: dict[str, EndpointTraffic] = {}
         self.ejected: dict[str, float] = {}  # address -> until (monotonic)
         self._probes: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled client, made on first use (it belongs to the event loop that serves)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=UPSTREAM_TIMEOUT,
+                connector=aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=30.0),
+                auto_decompress=False,  # bytes pass through as the replica sent them
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
 
     def traffic_of(self, key: str) -> EndpointTraffic:
         traffic = self.traffic.get(key)
@@ -155,9 +190,10 @@ class InferenceProxy:
         try:
             while self.ejected.get(address, 0.0) > 0.0:
                 await asyncio.sleep(1.0)
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await self.client.get(f"{address}/health", timeout=2.0)).status_code == 200:
-                        self.ejected.pop(address, None)
+                with contextlib.suppress(*UpstreamError):
+                    async with self.session.get(f"{address}/health", timeout=PROBE_TIMEOUT) as answer:
+                        if answer.status == 200:
+                            self.ejected.pop(address, None)
         finally:
             self._probes.pop(address, None)
 
@@ -175,16 +211,15 @@ class InferenceProxy:
         attempts = 0
         for address in self.order(key, addresses):
             attempts += 1
-            request = self.client.build_request("POST", f"{address}{path}", content=body, headers=headers)
             try:
-                response = await self.client.send(request, stream=True)
-            except httpx.HTTPError as exc:
+                response = await self.session.post(f"{address}{path}", data=body, headers=headers)
+            except UpstreamError as exc:
                 last = f"replica {address}: {type(exc).__name__}"
                 self.eject(address)
                 continue
-            if response.status_code in RETRYABLE_STATUS:
-                await response.aclose()
-                last = f"replica {address} answered {response.status_code}"
+            if response.status in RETRYABLE_STATUS:
+                response.release()
+                last = f"replica {address} answered {response.status}"
                 self.eject(address)
                 continue
             return Upstream(response, address, attempts)
@@ -200,4 +235,5 @@ class InferenceProxy:
     async def close(self) -> None:
         for task in list(self._probes.values()):
             task.cancel()
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()

@@ -5,8 +5,8 @@ says it served, and inference traffic never passes through the agent anyway. Eve
 response carries ``usage`` (``prompt_tokens``, ``completion_tokens``): the tokens of a request are
 their sum (an embedding has no completion tokens).
 
-* **A plain response** (completions, chat, embeddings): ``usage`` is read from the JSON body once it
-  has been passed through (bodies above :data:`MAX_BODY_BYTES` are passed through unmetered).
+* **A plain response** (completions, chat, embeddings): the proxy reads the whole body before it
+  answers (one send, no chunking) and :func:`tokens_of` reads ``usage`` from it.
 * **A stream** (``"stream": true``): an engine reports usage only in a final chunk, and only when the
   request asks for it (``stream_options.include_usage``). :func:`ask_for_usage` adds that to the
   request when the client did not; :class:`SseUsage` then reads the usage chunk and, when the client
@@ -20,8 +20,6 @@ from typing import Any
 
 import msgspec
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
-"""A plain response body larger than this is passed through without reading its usage."""
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 
 
@@ -143,24 +141,3 @@ class SseUsage:
             return True
         self.tokens = tokens
         return not self.strip
-
-
-class BodyUsage:
-    """Reads usage off a plain JSON response once all of it has passed."""
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self._size <= MAX_BODY_BYTES:
-            self._parts.append(chunk)
-            self._size += len(chunk)
-        return chunk
-
-    def finish(self) -> bytes:
-        if self._size <= MAX_BODY_BYTES:
-            self.tokens = tokens_of(b"".join(self._parts)) or 0
-        self._parts = []
-        return b""

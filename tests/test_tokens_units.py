@@ -9,7 +9,7 @@ import time
 import msgspec
 
 from gateway.tokens import TokenMeter, token_tick
-from gateway.usage import BodyUsage, SseUsage, ask_for_usage, tokens_of
+from gateway.usage import SseUsage, ask_for_usage, tokens_of
 from projections.endpoints import EndpointRecord, ReplicaRecord
 from projections.ledger import LEDGER, evolve
 from projections.registry import WorkerRecord
@@ -39,7 +39,7 @@ USAGE_CHUNK = _sse({"id": "c1", "choices": [], "usage": {"prompt_tokens": 9, "co
 DONE = _sse("[DONE]")[0]
 
 
-def _through(usage: SseUsage | BodyUsage, chunks: list[bytes]) -> bytes:
+def _through(usage: SseUsage, chunks: list[bytes]) -> bytes:
     return b"".join(usage.feed(c) for c in chunks) + usage.finish()
 
 
@@ -84,14 +84,6 @@ def test_continuous_usage_counts_the_last_figure_and_an_unterminated_tail_is_pas
     tail = b'data: {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}'
     assert _through(usage, [*running, tail]) == b"".join([*running, tail])
     assert usage.tokens == 11
-
-
-def test_a_plain_body_passes_unchanged_and_its_usage_is_read_at_the_end() -> None:
-    body = json.dumps({"object": "list", "data": [{"embedding": [0.1] * 8}],
-                       "usage": {"prompt_tokens": 6, "total_tokens": 6}}).encode()  # fmt: skip
-    usage = BodyUsage()
-    assert _through(usage, [body[:10], body[10:]]) == body
-    assert usage.tokens == 6
 
 
 def test_a_streaming_request_asks_for_usage_unless_the_client_did() -> None:

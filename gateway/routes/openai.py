@@ -35,10 +35,10 @@ from starlette.routing import Route
 from gateway.auth import authenticate, bearer
 from gateway.autoscaler import wake
 from gateway.errors import ApiError
-from gateway.inference import InferenceProxy, NoReplica
+from gateway.inference import InferenceProxy, NoReplica, UpstreamError
 from gateway.kernel import Kernel
 from gateway.tokens import TokenMeter
-from gateway.usage import BodyUsage, SseUsage, ask_for_usage
+from gateway.usage import SseUsage, ask_for_usage, tokens_of
 from projections import ENDPOINTS
 from projections.endpoints import EndpointRecord, ReplicaRecord, endpoint_key, ready_replicas
 
@@ -55,6 +55,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    502: "api_error",
     503: "service_unavailable",
 }
 _FORWARD_HEADERS = ("accept", "content-type")
@@ -165,11 +166,23 @@ async def forward(request: Request, path: str) -> Response:
     except NoReplica as exc:
         proxy.record(key, started, ok=False)
         return error_response(OpenAIError(503, "no_replica", f"no replica could serve the request: {exc}"))
-    ok = upstream.response.status_code < 500
+    ok = upstream.status < 500
     replica = replicas[upstream.address]
-    streamed = upstream.response.headers.get("content-type", "").startswith("text/event-stream")
-    usage = SseUsage(strip=strip_usage) if streamed else BodyUsage()
     meter: TokenMeter = request.app.state.tokens
+    headers = {**upstream.headers(), REPLICA_HEADER: str(replica.slot)}
+    if waited_s >= COLD_START_REPORT_S:  # the request waited for a replica: say how long
+        headers[COLD_START_HEADER] = f"{waited_s:.3f}"
+        log.info("%s: served after a %.2fs cold start", key, waited_s)
+    if not upstream.content_type.startswith("text/event-stream"):  # one body: one send, no chunking
+        try:
+            content = await upstream.read()
+        except UpstreamError as exc:
+            proxy.record(key, started, ok=False)
+            return error_response(OpenAIError(502, "replica_failed", f"the replica failed mid-answer: {exc}"))
+        proxy.record(key, started, ok=ok)
+        meter.add(endpoint, replica, tokens_of(content) or 0)
+        return Response(content, status_code=upstream.status, headers=headers)
+    usage = SseUsage(strip=strip_usage)
 
     async def body_then_record() -> Any:
         completed = False
@@ -184,11 +197,7 @@ async def forward(request: Request, path: str) -> Response:
             proxy.record(key, started, ok=ok and completed)
             meter.add(endpoint, replica, usage.tokens)
 
-    headers = {**upstream.headers(), REPLICA_HEADER: str(replica.slot)}
-    if waited_s >= COLD_START_REPORT_S:  # the request waited for a replica: say how long
-        headers[COLD_START_HEADER] = f"{waited_s:.3f}"
-        log.info("%s: served after a %.2fs cold start", key, waited_s)
-    return StreamingResponse(body_then_record(), status_code=upstream.response.status_code, headers=headers)
+    return StreamingResponse(body_then_record(), status_code=upstream.status, headers=headers)
 
 
 async def chat_completions(request: Request) -> Response:
