@@ -220,8 +220,11 @@ class _Calls:
         params = _params(state=state, limit=limit, after=after)
         return self._send(_Req("GET", "/v1/endpoints", Page[Endpoint], params=params))
 
-    def endpoint(self, endpoint_id: str) -> Any:
-        return self._send(_Req("GET", f"/v1/endpoints/{endpoint_id}", Endpoint))
+    def endpoint(self, endpoint_id: str, *, tenant: str | None = None) -> Any:
+        """One endpoint, with its replicas and its traffic (the operator names the tenant)."""
+        return self._send(
+            _Req("GET", f"/v1/endpoints/{endpoint_id}", Endpoint, params=_params(tenant=tenant))
+        )
 
     def scale(
         self, endpoint_id: str, *, min_replicas: int | None = None, max_replicas: int | None = None

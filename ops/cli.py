@@ -322,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    for chatty in ("httpx", "httpx2", "httpcore", "openai", "botocore", "boto3"):  # one line per request is not news
+    # one line per request is not news
+    for chatty in ("httpx", "httpx2", "httpcore", "openai", "botocore", "boto3"):
         logging.getLogger(chatty).setLevel(logging.DEBUG if args.debug else logging.WARNING)
     try:
         settings = load(env_file=_data_dir(args) / "dev.env")

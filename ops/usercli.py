@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from core.settings import read_env_file
-from gateway.client import CREDENTIALS, Client, Progress
+from gateway.client import CREDENTIALS, ApiError, Client, Progress
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -230,10 +230,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    job_id, tenant = job_ref(args.job)
+    """A job, or else the endpoint of that id (ids are unique per tenant within each kind)."""
+    ref, tenant = job_ref(args.job)
     with client(args) as rt:
-        job = rt.job(job_id, tenant=tenant)
-    show(args, job, job_detail)
+        try:
+            show(args, rt.job(ref, tenant=tenant), job_detail)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            try:
+                endpoint = rt.endpoint(ref, tenant=tenant)
+            except ApiError as missing:
+                if missing.status != 404:
+                    raise
+                raise SystemExit(f"error: no job or endpoint {args.job}") from None
+            show(args, endpoint, endpoint_detail)
     return 0
 
 
@@ -302,30 +313,51 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def traffic_text(t: Any) -> str:
+    """An endpoint's traffic through the gateway (its last 60 s) in one phrase: requests, RPS, error
+    rate and P50/P95/P99 latency, or that nothing was served."""
+    if t.requests == 0:
+        return "no requests"
+    return (
+        f"{t.requests} req, {t.rps:.2f} rps, {t.error_rate:.1%} errors, "
+        f"p50/p95/p99 {t.p50_ms:.1f}/{t.p95_ms:.1f}/{t.p99_ms:.1f} ms"
+    )
+
+
 def endpoint_line(e: Any) -> str:
     """One line per endpoint; a failed one adds why on the next line."""
     replicas = f"{e.ready_replicas}/{e.desired_replicas} ready"
-    line = f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas}  {e.model}"
-    return line + (f"\n  failed: {e.scale_reason}" if e.state == "failed" else "")
+    line = (
+        f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas:<11} {e.model}\n"
+        f"{'':<28} last 60 s: {traffic_text(e.traffic)}"
+    )
+    return line + (f"\n{'':<28} failed: {e.scale_reason}" if e.state == "failed" else "")
 
 
-def endpoint_details(e: Any) -> str:
-    """An endpoint, its replicas, and the latest replica failure with the engine's last lines."""
-    rows = [endpoint_line(e), f"  scale: {e.scale_reason or '-'}"]
-    rows += [
-        f"  replica {r.slot} on {r.worker_id}: {r.state} {r.address or r.reason}".rstrip() for r in e.replicas
+def endpoint_detail(e: Any) -> str:
+    """An endpoint, its replicas, its traffic, and the latest replica failure with the engine's last
+    lines."""
+    zero = (
+        "never to zero"
+        if e.scale_to_zero_after_s is None
+        else f"to zero after {e.scale_to_zero_after_s} s idle"
+    )
+    lines = [
+        f"endpoint {e.endpoint_id} ({e.name}, {e.model}) of {e.tenant}: {e.state}",
+        f"  replicas: {e.ready_replicas}/{e.desired_replicas} ready (min {e.min_replicas}, max "
+        f"{e.max_replicas}, target {e.target_rps_per_replica:g} rps per replica, {zero})",
     ]
+    if e.scale_reason:
+        lines.append(f"  {'failed' if e.state == 'failed' else 'last scaled'}: {e.scale_reason}")
+    for r in e.replicas:
+        where = f" at {r.address}" if r.address else ""
+        why = f": {r.reason}" if r.reason else ""
+        lines.append(f"  replica {r.slot}: {r.state} on {r.worker_id}{where} (epoch {r.epoch}){why}")
+    lines.append(f"  traffic, last 60 s: {traffic_text(e.traffic)}")
     if e.last_failure:
-        rows.append(f"  last replica failure ({e.start_failures} in a row): {e.last_failure}")
-        rows += [f"    | {line}" for line in e.last_failure_log_tail.splitlines()]
-    return "\n".join(rows)
-
-
-def cmd_endpoint(args: argparse.Namespace) -> int:
-    with client(args) as rt:
-        endpoint = rt.endpoint(args.endpoint)
-    show(args, endpoint, endpoint_details)
-    return 1 if endpoint.state == "failed" else 0
+        lines.append(f"  last replica failure ({e.start_failures} in a row): {e.last_failure}")
+        lines += [f"    | {line}" for line in e.last_failure_log_tail.splitlines()]
+    return "\n".join(lines)
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
@@ -503,18 +535,22 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--kind", choices=["process", "federated", "ddp"])
     p.add_argument("--name", help="only jobs whose name starts with this")
     p.add_argument("--limit", type=int, default=50)
+    p = user(
+        "status",
+        cmd_status,
+        "a job's state, shards, progress, checkpoint and log tail; or an "
+        "endpoint's state, replicas and traffic",
+    )
+    p.add_argument("job", metavar="ID", help="a job or endpoint id (operator: TENANT/ID)")
     for name, handler, text in (
-        ("status", cmd_status, "a job's state, shards, progress, checkpoint and log tail"),
         ("why", cmd_why, "why a job is pending, or why it runs where it runs"),
         ("cancel", cmd_cancel, "cancel a job (running shards checkpoint and stop)"),
         ("watch", cmd_watch, "follow a job live (progress, rounds, loss, checkpoints) until it ends"),
     ):
         p = user(name, handler, text)
         p.add_argument("job", help="the job id (operator: TENANT/JOB)")
-    p = user("endpoints", cmd_endpoints, "list your inference endpoints")
+    p = user("endpoints", cmd_endpoints, "list your inference endpoints, with their traffic (last 60 s)")
     p.add_argument("--limit", type=int, default=50)
-    p = user("endpoint", cmd_endpoint, "one endpoint: its replicas, and why it failed if it did")
-    p.add_argument("endpoint", help="the endpoint id")
     p = user("deploy", cmd_deploy, "deploy an endpoint from a YAML, TOML or JSON spec file")
     p.add_argument("spec", help="the endpoint spec file (fields of POST /v1/endpoints)")
     p = user("scale", cmd_scale, "change an endpoint's replica bounds")

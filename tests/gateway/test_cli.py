@@ -82,3 +82,29 @@ def test_errors_are_one_friendly_line(gateway_server: GatewayServer, tmp_path: P
     bad_yaml.write_text("name: [unclosed\n")
     broken = cli("submit", str(bad_yaml), "--url", gateway_server.url, "--key", "k", ok=False)
     assert broken.returncode != 0 and "not valid yaml" in broken.stderr and "Traceback" not in broken.stderr
+
+
+def test_endpoints_and_status_of_an_endpoint(gateway_server: GatewayServer, tmp_path: Path) -> None:
+    """The endpoint commands' shape; the figures of real traffic are checked against the API in
+    tests/gateway/test_dashboard.py (an engine serves there)."""
+    with Client(gateway_server.url, gateway_server.operator_key) as operator:
+        admin = operator.create_tenant("ep-co", "Endpoint Co").admin_key.key
+    cli = Cli(gateway_server, tmp_path / "home")
+    auth = ("--url", gateway_server.url, "--key", admin)
+    spec = tmp_path / "endpoint.yaml"
+    spec.write_text("name: chat\nmodel: HuggingFaceTB/SmolLM2-135M-Instruct\nmin_replicas: 1\n")
+    endpoint = json.loads(cli("deploy", str(spec), "--json", *auth).stdout)["endpoint_id"]
+
+    listed = cli("endpoints", *auth).stdout.splitlines()
+    assert listed[0].split()[:4] == [endpoint, "chat", "deploying", "0/1"]
+    assert listed[1].strip() == "last 60 s: no requests"
+    status = cli("status", endpoint, *auth).stdout
+    assert f"endpoint {endpoint} (chat, HuggingFaceTB/SmolLM2-135M-Instruct) of ep-co: deploying" in status
+    assert "replicas: 0/1 ready (min 1, max 1, target 10 rps per replica, never to zero)" in status
+    assert "traffic, last 60 s: no requests" in status
+    as_json = json.loads(cli("status", endpoint, "--json", *auth).stdout)
+    assert as_json["traffic"] == {
+        "requests": 0, "rps": 0.0, "error_rate": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0
+    }  # fmt: skip
+    missing = cli("status", "nothing-here", *auth, ok=False)
+    assert missing.returncode == 1 and missing.stderr.strip() == "error: no job or endpoint nothing-here"

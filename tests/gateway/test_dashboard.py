@@ -7,12 +7,17 @@ and payouts."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
-from collections.abc import AsyncIterator
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from playwright.async_api import Browser, Page, Route, WebSocketRoute, async_playwright, expect
 
@@ -26,13 +31,22 @@ from core.streams import (
     worker_subject,
 )
 from gateway.auth import new_key
+from gateway.dashboard import STATIC
 from projections import SCHEDULE
 from schemas import Gpu, Heartbeat, UsageTick, WorkerRegistered
-from schemas.endpoints import EndpointReplicaPlaced, EndpointReplicaReady
+from schemas.endpoints import (
+    EndpointFailed,
+    EndpointReplicaLost,
+    EndpointReplicaPlaced,
+    EndpointReplicaReady,
+    EndpointReplicaRevoked,
+)
 from schemas.jobs import JobFailed, JobPlaced, JobProgress, JobStarted, JobSubmitted
 from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, GpuTelemetry, Provenance
 from tests.gateway.conftest import GatewayServer, ServeGateway
+from tests.gateway.test_inference import SLOW_HOST, ST_READY_S, _engine_pid, coordinator
+from tests.support import REPO, AgentProcess, registered
 
 CHROMIUM = os.environ.get("RESONTECH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -267,7 +281,33 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
     ):
         await log.append(endpoint_subject(tenant, endpoint, event), event)
     await expect(replicas).to_contain_text("1/1 ready")
-    await expect(page.locator(f'tr[data-endpoint="{endpoint}"]')).to_contain_text("w-2 \u00b7 ready")
+    row = page.locator(f'tr[data-endpoint="{endpoint}"]')
+    where = row.locator('[data-col="where"] .replica')
+    await expect(where.locator(".state")).to_have_text("ready")
+    await expect(where).to_contain_text("w-2")
+    await expect(where.locator(".sub")).to_have_text("http://10.0.0.5:8000")
+    await expect(row.locator('[data-col="state"]')).to_have_text("serving")
+    await expect(row.locator('[data-col="requests"]')).to_have_text("0")  # nothing served yet
+    await expect(row.locator('[data-col="p99"]')).to_have_text("\u2014")
+    # Its engine fails (a reason and a log full of markup: shown as text), and the coordinator gives
+    # up: the endpoint is failed, at zero replicas, and says why with the engine's last lines.
+    why = 'exit status 1: <img src=x onerror="window.__pwned=2">'
+    tail = 'OSError: no config.json in <script>window.__pwned=3</script>'
+    gave_up = f"3 replicas failed in a row without one ready; the last: {why}"
+    for event in (
+        EndpointReplicaLost(assignment_id="r-1", epoch=1, reason=why, log_tail=tail),
+        EndpointReplicaRevoked(assignment_id="r-1", worker_id="w-2", slot=0, epoch=1, reason=why),
+        EndpointFailed(reason=gave_up, log_tail=tail),
+    ):
+        await log.append(endpoint_subject(tenant, endpoint, event), event)
+    await expect(row.locator('[data-col="state"] .state')).to_have_text("failed")
+    await expect(row.locator('[data-col="why"]')).to_have_text(gave_up)
+    engine_log = row.locator('[data-col="engine-log"]')
+    await engine_log.locator("summary").click()
+    await expect(engine_log.locator("pre")).to_have_text(tail)
+    await expect(replicas).to_contain_text("0/0 ready")
+    assert await page.evaluate("window.__pwned === undefined")
+    assert await page.locator("#endpoints-table img").count() == 0
     await page.screenshot(path=str(tmp_path / "dashboard-endpoints.png"))
 
     # Billing: metered usage, the month's invoice and its lines.
@@ -387,6 +427,119 @@ async def test_the_operator_picks_a_tenant_and_pages_through_a_thousand_jobs(
     assert dashboard.errors == []
 
 
+def ms(value: float) -> str:
+    """A latency as the page shows it (dom.js ``fmt.ms``)."""
+    if value < 10:
+        return f"{value:.1f} ms"
+    return f"{round(value)} ms" if value < 1000 else f"{value / 1000:.2f} s"
+
+
+async def check_cli(server: GatewayServer, key: str, endpoint: str, tmp_path: Path) -> None:
+    """``resontech endpoints`` and ``status`` show the API's traffic figures; ``--json`` all of them."""
+    body = (await server.request("GET", f"/v1/endpoints/{endpoint}", key)).json()
+    traffic = body["traffic"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "home"), RESONTECH_DATA_DIR=str(tmp_path / "no-stack"))
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.cli", *argv, "--url", server.url, "--key", key],
+            capture_output=True, text=True, timeout=60, cwd=REPO, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed, status, as_json = await asyncio.gather(
+        asyncio.to_thread(run, "endpoints"),
+        asyncio.to_thread(run, "status", endpoint),
+        asyncio.to_thread(run, "status", endpoint, "--json"),
+    )
+    rps = re.compile(r", [0-9.]+ rps,")  # requests per second drifts as time passes: not compared
+    figures = rps.sub(
+        ", rps,",
+        f"{traffic['requests']} req, {traffic['rps']:.2f} rps, {traffic['error_rate']:.1%} errors, "
+        f"p50/p95/p99 {traffic['p50_ms']:.1f}/{traffic['p95_ms']:.1f}/{traffic['p99_ms']:.1f} ms",
+    )
+    assert f"last 60 s: {figures}" in rps.sub(", rps,", listed), listed
+    assert f"endpoint {endpoint} (minilm, all-MiniLM-L6-v2) of {body['tenant']}: " in status
+    assert f"traffic, last 60 s: {figures}" in rps.sub(", rps,", status), status
+    shown = json.loads(as_json)["traffic"]
+    assert {k: v for k, v in shown.items() if k != "rps"} == {k: v for k, v in traffic.items() if k != "rps"}
+
+
+@pytest.mark.slow
+async def test_an_endpoint_serving_traffic_shows_its_figures_live_in_the_page_and_the_cli(
+    log: EventLog,
+    agents: Callable[..., AgentProcess],
+    gateway_server: GatewayServer,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    """Real traffic: a real agent serves all-MiniLM-L6-v2 (the ``engine: cpu`` sentence-transformers
+    engine, ready in seconds), the official openai client calls it through the gateway, and an
+    engine killed under a paused agent makes one request fail for real (503: no replica left)."""
+    server = gateway_server
+    agent = agents("d1", *SLOW_HOST)
+    await registered(log, agent)
+    _, key = await server.tenant()
+    async with coordinator(log):
+        spec = {"name": "minilm", "model": "all-MiniLM-L6-v2", "engine": "cpu", "min_replicas": 1}
+        deployed = await server.request("POST", "/v1/endpoints", key, json=spec)
+        assert deployed.status_code == 201, deployed.text
+        endpoint = deployed.json()["endpoint_id"]
+        dashboard = await open_dashboard(browser, server)
+        page = dashboard.page
+        await dashboard.sign_in(key)
+        await page.click('#tabs button[data-tab="endpoints"]')
+        row = page.locator(f'tr[data-endpoint="{endpoint}"]')
+
+        def cell(column: str) -> Any:
+            return row.locator(f'[data-col="{column}"]')
+
+        await expect(cell("requests")).to_have_text("0")
+        # The replica becomes ready: the page hears it on the feed.
+        await expect(cell("replicas")).to_contain_text("1/1 ready", timeout=ST_READY_S * 1000)
+        await expect(cell("state")).to_have_text("serving")
+        [replica] = (await server.request("GET", f"/v1/endpoints/{endpoint}", key)).json()["replicas"]
+        await expect(cell("where").locator(".sub")).to_have_text(replica["address"])
+
+        # Traffic (not an event): the open view re-reads it every 5 s.
+        api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=120.0)
+        for i in range(5):
+            await api.embeddings.create(model="minilm", input=f"sentence number {i}")
+        await expect(cell("requests")).to_have_text("5", timeout=20_000)
+        traffic = (await server.request("GET", f"/v1/endpoints/{endpoint}", key)).json()["traffic"]
+        assert traffic["requests"] == 5 and traffic["error_rate"] == 0
+        for q in ("p50", "p95", "p99"):
+            await expect(cell(q)).to_have_text(ms(traffic[f"{q}_ms"]))
+            await expect(cell(q)).to_have_attribute("title", re.compile(r"^[0-9.]+ ms$"))
+        await expect(cell("errors")).to_have_text("0%")
+        assert 0 < float(await cell("rps").inner_text()) <= 5
+        await page.screenshot(path=str(tmp_path / "dashboard-traffic.png"))
+
+        # A failure: the engine dies while its agent is paused (nothing has reported it lost yet),
+        # so the gateway has no replica left for the next request and answers 503.
+        engine = _engine_pid([replica["address"]])
+        assert agent.proc is not None
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            os.kill(engine, signal.SIGKILL)
+            with pytest.raises(openai.APIStatusError) as failed:
+                await api.embeddings.create(model="minilm", input="nobody answers")
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        assert failed.value.status_code == 503
+        await expect(cell("requests")).to_have_text("6", timeout=20_000)
+        await expect(cell("errors")).to_have_text("16.7%")
+        traffic = (await server.request("GET", f"/v1/endpoints/{endpoint}", key)).json()["traffic"]
+        assert traffic["requests"] == 6 and traffic["error_rate"] == 1 / 6
+        # The CLI shows the same figures (checked while all six requests are in the 60 s window).
+        await check_cli(server, key, endpoint, tmp_path)
+        # The agent, running again, reports the replica lost: the page hears it on the feed.
+        await expect(cell("replicas")).to_contain_text("0/1 ready", timeout=30_000)
+    assert dashboard.errors == []
+
+
 async def provider_key(log: EventLog, server: GatewayServer, provider: str) -> str:
     created = ProviderCreated(display_name=provider, created_by="operator")
     await log.append(provider_subject(provider, created), created)
@@ -474,13 +627,14 @@ async def test_the_page_and_its_files_are_served_locked_down(gateway_server: Gat
     assert (
         await client.get("/ui/app.js", headers={"If-None-Match": script.headers["etag"]})
     ).status_code == 304
-    for name in ("dom.js", "api.js", "feed.js", "jobs.js", "tenant.js", "provider.js", "style.css"):
+    names = sorted(path.name for path in STATIC.glob("*.js"))  # every script, so each is checked below
+    assert {"app.js", "table.js", "endpoints.js"} <= set(names)
+    for name in (*names, "style.css"):
         assert (await client.get(f"/ui/{name}")).status_code == 200, name
     for missing in ("/ui/__init__.py", "/ui/index.html", "/ui/..%2F__init__.py", "/ui/nope.js"):
         response = await client.get(missing)
         assert response.status_code == 404, missing
         assert response.json()["error"]["code"] == "not_found"
-    names = ("app.js", "dom.js", "jobs.js", "tenant.js", "provider.js")
     scripts = "".join([(await client.get(f"/ui/{name}")).text for name in names])
     assert not re.search(r"\.(innerHTML|outerHTML|insertAdjacentHTML)|document\.write", scripts)
     document = (await client.get("/openapi.json")).json()

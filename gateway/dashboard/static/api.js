@@ -4,6 +4,7 @@
 
 const KEY_STORE = 'resontech.key';
 const TENANT_STORE = 'resontech.tenant';
+const TIMEOUT_MS = 30_000; // no request hangs a view (a poll waits for the one before it)
 
 /** The signed-in caller. key: the API key; me: GET /v1/me; tenant: the tenant the views act on (a
  * tenant key's own, the operator's pick). */
@@ -59,8 +60,12 @@ export async function api(path, {method = 'GET', query = {}, scope = null} = {})
       method,
       headers: {Authorization: `Bearer ${session.key}`, Accept: 'application/json'},
       cache: 'no-store',
+      signal: AbortSignal.timeout(TIMEOUT_MS),
     });
-  } catch {
+  } catch (error) {
+    if (error.name === 'TimeoutError') {
+      throw new ApiError(0, 'timeout', `the gateway did not answer ${method} ${url.pathname} within ${TIMEOUT_MS / 1000} s; retry`);
+    }
     throw new ApiError(0, 'unreachable', 'cannot reach the gateway: check that it is running, then retry');
   }
   if (response.status === 204) return null;

@@ -14,7 +14,8 @@ import {$, banner, h, report} from './dom.js';
 import {api, session} from './api.js';
 import {Feed, indicate} from './feed.js';
 import {jobs} from './jobs.js';
-import {billing, endpoints} from './tenant.js';
+import {billing} from './billing.js';
+import {endpoints} from './endpoints.js';
 import {payouts, workers} from './provider.js';
 
 const TABS = {

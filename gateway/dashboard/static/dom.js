@@ -38,6 +38,12 @@ export const fmt = {
   pct: (x) => (x == null ? dash : `${Math.round(x)}%`),
   hours: (seconds) => (seconds / 3600).toFixed(seconds < 36 ? 4 : 2),
   int: (x) => (x == null ? dash : Number(x).toLocaleString('en-US')),
+  /** Per second: two decimals below 10, one below 100. */
+  rate: (x) => (x < 10 ? x.toFixed(2) : x < 100 ? x.toFixed(1) : Math.round(x).toLocaleString('en-US')),
+  /** A fraction as a percentage with one decimal ("0%" when none). */
+  share: (x) => (x ? `${(x * 100).toFixed(1)}%` : '0%'),
+  /** Milliseconds: one decimal below 10 ms, whole below a second, then seconds. */
+  ms: (x) => (x < 10 ? `${x.toFixed(1)} ms` : x < 1000 ? `${Math.round(x)} ms` : `${(x / 1000).toFixed(2)} s`),
   mb: (x) => (x == null ? dash : x >= 1024 ? `${(x / 1024).toFixed(1)} GiB` : `${x} MiB`),
   /** {micros, usd}: dollars with at least two decimals, trailing zeros dropped (exact: the API's
    * decimal string, never a float). */

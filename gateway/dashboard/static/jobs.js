@@ -7,12 +7,11 @@
 // event re-reads the job from the API, which has the authoritative state, assignments and why it
 // waits. A telemetry message gives the GPU utilisation of the workers running the job.
 
-import {$, badge, dash, fmt, h, listFooter, report, timeCell} from './dom.js';
-import {Refresher, api, session} from './api.js';
+import {$, badge, dash, fmt, h, report, timeCell} from './dom.js';
+import {api, session} from './api.js';
+import {LiveList, miniTable} from './table.js';
 
-const PAGE = 100;
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
-const tbody = () => $('jobs-table').tBodies[0];
 
 /** Whether a progress event comes from the job's current placement (mirrors the reducer's fence). */
 export function current(job, event) {
@@ -67,22 +66,26 @@ function summary(event) {
 }
 
 export const jobs = {
-  rows: new Map(), // job_id -> {job, tr}
-  next: null,
-  generation: 0,
-  loading: false,
-  queued: [],
-  fresh: new Set(), // announced by job.submitted, not yet in the table
   gpu: new Map(), // job_id -> Map(worker -> mean GPU utilisation)
   detail: null, // {id, job, events: Set(seq), next, loading, live: []}
 
   init() {
-    this.refresher = new Refresher(
-      (id) => api(`/v1/jobs/${encodeURIComponent(id)}`, {scope: 'tenant'}),
-      (id, job) => this.apply(id, job),
-      report,
-    );
-    $('jobs-more').addEventListener('click', () => this.loadPage());
+    this.list = new LiveList({
+      name: 'jobs',
+      noun: 'job',
+      key: (job) => job.job_id,
+      page: (after, limit) => api('/v1/jobs', {scope: 'tenant', query: {...this.filter(), limit, after}}),
+      one: (id) => api(`/v1/jobs/${encodeURIComponent(id)}`, {scope: 'tenant'}),
+      render: (job, tr) => this.render(job, tr),
+      handle: (m) => this.handle(m),
+      keeps: (job) => this.matches(job),
+      pick: (id) => this.open(id),
+      applied: (id, job) => {
+        if (this.detail?.id === id && job != null) this.showJob(job);
+      },
+      onError: report,
+    });
+    $('jobs-more').addEventListener('click', () => this.list.loadPage());
     $('jobs-state').addEventListener('change', () => this.reload());
     let typing = null;
     $('jobs-prefix').addEventListener('input', () => {
@@ -101,69 +104,33 @@ export const jobs = {
   },
 
   reset() {
-    this.generation += 1;
-    this.refresher.reset();
-    this.rows.clear();
+    this.list.reset();
     this.gpu.clear();
-    this.next = null;
-    this.queued = [];
-    this.fresh.clear();
-    this.loading = false;
-    tbody().replaceChildren();
     this.close();
-    $('jobs-count').textContent = '';
-    listFooter('jobs', 1, null);
   },
 
   async reload() {
     this.reset();
-    await this.loadPage();
+    await this.list.loadPage();
   },
 
-  async loadPage() {
-    const generation = this.generation;
-    this.loading = true;
-    $('jobs-more').disabled = true;
-    try {
-      const page = await api('/v1/jobs', {scope: 'tenant', query: {...this.filter(), limit: PAGE, after: this.next}});
-      if (generation !== this.generation) return;
-      for (const job of page.items) if (!this.rows.has(job.job_id)) this.put(job, false);
-      this.next = page.next || null;
-    } catch (error) {
-      if (generation === this.generation) report(error);
-    } finally {
-      if (generation === this.generation) {
-        this.loading = false;
-        $('jobs-more').disabled = false;
-        for (const m of this.queued.splice(0)) this.message(m);
-        this.footer();
-      }
-    }
-  },
-
-  footer() {
-    listFooter('jobs', this.rows.size, this.next);
-    const n = this.rows.size;
-    $('jobs-count').textContent = n ? `${fmt.int(n)} job${n === 1 ? '' : 's'} shown${this.next ? ', more below' : ''}` : '';
-  },
-
-  /** A message of the feed (queued while a page loads, so that none falls between list and feed). */
+  /** A message of the feed (the list holds it back while a page loads). */
   message(m) {
-    if (this.loading) {
-      this.queued.push(m);
-      return;
-    }
+    this.list.message(m);
+  },
+
+  handle(m) {
     if (m.kind === 'telemetry') {
       this.telemetry(m);
       return;
     }
     const id = m.job;
-    const row = this.rows.get(id);
-    if (m.kind === 'job.progress' && row && !this.refresher.busy(id)) {
-      if (current(row.job, m.event)) this.apply(id, withProgress(row.job, m.event));
-    } else if (row || this.fresh.has(id) || m.kind === 'job.submitted' || this.detail?.id === id) {
-      if (!row && m.kind === 'job.submitted') this.fresh.add(id); // new since the list was read: goes on top
-      this.refresher.request(id); // while the new row's first read is in flight, this reads it again
+    const job = this.list.item(id);
+    if (m.kind === 'job.progress' && job && !this.list.busy(id)) {
+      if (current(job, m.event)) this.list.apply(id, withProgress(job, m.event));
+    } else if (this.list.has(id) || m.kind === 'job.submitted' || this.detail?.id === id) {
+      // new since the list was read: goes on top; while its first read is in flight, read it again
+      this.list.changed(id, m.kind === 'job.submitted');
     }
     if (this.detail?.id === id) this.liveEvent(m);
   },
@@ -174,39 +141,8 @@ export const jobs = {
     for (const id of m.jobs || []) {
       if (!this.gpu.has(id)) this.gpu.set(id, new Map());
       this.gpu.get(id).set(m.worker, mean);
-      const row = this.rows.get(id);
-      if (row) this.render(row, false);
+      this.list.redraw(id);
     }
-  },
-
-  /** The job as the API (or a progress event) says it is now; null when it is gone. */
-  apply(id, job) {
-    const row = this.rows.get(id);
-    if (job == null || !this.matches(job)) {
-      if (row) {
-        row.tr.remove();
-        this.rows.delete(id);
-        this.footer();
-      }
-    } else if (row) {
-      row.job = job;
-      this.render(row, true);
-    } else if (this.fresh.has(id)) {
-      this.put(job, true);
-      this.footer();
-    }
-    this.fresh.delete(id);
-    if (this.detail?.id === id && job != null) this.showJob(job);
-  },
-
-  put(job, newest) {
-    const row = {job, tr: h('tr', {class: 'pick', tabindex: 0, dataset: {job: job.job_id}})};
-    row.tr.addEventListener('click', () => this.open(job.job_id));
-    row.tr.addEventListener('keydown', (e) => e.key === 'Enter' && this.open(job.job_id));
-    this.rows.set(job.job_id, row);
-    this.render(row, newest);
-    if (newest) tbody().prepend(row.tr);
-    else tbody().append(row.tr);
   },
 
   gpuUtil(job) {
@@ -216,11 +152,10 @@ export const jobs = {
     return job.progress?.gpu_util_pct ?? null;
   },
 
-  render(row, flash) {
-    const job = row.job;
+  render(job, tr) {
     const workers = job.assignments.map((a) => a.worker_id);
     const waiting = job.state === 'queued' ? job.pending_reason : job.state === 'failed' ? job.failure_reason : '';
-    row.tr.replaceChildren(
+    tr.replaceChildren(
       h('td', {}, h('span', {}, job.name), h('span', {class: 'sub'}, job.job_id)),
       h('td', {class: 'nowrap', dataset: {col: 'state'}}, badge(job.state)),
       h('td', {dataset: {col: 'progress'}}, progressText(job.progress, job)),
@@ -235,18 +170,12 @@ export const jobs = {
       timeCell(job.submitted_at),
       h('td', {class: 'reason', dataset: {col: 'reason'}}, waiting || ''),
     );
-    row.tr.classList.toggle('selected', this.detail?.id === job.job_id);
-    if (flash) {
-      row.tr.classList.remove('updated');
-      void row.tr.offsetWidth; // restart the highlight animation
-      row.tr.classList.add('updated');
-    }
   },
 
   // -- the detail panel ------------------------------------------------------------------------
 
   open(id) {
-    for (const row of this.rows.values()) row.tr.classList.toggle('selected', row.job.job_id === id);
+    this.list.select(id);
     const panel = $('job-detail');
     this.detail = {id, events: new Set(), next: null, loading: false, live: [], armed: null};
     const cancel = h('button', {class: 'danger', type: 'button', id: 'job-cancel', hidden: true}, 'Cancel job');
@@ -255,20 +184,18 @@ export const jobs = {
     more.addEventListener('click', () => this.loadEvents());
     panel.replaceChildren(
       h('header', {},
-        h('h2', {id: 'job-title'}, this.rows.get(id)?.job.name || id),
+        h('h2', {id: 'job-title'}, this.list.item(id)?.name || id),
         h('button', {class: 'quiet', type: 'button', 'aria-label': 'close', onclick: () => this.close()}, '\u00d7')),
       h('div', {class: 'actions'}, cancel),
       h('div', {id: 'job-summary'}),
       h('h3', {}, 'Events'),
-      h('table', {class: 'mini', id: 'job-events'},
-        h('thead', {}, h('tr', {}, h('th', {}, 'Seq'), h('th', {}, 'Time'), h('th', {}, 'Type'), h('th', {}, 'Body'))),
-        h('tbody')),
+      miniTable(['Seq', 'Time', 'Type', 'Body'], [], {id: 'job-events'}),
       more,
     );
     panel.hidden = false;
-    const row = this.rows.get(id);
-    if (row) this.showJob(row.job);
-    this.refresher.request(id); // the list's copy has no "why": read the job itself
+    const job = this.list.item(id);
+    if (job) this.showJob(job);
+    this.list.changed(id); // the list's copy has no "why": read the job itself
     this.loadEvents();
   },
 
@@ -276,7 +203,7 @@ export const jobs = {
     this.detail = null;
     $('job-detail').hidden = true;
     $('job-detail').replaceChildren();
-    for (const row of this.rows.values()) row.tr.classList.remove('selected');
+    this.list.select(null);
   },
 
   showJob(job) {
@@ -311,11 +238,9 @@ export const jobs = {
     ];
     if (job.why?.length) parts.push(h('h3', {}, 'Why'), h('ul', {class: 'why'}, job.why.map((line) => h('li', {}, line))));
     if (job.assignments.length) {
-      parts.push(h('h3', {}, 'Assignments'), h('table', {class: 'mini'},
-        h('thead', {}, h('tr', {}, ['Shard', 'Worker', 'Epoch', 'GPUs', 'State'].map((t) => h('th', {}, t)))),
-        h('tbody', {}, job.assignments.map((a) => h('tr', {},
-          h('td', {}, a.slot), h('td', {}, h('code', {}, a.worker_id)), h('td', {}, a.epoch), h('td', {}, a.gpus),
-          h('td', {}, a.done ? 'done' : a.started ? 'started' : 'placed'))))));
+      parts.push(h('h3', {}, 'Assignments'), miniTable(['Shard', 'Worker', 'Epoch', 'GPUs', 'State'],
+        job.assignments.map((a) => [a.slot, h('code', {}, a.worker_id), a.epoch, a.gpus,
+          a.done ? 'done' : a.started ? 'started' : 'placed'])));
     }
     if (job.log_tail) parts.push(h('h3', {}, 'Log tail'), h('pre', {class: 'log'}, job.log_tail));
     $('job-summary').replaceChildren(...parts);
@@ -339,7 +264,7 @@ export const jobs = {
     button.disabled = true;
     try {
       const job = await api(`/v1/jobs/${encodeURIComponent(d.id)}/cancel`, {method: 'POST', scope: 'tenant'});
-      this.apply(d.id, job);
+      this.list.apply(d.id, job);
     } catch (error) {
       report(error);
     } finally {

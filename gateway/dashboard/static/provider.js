@@ -5,6 +5,7 @@
 
 import {$, badge, dash, fmt, h, listFooter, report} from './dom.js';
 import {api, session} from './api.js';
+import {miniTable} from './table.js';
 
 const PAGE = 100;
 const MAX_PAGE = 500;
@@ -136,20 +137,18 @@ export const workers = {
           `memory ${fmt.mb(t.memory_used_mb)}` : 'never')),
     ];
     if (t?.gpus.length) {
-      parts.push(h('h3', {}, 'GPUs'), h('table', {class: 'mini', id: 'worker-gpus'},
-        h('thead', {}, h('tr', {}, ['GPU', 'Util', 'Memory', 'Temp', 'Power', 'ECC', 'Xid'].map((x) => h('th', {}, x)))),
-        h('tbody', {}, t.gpus.map((g) => h('tr', {},
-          h('td', {}, `${g.index} ${model.get(g.index)?.model || ''}`), h('td', {dataset: {col: 'util'}}, fmt.pct(g.util_pct)),
-          h('td', {}, `${fmt.mb(g.mem_used_mb)} / ${fmt.mb(model.get(g.index)?.vram_total_mb)}`),
-          h('td', {}, g.temp_c == null ? dash : `${g.temp_c} \u00b0C`), h('td', {}, g.power_w == null ? dash : `${g.power_w} W`),
-          h('td', {}, g.ecc_errors ?? dash), h('td', {}, g.xid_errors ?? dash))))));
+      parts.push(h('h3', {}, 'GPUs'), miniTable(['GPU', 'Util', 'Memory', 'Temp', 'Power', 'ECC', 'Xid'],
+        t.gpus.map((g) => [
+          `${g.index} ${model.get(g.index)?.model || ''}`, h('td', {dataset: {col: 'util'}}, fmt.pct(g.util_pct)),
+          `${fmt.mb(g.mem_used_mb)} / ${fmt.mb(model.get(g.index)?.vram_total_mb)}`,
+          g.temp_c == null ? dash : `${g.temp_c} \u00b0C`, g.power_w == null ? dash : `${g.power_w} W`,
+          g.ecc_errors ?? dash, g.xid_errors ?? dash]),
+        {id: 'worker-gpus'}));
     }
     if (w.work.length) {
-      parts.push(h('h3', {}, 'Work'), h('table', {class: 'mini'},
-        h('thead', {}, h('tr', {}, ['Work', 'Kind', 'Slot', 'GPUs', 'State'].map((x) => h('th', {}, x)))),
-        h('tbody', {}, w.work.map((x) => h('tr', {},
-          h('td', {}, h('code', {}, x.work_id), x.tenant ? h('span', {class: 'sub'}, x.tenant) : null),
-          h('td', {}, x.kind), h('td', {}, x.slot), h('td', {}, x.gpus), h('td', {}, x.state))))));
+      parts.push(h('h3', {}, 'Work'), miniTable(['Work', 'Kind', 'Slot', 'GPUs', 'State'],
+        w.work.map((x) => [[h('code', {}, x.work_id), x.tenant ? h('span', {class: 'sub'}, x.tenant) : null],
+          x.kind, x.slot, x.gpus, x.state])));
     }
     $('worker-detail').replaceChildren(...parts);
     $('worker-detail').hidden = false;
