@@ -292,7 +292,7 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
     # Its engine fails (a reason and a log full of markup: shown as text), and the coordinator gives
     # up: the endpoint is failed, at zero replicas, and says why with the engine's last lines.
     why = 'exit status 1: <img src=x onerror="window.__pwned=2">'
-    tail = 'OSError: no config.json in <script>window.__pwned=3</script>'
+    tail = "OSError: no config.json in <script>window.__pwned=3</script>"
     gave_up = f"3 replicas failed in a row without one ready; the last: {why}"
     for event in (
         EndpointReplicaLost(assignment_id="r-1", epoch=1, reason=why, log_tail=tail),
