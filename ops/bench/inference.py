@@ -7,8 +7,8 @@ engine (``engine: cpu``) by default, or with ``--chat`` SmolLM2-135M-Instruct on
 * **Overhead.** ``--requests`` small requests one at a time, alternating between the replica's own
   address (the baseline, same run) and the gateway; ``overhead_p50_ms`` / ``overhead_p99_ms`` are the
   differences of the percentiles (the p99 difference is within the replica's own jitter on a shared
-  host, and can come out negative: both p99s are printed), ``throughput_ratio`` is the gateway's sequential request rate over
-  the direct one.
+  host, and can come out negative: both p99s are printed), ``throughput_ratio`` is the gateway's
+  sequential request rate over the direct one.
 * **Cold start.** The endpoint scales to zero after 10 idle seconds; then one request: the time from
   sending it to its complete answer (the first token, for an embedding) is ``cold_start_s``, and the
   gateway's ``x-resontech-cold-start-s`` header says how much of it was waiting for a replica.
