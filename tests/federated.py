@@ -64,6 +64,15 @@ def upload_example(settings: Settings, example: str, name: str, tmp: Path, *extr
         client.upload_file(str(path), bucket, f"jobs/{name}/init/{path.name}")
 
 
+def upload_folder(settings: Settings, folder: Path, prefix: str) -> None:
+    """Put every file under ``folder`` in the tenant's workspace under ``prefix``."""
+    client = s3(settings)
+    provision(client, bucket_for(TENANT))
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            client.upload_file(str(path), bucket_for(TENANT), prefix + path.relative_to(folder).as_posix())
+
+
 async def submit(
     log: EventLog,
     name: str,
@@ -75,7 +84,11 @@ async def submit(
     args: list[str] | None = None,
     job_id: str | None = None,
     initial_model: str | None = None,
+    job_folder: str | None = None,
+    persistor: str | None = None,
+    cpus: float = 1.0,
 ) -> str:
+    """Submit a federated job whose script is ``jobs/<name>/scripts/train.py`` (or ``job_folder``)."""
     job_id = job_id or name
     event = JobSubmitted(
         name=name,
@@ -83,12 +96,14 @@ async def submit(
         shards=shards,
         rounds=rounds,
         local_epochs=local_epochs,
-        resources=JobResources(),
+        resources=JobResources(cpus=cpus),
         federated=FederatedTraining(
-            script=f"jobs/{name}/scripts/train.py",
+            script="" if job_folder else f"jobs/{name}/scripts/train.py",
             args=args or [],
             framework=framework,  # type: ignore[arg-type]
             initial_model=initial_model,
+            job_folder=job_folder,
+            persistor=persistor,
         ),
     )
     await log.append(job_subject(TENANT, job_id, event), event, event_id=f"submit-{job_id}")

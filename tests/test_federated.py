@@ -33,7 +33,17 @@ from schemas import (
     JobProgress,
     JobRoundCompleted,
 )
-from tests.federated import TENANT, kernel, read_object, s3, submit, upload, upload_example
+from tests.federated import (
+    EXAMPLES,
+    TENANT,
+    kernel,
+    read_object,
+    s3,
+    submit,
+    upload,
+    upload_example,
+    upload_folder,
+)
 from tests.support import AgentProcess, of, records, registered, until
 
 pytestmark = pytest.mark.slow
@@ -302,3 +312,45 @@ async def test_a_cancelled_federated_job_stops_its_clients_and_server_and_delete
         await all_stopped(found, "np-cancel")
         await until(lambda: not kits_left(settings, "np-cancel"), "the kits deleted")
     assert not of(await records(log, "JOBS"), JobCompleted)
+
+
+async def test_a_tenants_nvflare_job_folder_runs_on_the_jobs_sites_and_a_broken_one_fails_naming_why(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "jf", tmp_path)  # its shards
+    upload_folder(settings, EXAMPLES / "fedavg-jobfolder" / "flare", "jobs/jf/flare/")
+    upload_folder(settings, EXAMPLES / "fedavg-jobfolder" / "flare", "jobs/jf/three/")
+    three = {"deploy_map": {"app_server": ["server"], "app_client": ["a", "b", "c"]}}
+    upload(settings, "jobs/jf/three/meta.json", json.dumps(three).encode())
+    await registered(log, agents("jf-a", *HEARTBEAT))
+    await registered(log, agents("jf-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "jf", job_id="jf-bad", rounds=2, job_folder="jobs/jf/three/")
+        await submit(log, "jf", rounds=2, local_epochs=3, job_folder="jobs/jf/flare/")
+        bad = await wait_for(log, JobFailed, "jf-bad failed", subjects="job.acme.jf-bad.>")
+        found = await wait_for(log, JobCompleted, "job.completed", subjects="job.acme.jf.>")
+        await all_stopped(found, "jf")
+    [failed] = of(bad, JobFailed)
+    assert failed.reason == (
+        "federation failed: job folder jobs/jf/three/: the deploy_map names 3 clients (a, b, c) but the job "
+        "has 2 shards (site-1, site-2): ask for more shards or name fewer clients"
+    )
+    assert not of(bad, JobFederationReady)  # it failed before an FL server started
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [ready] = of(found, JobFederationReady)
+    assert ready.sites == ["site-1", "site-2"]  # its hospital-a and hospital-b
+    [run] = of(found, JobFederationRun)
+    assert (run.first_round, run.rounds) == (1, 2)  # the folder's num_rounds (5) gave way to the spec's
+    rounds = of(found, JobRoundCompleted)
+    assert [r.round for r in rounds] == [1, 2] and all(set(r.metrics) == {"loss"} for r in rounds)
+    assert [c.object_key for c in of(found, JobCheckpointed)] == [
+        "jobs/jf/model_out/rounds/round-00001.npz",
+        "jobs/jf/model_out/rounds/round-00002.npz",
+    ]
+    # ScatterAndGather with NVFlare's weighted aggregator computes the same FedAvg as the kernel's.
+    with np.load(io.BytesIO(read_object(settings, "jobs/jf/model_out/model.npz"))) as model:
+        w, b = fedavg_by_hand(tmp_path / "jf-shards", rounds=2, epochs=3, lr=0.1)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+    metrics = json.loads(read_object(settings, "jobs/jf/files_out/metrics.json"))["rounds"]
+    assert [(r["round"], r["clients"]) for r in metrics] == [(1, 2), (2, 2)]
