@@ -115,9 +115,10 @@ class Kernel:
     ``resontech federation``), as the dev stack runs them: NVFlare's admin client threads must not
     share an event loop (and a GIL) with the coordinator's lost-worker detection."""
 
-    def __init__(self, settings: Settings, data_dir: Path) -> None:
+    def __init__(self, settings: Settings, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        self.env.update(env or {})
         self.env.update(
             RESONTECH_NATS_URL=settings.nats_url,
             RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
@@ -139,6 +140,12 @@ class Kernel:
                 [sys.executable, "-m", "ops.cli", service], cwd=REPO, env=self.env, stdout=out, stderr=out
             )
 
+    def kill(self, service: str) -> None:
+        """SIGKILL a service (what it started in sessions of their own lives on)."""
+        proc = self.procs.pop(service)
+        proc.kill()
+        proc.wait()
+
     def stop(self, service: str) -> None:
         proc = self.procs.pop(service)
         proc.send_signal(signal.SIGTERM)
@@ -154,9 +161,10 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def kernel(settings: Settings, data_dir: Path) -> Iterator[Kernel]:
-    """A coordinator and a federation service running until the block ends."""
-    k = Kernel(settings, data_dir)
+def kernel(settings: Settings, data_dir: Path, env: dict[str, str] | None = None) -> Iterator[Kernel]:
+    """A coordinator and a federation service running until the block ends (``env``: more of their
+    environment)."""
+    k = Kernel(settings, data_dir, env)
     k.start("coordinator")
     k.start("federation")
     try:

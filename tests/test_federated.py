@@ -65,14 +65,16 @@ async def wait_for(
     raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
 
 
-def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tuple[np.ndarray, np.ndarray]:
+def fedavg_by_hand(
+    shards: Path, *, rounds: int, epochs: int, lr: float, w0: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """What the example's FedAvg computes, without NVFlare: each site's gradient descent from the global
-    model, then the average weighted by sample count."""
+    model (at first every weight ``w0``, the bias 0), then the average weighted by sample count."""
     sites = []
     for path in sorted(shards.glob("shard-*.zip")):
         with zipfile.ZipFile(path) as archive, np.load(io.BytesIO(archive.read("data.npz"))) as data:
             sites.append((data["x"], data["y"]))
-    w, b = np.zeros(sites[0][0].shape[1]), np.zeros(1)
+    w, b = np.full(sites[0][0].shape[1], w0), np.zeros(1)
     for _ in range(rounds):
         results = []
         for x, y in sites:
@@ -354,3 +356,59 @@ async def test_a_tenants_nvflare_job_folder_runs_on_the_jobs_sites_and_a_broken_
         np.testing.assert_allclose(model["b"], b, rtol=1e-6)
     metrics = json.loads(read_object(settings, "jobs/jf/files_out/metrics.json"))["rounds"]
     assert [(r["round"], r["clients"]) for r in metrics] == [(1, 2), (2, 2)]
+
+
+PERSISTOR = """
+import json, os
+import numpy as np
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.abstract.model_persistor import ModelPersistor
+
+
+class HalfPersistor(ModelPersistor):
+    \"\"\"Starts from weights of 0.5; notes where it runs and every model it is handed.\"\"\"
+
+    def load_model(self, fl_ctx):
+        with open("persistor-env.json", "w") as out:
+            json.dump({"env": dict(os.environ), "cwd": os.getcwd()}, out)
+        return make_model_learnable({"w": np.full(3, 0.5), "b": np.zeros(1)}, {})
+
+    def save_model(self, model, fl_ctx):
+        with open("persistor-saves.jsonl", "a") as out:
+            out.write(json.dumps({"w": np.asarray(model["weights"]["w"]).tolist()}) + "\\n")
+"""
+
+
+async def test_a_tenant_persistor_starts_the_model_and_keeps_every_round_in_a_clean_environment(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-keep", tmp_path)
+    upload(settings, "jobs/np-keep/scripts/persistor.py", PERSISTOR.encode())
+    await registered(log, agents("pe-a", *HEARTBEAT))
+    await registered(log, agents("pe-b", *HEARTBEAT))
+    secrets = {"AWS_SECRET_ACCESS_KEY": "kernel-secret", "NATS_TOKEN": "kernel-secret"}
+    with kernel(settings, tmp_path / "kernel", env=secrets) as k:
+        persistor = "jobs/np-keep/scripts/persistor.py:HalfPersistor"
+        await submit(log, "np-keep", rounds=2, local_epochs=3, args=["--lr", "0.1"], persistor=persistor)
+        found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "np-keep")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    assert [c.round for c in of(found, JobCheckpointed)] == [1, 2]
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-keep/model_out/model.npz"))) as model:
+        w, b = fedavg_by_hand(tmp_path / "np-keep-shards", rounds=2, epochs=3, lr=0.1, w0=0.5)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)  # it started from the persistor's model
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+        final_w = model["w"]
+    # The tenant's code ran in the FL server's run process: in the job's own directory, with none of
+    # the kernel's credentials in its environment.
+    job_dir = k.federations / TENANT / "np-keep"
+    [noted] = job_dir.rglob("persistor-env.json")
+    seen = json.loads(noted.read_text())
+    assert Path(seen["cwd"]) == noted.parent and noted.is_relative_to(job_dir)
+    kernel_values = {settings.s3_secret_key, settings.s3_access_key, "kernel-secret"}
+    assert not kernel_values & set(seen["env"].values()), sorted(seen["env"])
+    assert not [n for n in seen["env"] if n.startswith(("AWS_", "NATS_")) or "SECRET" in n]
+    assert {n for n in seen["env"] if n.startswith("RESONTECH_")} == {"RESONTECH_FEDERATION"}
+    saves = (noted.parent / "persistor-saves.jsonl").read_text().splitlines()
+    assert len(saves) == 2  # every round's global model, through the kernel's persistor to the tenant's
+    np.testing.assert_allclose(json.loads(saves[-1])["w"], final_w, rtol=1e-6)

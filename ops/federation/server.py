@@ -13,16 +13,16 @@ Layout of ``<data dir>/federations/<tenant>/<job_id>/`` (everything NVFlare writ
     rounds/              the global model of every round, as the server writes it
     server.log           the FL server's output
     server.pid           its pid, for people (the kernel finds its processes by their tag)
-    work/                the FL server's working directory (and its runs' processes')
 
 Commands start with ``sys.executable`` (never a ``python3`` from PATH, as NVFlare's start scripts
 do), with a clean environment (:func:`clean_env`) whose ``HOME`` is the federation directory (so
 nothing lands in ``~/.nvflare``), tagged ``RESONTECH_FEDERATION=<tenant>/<job_id>`` so that the
 server's whole process tree (NVFlare starts each run's process in a session of its own) can be found
 and stopped. The tenant's code can run in it (a ``persistor``, a job folder's server components):
-NVFlare's run process inherits the server's environment and working directory, so neither holds
-anything of the kernel's. It runs as the kernel's user, though: on a shared kernel host, what isolates
-it from the kernel's files is the deployment (a container or a user per job), not this module.
+NVFlare's run process inherits the server's environment, and works in the server's workspace (both
+NVFlare processes change into it), inside the job's directory. It runs as the kernel's user, though:
+on a shared kernel host, what keeps it from the kernel's files is the deployment (a container or a
+user per job), not this module.
 """
 
 from __future__ import annotations
@@ -186,10 +186,6 @@ class FlareServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def work_dir(self) -> Path:
-        return self.p.root / "work"
-
-    @property
     def started(self) -> bool:
         """Started and not killed since (it may have died: :meth:`alive`)."""
         return self.proc is not None
@@ -205,8 +201,7 @@ class FlareServer:
         ]  # fmt: skip
         env = clean_env(self.p.root, self.tag)
         Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = spawn(argv, self.log_file, env, cwd=self.work_dir)
+        self.proc = spawn(argv, self.log_file, env, cwd=ws)
         (self.p.root / "server.pid").write_text(str(self.proc.pid))
         log.info(
             "FL server of %s started on %s:%d (pid %d)", self.tag, self.p.host, self.p.port, self.proc.pid
