@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.host import cpu_count
 from agent.runtimes.process import kill_tagged, tagged_pids
 from core import flare
 from core.log import EventLog
@@ -21,6 +23,8 @@ from core.settings import Settings
 from core.streams import job_subject
 from ops.federation.server import TAG
 from ops.federation.workspace import list_keys
+from projections.schedule import ScheduleState, evolve
+from projections.why import explain_job
 from schemas import (
     JobAssignmentRevoked,
     JobCancelled,
@@ -29,9 +33,11 @@ from schemas import (
     JobFailed,
     JobFederationReady,
     JobFederationRun,
+    JobFederationStopped,
     JobPlaced,
     JobProgress,
     JobRoundCompleted,
+    JobStarted,
 )
 from tests.federated import (
     EXAMPLES,
@@ -44,7 +50,7 @@ from tests.federated import (
     upload_example,
     upload_folder,
 )
-from tests.support import AgentProcess, of, records, registered, until
+from tests.support import AgentProcess, of, records, registered, until, wait_records
 
 pytestmark = pytest.mark.slow
 HEARTBEAT = ("--heartbeat", "1.0")
@@ -90,8 +96,11 @@ def fedavg_by_hand(
 
 
 def kits_left(settings: Settings, job: str) -> list[str]:
-    """The job's client kits still in the kernel's kit bucket."""
-    return sorted(key for key, _ in list_keys(s3(settings), flare.KIT_BUCKET, f"{TENANT}/{job}/"))
+    """The job's client kits in the kernel's kit bucket (none before the first is uploaded)."""
+    client = s3(settings)
+    with contextlib.suppress(client.exceptions.NoSuchBucket):
+        return sorted(key for key, _ in list_keys(client, flare.KIT_BUCKET, f"{TENANT}/{job}/"))
+    return []
 
 
 async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
@@ -412,3 +421,79 @@ async def test_a_tenant_persistor_starts_the_model_and_keeps_every_round_in_a_cl
     saves = (noted.parent / "persistor-saves.jsonl").read_text().splitlines()
     assert len(saves) == 2  # every round's global model, through the kernel's persistor to the tenant's
     np.testing.assert_allclose(json.loads(saves[-1])["w"], final_w, rtol=1e-6)
+
+
+async def test_a_killed_federation_service_started_again_resumes_the_job_from_its_last_checkpoint(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-again", tmp_path)
+    await registered(log, agents("ag-a", *HEARTBEAT))
+    await registered(log, agents("ag-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel") as k:
+        await submit(log, "np-again", rounds=4, local_epochs=2, args=["--lr", "0.1", "--delay", "1"])
+        await wait_for(log, JobRoundCompleted, "round 1")
+        k.kill("federation")  # SIGKILL: nothing of it runs its teardown; its FL server lives on
+        assert tagged_pids(TAG, f"{TENANT}/np-again"), "the orphaned FL server"
+        k.start("federation")
+        found = await wait_for(log, JobCompleted, "job.completed after the restart", timeout=240)
+        await all_stopped(found, "np-again")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    first, again = of(found, JobFederationRun)
+    assert (first.first_round, first.reason) == (1, "start")
+    assert again.reason == "the federation service restarted" and again.first_round >= 2
+    assert again.resume_from == f"jobs/np-again/model_out/rounds/round-{again.first_round - 1:05d}.npz"
+    assert again.first_round + again.rounds - 1 == 4
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3, 4]
+    assert [s.reason for s in of(found, JobFederationStopped)] == ["the federation service restarted"]
+    assert len(of(found, JobFederationReady)) == 2 and len(of(found, JobPlaced)) == 1  # clients stayed
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-again/model_out/model.npz"))) as model:
+        w, b = fedavg_by_hand(tmp_path / "np-again-shards", rounds=4, epochs=2, lr=0.1)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)  # no round lost or done twice
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+
+
+def _schedule(found: list[Any]) -> ScheduleState:
+    state = ScheduleState()
+    for record in found:
+        state = evolve(state, record)
+    return state
+
+
+async def test_a_job_waiting_for_workers_holds_no_fl_server_until_it_can_run(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-wait", tmp_path)
+    await registered(log, agents("wt-a", *HEARTBEAT))
+    gone = agents("wt-b", *HEARTBEAT)
+    gone_id = await registered(log, gone)
+    whole_host = float(cpu_count())  # each shard takes a whole worker: one worker holds one shard
+    with kernel(settings, tmp_path / "kernel", env={"RESONTECH_FEDERATION_IDLE_S": "2"}):
+        gone.kill()  # a fleet of two with one lost: the job waits for a second worker (with only one
+        # worker ever registered, the coordinator would refuse a job it could never place)
+        lost = f"worker.{gone_id}.lost"
+        await wait_records(log, "WORKERS", lambda rs: any(r.subject == lost for r in rs), "wt-b lost")
+        await submit(log, "np-wait", rounds=3, local_epochs=2, args=["--delay", "1"], cpus=whole_host)
+        await until(lambda: len(kits_left(settings, "np-wait")) == 2, "the federation prepared", timeout=90)
+        await asyncio.sleep(3)  # what it would take an FL server to show up
+        found = await records(log, "JOBS")
+        assert not tagged_pids(TAG, f"{TENANT}/np-wait") and not of(found, JobFederationReady)
+        [job] = _schedule(found).jobs.values()
+        why = explain_job(job, None)
+        assert job.state == "queued" and why[1].startswith("pending: ") and "lost" in why[1], why
+        third = agents("wt-c", *HEARTBEAT)
+        await registered(log, third)
+        found = await wait_for(log, JobRoundCompleted, "round 1 once a second worker came")
+        # It goes back to waiting when a worker is lost with none to replace it: its server stops.
+        third.kill()
+        await until(lambda: not tagged_pids(TAG, f"{TENANT}/np-wait"), "the FL server stopped", timeout=30)
+        await registered(log, agents("wt-d", *HEARTBEAT))
+        found = await wait_for(log, JobCompleted, "job.completed on a fourth worker", timeout=180)
+        await all_stopped(found, "np-wait")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [stopped] = of(found, JobFederationStopped)
+    assert stopped.reason.startswith("the job waits for workers (")
+    assert len(of(found, JobFederationReady)) == 2
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
+    ready_at = [r.seq for r in found if isinstance(r.event, JobFederationReady)]
+    started_at = [r.seq for r in found if isinstance(r.event, JobStarted)]
+    assert min(started_at) > ready_at[0]  # no client before the server was ready
