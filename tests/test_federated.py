@@ -103,6 +103,14 @@ def kits_left(settings: Settings, job: str) -> list[str]:
     return []
 
 
+def _cmdline(pid: int) -> str:
+    """What a process runs (empty once it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return ""
+
+
 async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
     """Every client of the job and its FL server are gone (the job's end stops them)."""
     assignments = [a.assignment_id for placed in of(found, JobPlaced) for a in placed.assignments]
@@ -110,7 +118,7 @@ async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None
     def left() -> list[str]:
         pids = [p for a in assignments for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", a)]
         pids += tagged_pids(TAG, f"{TENANT}/{job}")
-        return [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160] for p in pids]
+        return [line for p in pids if (line := _cmdline(p))]
 
     deadline = time.monotonic() + timeout
     while (still := left()) and time.monotonic() < deadline:
@@ -246,6 +254,7 @@ async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
         )
         assert "Traceback" in failed.log_tail and 'raise ValueError("row 17' in failed.log_tail
         await all_stopped(found, "np-raise")  # nothing hangs
+    found = await records(log, "JOBS")  # what the clients reported before they were stopped
     assert not of(found, JobCompleted)
     # Site-1's script ran in its assignment's directory, with its shard, and none of the kernel's
     # or the agent's credentials in its environment.
