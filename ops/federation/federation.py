@@ -29,6 +29,10 @@ A job that ends (completed, failed, cancelled) gets its current assignments stop
 killed and its kits deleted. When the service itself stops (or is killed), only the server is killed
 (or left to the next service, which kills it): the next service resumes the job from its last
 checkpointed round, as after a server death.
+
+(About 550 lines: one job's state machine, kept in one class so that every transition of the FL
+server and its runs reads in one place; what it reads and writes lives in :mod:`ops.federation.server`,
+:mod:`ops.federation.jobfolder` and :mod:`ops.federation.workspace`.)
 """
 
 from __future__ import annotations
