@@ -1,5 +1,6 @@
 """The pure parts of a federated job's federation on NVFlare 2.9: who is who, the provisioning
-project, the FL server's local resources, the FL job folder of each run, and what a run's status means.
+project, the FL server's local resources, and what a run's status means (each run's FL job folder is
+:mod:`core.flarejob`'s).
 
 One federation per job: ``nvflare provision`` of :func:`project` gives the job its own root CA, one
 server and one client identity per slot (``site-1`` .. ``site-N``, whichever worker runs the slot),
@@ -22,10 +23,8 @@ ADMIN_USER = "kernel@resontech.local"
 """The kernel's identity on every federation's admin port (role ``project_admin``)."""
 KIT_BUCKET = "resontech-federations"
 """The kernel's bucket for client startup kits. Tenant buckets are ``rt-<tenant>``: no tenant can own it."""
-COMPONENT_MODULE = "resontech_fedavg"
-"""The server-side workflow shipped in every run (``ops/federation/resontech_fedavg.py``)."""
-SERVER_APP = "app_server"
-CLIENT_APP = "app_client"
+SERVER_ERROR_LOG = "error_log.txt"
+"""The FL server's error log of a run, in ``<server workspace>/<run id>/``."""
 ROUND_FILE = re.compile(r"^round-(\d{5})\.json$")
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 """How long the FL server keeps a silent client registered (NVFlare's default is 600 s): a replacement
@@ -128,75 +127,6 @@ def shard_keys(keys: Iterable[str], prefix: str, shards: int) -> list[str]:
             f"the job has {shards} shards but {prefix} holds {len(found)} shard ZIP(s): nothing for {missing}"
         )
     return found[:shards]
-
-
-def fl_job(
-    name: str,
-    *,
-    sites: list[str],
-    script: str,
-    script_args: list[str],
-    framework: str,
-    first_round: int,
-    rounds: int,
-    out_dir: str,
-    initial_model: str | None,
-) -> dict[str, dict[str, Any]]:
-    """The JSON files of one run's NVFlare job folder, by path inside the folder.
-
-    The server app runs :data:`COMPONENT_MODULE`'s FedAvg (NVFlare's own, weighted by each client's
-    ``NUM_STEPS_CURRENT_ROUND``, which the scripts set to their sample count), writing the global model
-    of every round to ``out_dir``. The client app runs the tenant's script in the client's own
-    process with NVFlare's Client API executor. The tenant's files go into ``app_client/custom/``
-    (the caller copies them there); only the server app runs on the kernel.
-
-    Args:
-        name: the run's NVFlare job name.
-        sites: every client, all required.
-        script: the script's path inside ``app_client/custom/``.
-        script_args: its arguments; NVFlare splits them on whitespace, so none may contain any.
-        framework: ``numpy`` or ``pytorch`` (the format the script exchanges; the server sees arrays).
-        first_round: 1-based round the run starts at.
-        rounds: rounds to run.
-        out_dir: absolute path the server writes ``round-NNNNN.npz``/``.json`` into.
-        initial_model: absolute path (on the server) of the model round ``first_round`` starts from.
-    """
-    controller = {
-        "id": "controller",
-        "path": f"{COMPONENT_MODULE}.ResontechFedAvg",
-        "args": {
-            "num_clients": len(sites),
-            "num_rounds": rounds,
-            "start_round": first_round - 1,
-            "persistor_id": "",
-            "out_dir": out_dir,
-            "initial_model": initial_model or "",
-        },
-    }
-    server = {"format_version": 2, "workflows": [controller], "components": []}
-    executor = {
-        "path": "nvflare.app_common.executors.client_api_executor.ClientAPIExecutor",
-        "args": {
-            "execution_mode": "in_process",
-            "task_script_path": script,
-            "task_script_args": " ".join(script_args),
-            "params_exchange_format": "pytorch" if framework == "pytorch" else "numpy",
-            "server_expected_format": "numpy",
-        },
-    }
-    client = {"format_version": 2, "executors": [{"tasks": ["*"], "executor": executor}], "components": []}
-    meta = {
-        "name": name,
-        "resource_spec": {},
-        "min_clients": len(sites),
-        "required_sites": list(sites),
-        "deploy_map": {SERVER_APP: ["server"], CLIENT_APP: list(sites)},
-    }
-    return {
-        "meta.json": meta,
-        f"{SERVER_APP}/config/config_fed_server.json": server,
-        f"{CLIENT_APP}/config/config_fed_client.json": client,
-    }
 
 
 def run_outcome(status: str | None) -> RunOutcome:

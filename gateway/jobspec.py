@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from core import flarejob
 from core.placement import Candidate
 from gateway.api import Call
 from gateway.errors import ApiError
@@ -61,7 +62,7 @@ def _check_kind(spec: SubmitJob) -> None:
     if rule.federated and spec.rounds is None:
         raise invalid_spec("a federated job needs rounds")
     if rule.federated and spec.federated is None:
-        raise invalid_spec("a federated job needs its training code: federated.script")
+        raise invalid_spec("a federated job needs its training code: federated.script or job_folder")
     if not rule.federated and (spec.rounds is not None or spec.local_epochs is not None or spec.federated):
         raise invalid_spec("rounds, local_epochs and federated are for federated jobs only")
     if spec.federated is not None:
@@ -71,15 +72,28 @@ def _check_kind(spec: SubmitJob) -> None:
 
 
 def _check_federated(federated: FederatedSpec) -> None:
-    keys = [federated.script, *([federated.initial_model] if federated.initial_model else [])]
+    if (federated.script is None) == (federated.job_folder is None):
+        raise invalid_spec("federated needs exactly one of script (a Client API script) and job_folder")
+    keys = [k for k in (federated.script, federated.job_folder, federated.initial_model) if k is not None]
+    persistor = None
+    if federated.persistor is not None:
+        if federated.job_folder is not None:
+            raise invalid_spec("federated.persistor is for a script: a job folder names its persistor itself")
+        try:
+            persistor = flarejob.persistor_ref(federated.persistor)
+        except ValueError as exc:
+            raise invalid_spec(f"federated.{exc}") from None
+        keys.append(persistor.key)
     problems = [p for p in map(key_problem, keys) if p is not None]
     if problems:
         raise invalid_spec(f"bad key in federated: {'; '.join(problems)}", "invalid_key")
-    if any(key.endswith("/") for key in keys):
+    if federated.job_folder is not None and not federated.job_folder.endswith("/"):
+        raise invalid_spec(f"federated.job_folder {federated.job_folder!r} names a folder: end it with '/'")
+    if any(key.endswith("/") for key in keys if key != federated.job_folder):
         raise invalid_spec(
-            "federated.script and federated.initial_model name files, not folders", "invalid_key"
+            "federated.script, initial_model and persistor name files, not folders", "invalid_key"
         )
-    if not federated.script.endswith(".py"):
+    if federated.script is not None and not federated.script.endswith(".py"):
         raise invalid_spec(f"federated.script {federated.script!r} must be a Python file (.py)")
     if federated.initial_model and not federated.initial_model.endswith((".npz", ".pt", ".pth")):
         raise invalid_spec("federated.initial_model must be a .npz of named arrays or a .pt state dict")
@@ -155,21 +169,37 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
         federated=None
         if federated is None
         else FederatedTraining(
-            script=federated.script,
+            script=federated.script or "",
             args=list(federated.args),
             framework=federated.framework,
             initial_model=federated.initial_model,
+            job_folder=federated.job_folder,
+            persistor=federated.persistor,
         ),
     )
 
 
 def federated_inputs(spec: SubmitJob) -> list[str]:
-    """What a federated job reads, checked to exist like its ``inputs``: its script, its initial
-    model and its shards' folder."""
+    """What a federated job reads, checked to exist like its ``inputs``: its script or job folder, its
+    initial model, its persistor's file and its shards' folder."""
     if spec.federated is None:
         return []
     f = spec.federated
-    return [f.script, *([f.initial_model] if f.initial_model else []), f"jobs/{spec.name}/shards/"]
+    persistor = flarejob.persistor_ref(f.persistor).key if f.persistor else None
+    named = (f.script, f.job_folder, f.initial_model, persistor)
+    return [*(key for key in named if key), f"jobs/{spec.name}/shards/"]
+
+
+def check_job_folder(prefix: str, objects: list[tuple[str, int]]) -> None:
+    """422 ``invalid_job_folder`` when the listing of a job folder (``(key, size)`` under ``prefix``)
+    shows that it cannot run (:func:`core.flarejob.folder_problems`); what its files say is checked
+    when the job starts."""
+    problems = flarejob.folder_problems(objects, prefix)
+    if problems:
+        raise invalid_spec(
+            f"federated.job_folder {prefix} is not an NVFlare job folder: {'; '.join(problems)}",
+            "invalid_job_folder",
+        )
 
 
 class IdleFleet:

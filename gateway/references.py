@@ -134,3 +134,24 @@ async def require_objects(s3: Any, bucket: str, keys: Sequence[str], seen: SeenO
     missing = await missing_objects(s3, bucket, keys, seen)
     if missing:
         raise missing_error(bucket, missing)
+
+
+def _list(s3: Any, bucket: str, prefix: str, limit: int) -> list[tuple[str, int]]:
+    found: list[tuple[str, int]] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        found.extend((item["Key"], int(item["Size"])) for item in page.get("Contents", []))
+        if len(found) > limit:
+            break
+    return found
+
+
+async def listing(s3: Any, bucket: str, prefix: str, limit: int) -> list[tuple[str, int]]:
+    """``(key, size)`` of the objects under ``prefix``: all of them, or more than ``limit``.
+
+    Raises:
+        ApiError: 503 when the object store cannot answer.
+    """
+    try:
+        return await asyncio.to_thread(_list, s3, bucket, prefix, limit)
+    except (ClientError, BotoCoreError) as exc:
+        raise ApiError(503, "object_store_unavailable", f"cannot list the workspace: {exc}") from None

@@ -73,8 +73,11 @@ def ensure_writable_dir(path: Path, what: str) -> None:
         raise ServerStartError(f"{what} {path} is not writable: {exc.strerror or exc}") from None
 
 
-def spawn(argv: list[str], log_file: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in its own session with stdout and stderr appended to ``log_file``.
+def spawn(
+    argv: list[str], log_file: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session with stdout and stderr appended to ``log_file`` (in ``cwd``,
+    default ours).
 
     Its own session (and process group) means a Ctrl-C in our terminal reaches us, not the child,
     so that we decide the order in which things stop; :func:`terminate` signals the whole group.
@@ -89,6 +92,7 @@ def spawn(argv: list[str], log_file: Path, env: Mapping[str, str] | None = None)
             stdout=log,
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
+            cwd=cwd,
             start_new_session=True,
         )
 

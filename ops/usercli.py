@@ -113,12 +113,36 @@ def cmd_whoami(args: argparse.Namespace) -> int:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     source = Path(args.file)
+    if source.is_dir():
+        return _upload_folder(args, source)
     if not source.is_file():
-        raise SystemExit(f"error: {source} is not a file")
+        raise SystemExit(f"error: {source} is not a file or a folder")
     key = args.key_path or f"jobs/{source.stem}/{source.name}"
     with client(args) as rt:
         stored = rt.upload(source, key, content_type=args.content_type, progress=progress_bar(source.name))
     show(args, stored, lambda o: f"uploaded {source} -> {o.key} ({o.size:,} bytes)")
+    return 0
+
+
+def _upload_folder(args: argparse.Namespace, source: Path) -> int:
+    """Every file under ``source`` (hidden ones and ``__pycache__`` left out) to ``KEY/<its path>``:
+    an NVFlare job folder, a script's folder."""
+    prefix = args.key_path or ""
+    if not prefix.endswith("/"):
+        raise SystemExit("error: uploading a folder needs KEY, a prefix ending in '/' (jobs/x/flare/)")
+    files = [
+        path
+        for path in sorted(source.rglob("*"))
+        if path.is_file()
+        and not any(p.startswith(".") or p == "__pycache__" for p in path.relative_to(source).parts)
+    ]
+    with client(args) as rt:
+        stored = [rt.upload(path, prefix + path.relative_to(source).as_posix()) for path in files]
+    show(
+        args,
+        stored,
+        lambda objs: "\n".join(f"uploaded {o.key} ({o.size:,} bytes)" for o in objs) or "(empty)",
+    )
     return 0
 
 
@@ -515,8 +539,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     user("login", cmd_login, "check a gateway URL and key, and remember them for later commands")
     user("logout", cmd_logout, "forget what login remembered")
     user("whoami", cmd_whoami, "who the current key is")
-    p = user("upload", cmd_upload, "upload a file to your workspace (multipart for large files)")
-    p.add_argument("file", help="the local file")
+    p = user("upload", cmd_upload, "upload a file (or a folder's files) to your workspace")
+    p.add_argument("file", help="the local file, or a folder (its files go under KEY, a prefix)")
     p.add_argument(
         "key_path", nargs="?", metavar="KEY", help="where in the workspace (default jobs/<stem>/<name>)"
     )

@@ -22,7 +22,8 @@ Rules, in the order the coordinator relies on them:
   coordinator's revocation that follows re-queues the shard, or it fails the job once the slot was
   retried too often.
 * A federated job's ``job.federation_ready`` (the kernel's own, never fenced) records its
-  federation; a later one (a re-provisioned federation) replaces it.
+  federation; a later one (its FL server started again) replaces it; ``job.federation_stopped``
+  clears it until then (the coordinator starts no client without one).
 * ``last_seq`` is the JOBS sequence of the job's latest event, ignored events included: it is the
   expected last sequence of ``job.<tenant>.<job_id>.>`` for the coordinator's next append.
 """
@@ -43,6 +44,7 @@ from schemas.jobs import (
     JobCompleted,
     JobFailed,
     JobFederationReady,
+    JobFederationStopped,
     JobKind,
     JobPlaced,
     JobProgress,
@@ -123,8 +125,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         rejected_by: ``worker_id -> reason`` for workers whose policy refused this job.
         failure_reason / log_tail: of the latest accepted failure.
         ended_ns: envelope time of the terminal event.
-        federation: a federated job's provisioned federation (``None`` until it is ready: the
-            coordinator starts no client before).
+        federation: a federated job's provisioned federation while its FL server serves (``None``
+            until it is ready and while it is stopped: the coordinator starts no client then).
         last_seq: JOBS sequence of the job's latest event (the expected sequence for its subjects).
     """
 
@@ -365,6 +367,8 @@ def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
         case JobFederationReady(server=server, sites=sites, kit_bucket=bucket, kits=kits, shards=shards):
             federation = Federation(server=server, sites=sites, kit_bucket=bucket, kits=kits, shards=shards)
             return _replace(job, federation=federation)
+        case JobFederationStopped():
+            return _replace(job, federation=None) if job.federation is not None else None
         case JobCancelled(by=by, reason=reason):
             return _replace(job, state="cancelled", cancelled_by=by, cancel_reason=reason, ended_ns=t)
     return None
@@ -393,7 +397,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=6,
+    version=7,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

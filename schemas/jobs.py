@@ -34,23 +34,34 @@ class JobResources(Value, frozen=True, kw_only=True):
 
 
 class FederatedTraining(Value, frozen=True, kw_only=True):
-    """The training code of a federated job: an NVFlare Client API script in the tenant's workspace.
+    """The training code of a federated job, in the tenant's workspace: an NVFlare Client API script
+    (``script``), around which the kernel generates the FL job, or an NVFlare job folder of the
+    tenant's own (``job_folder``). Exactly one of the two is set.
 
     Attributes:
         script: workspace key of the script every site runs; the other files in its folder (and
             below) ship with it, so that it can import its own modules.
         args: arguments the script is started with.
         framework: how the script exchanges parameters: ``numpy`` (dicts of arrays, the default)
-            or ``pytorch`` (state dicts; NVFlare converts them to arrays for the server).
+            or ``pytorch`` (state dicts; NVFlare converts them to arrays for the server); for a job
+            folder, only whether ``model_out/`` also gets a ``model.pt``.
         initial_model: workspace key of the first global model (``.npz`` of named arrays, or a
-            ``.pt`` state dict); without one, round 1 sends an empty model and the script starts
-            from its own initial weights (seed them identically on every site).
+            ``.pt`` state dict); without one, round 1 starts from what the persistor loads, else
+            from an empty model, and the script starts from its own initial weights (seed them
+            identically on every site).
+        job_folder: workspace prefix (ending in ``/``) of an NVFlare job folder: ``meta.json`` and
+            its apps (``config/config_fed_server.json``, ``config/config_fed_client.json``,
+            ``custom/``), mapped onto the job's sites (:mod:`core.flarejob`).
+        persistor: ``<workspace key of a .py file>:<class>``, a ``ModelPersistor`` the generated
+            job's server uses (its file's folder ships with it); for a script only.
     """
 
-    script: str
+    script: str = ""
     args: list[str] = []
     framework: Framework = "numpy"
     initial_model: str | None = None
+    job_folder: str | None = None
+    persistor: str | None = None
 
 
 class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
@@ -216,6 +227,17 @@ class JobFederationRun(Event, tag="job.federation_run", frozen=True, kw_only=Tru
     resume_from: str | None = None
 
 
+class JobFederationStopped(Event, tag="job.federation_stopped", frozen=True, kw_only=True):
+    """The job's FL server stopped, or is about to be restarted: the coordinator starts no client
+    until the next ``job.federation_ready`` (clients already running stay and reconnect).
+
+    Attributes:
+        reason: why (the job waits for workers, the server died, the federation service restarted).
+    """
+
+    reason: str
+
+
 class JobCancelled(Event, tag="job.cancelled", frozen=True, kw_only=True):
     """The tenant (or an operator) cancelled the job."""
 
@@ -239,4 +261,5 @@ JobEvent = (
     | JobCancelled
     | JobFederationReady
     | JobFederationRun
+    | JobFederationStopped
 )

@@ -64,6 +64,15 @@ def upload_example(settings: Settings, example: str, name: str, tmp: Path, *extr
         client.upload_file(str(path), bucket, f"jobs/{name}/init/{path.name}")
 
 
+def upload_folder(settings: Settings, folder: Path, prefix: str) -> None:
+    """Put every file under ``folder`` in the tenant's workspace under ``prefix``."""
+    client = s3(settings)
+    provision(client, bucket_for(TENANT))
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            client.upload_file(str(path), bucket_for(TENANT), prefix + path.relative_to(folder).as_posix())
+
+
 async def submit(
     log: EventLog,
     name: str,
@@ -75,7 +84,11 @@ async def submit(
     args: list[str] | None = None,
     job_id: str | None = None,
     initial_model: str | None = None,
+    job_folder: str | None = None,
+    persistor: str | None = None,
+    cpus: float = 1.0,
 ) -> str:
+    """Submit a federated job whose script is ``jobs/<name>/scripts/train.py`` (or ``job_folder``)."""
     job_id = job_id or name
     event = JobSubmitted(
         name=name,
@@ -83,12 +96,14 @@ async def submit(
         shards=shards,
         rounds=rounds,
         local_epochs=local_epochs,
-        resources=JobResources(),
+        resources=JobResources(cpus=cpus),
         federated=FederatedTraining(
-            script=f"jobs/{name}/scripts/train.py",
+            script="" if job_folder else f"jobs/{name}/scripts/train.py",
             args=args or [],
             framework=framework,  # type: ignore[arg-type]
             initial_model=initial_model,
+            job_folder=job_folder,
+            persistor=persistor,
         ),
     )
     await log.append(job_subject(TENANT, job_id, event), event, event_id=f"submit-{job_id}")
@@ -100,9 +115,10 @@ class Kernel:
     ``resontech federation``), as the dev stack runs them: NVFlare's admin client threads must not
     share an event loop (and a GIL) with the coordinator's lost-worker detection."""
 
-    def __init__(self, settings: Settings, data_dir: Path) -> None:
+    def __init__(self, settings: Settings, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        self.env.update(env or {})
         self.env.update(
             RESONTECH_NATS_URL=settings.nats_url,
             RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
@@ -124,6 +140,12 @@ class Kernel:
                 [sys.executable, "-m", "ops.cli", service], cwd=REPO, env=self.env, stdout=out, stderr=out
             )
 
+    def kill(self, service: str) -> None:
+        """SIGKILL a service (what it started in sessions of their own lives on)."""
+        proc = self.procs.pop(service)
+        proc.kill()
+        proc.wait()
+
     def stop(self, service: str) -> None:
         proc = self.procs.pop(service)
         proc.send_signal(signal.SIGTERM)
@@ -139,9 +161,10 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def kernel(settings: Settings, data_dir: Path) -> Iterator[Kernel]:
-    """A coordinator and a federation service running until the block ends."""
-    k = Kernel(settings, data_dir)
+def kernel(settings: Settings, data_dir: Path, env: dict[str, str] | None = None) -> Iterator[Kernel]:
+    """A coordinator and a federation service running until the block ends (``env``: more of their
+    environment)."""
+    k = Kernel(settings, data_dir, env)
     k.start("coordinator")
     k.start("federation")
     try:

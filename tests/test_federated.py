@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.host import cpu_count
 from agent.runtimes.process import kill_tagged, tagged_pids
 from core import flare
 from core.log import EventLog
@@ -21,6 +23,8 @@ from core.settings import Settings
 from core.streams import job_subject
 from ops.federation.server import TAG
 from ops.federation.workspace import list_keys
+from projections.schedule import ScheduleState, evolve
+from projections.why import explain_job
 from schemas import (
     JobAssignmentRevoked,
     JobCancelled,
@@ -29,12 +33,24 @@ from schemas import (
     JobFailed,
     JobFederationReady,
     JobFederationRun,
+    JobFederationStopped,
     JobPlaced,
     JobProgress,
     JobRoundCompleted,
+    JobStarted,
 )
-from tests.federated import TENANT, kernel, read_object, s3, submit, upload, upload_example
-from tests.support import AgentProcess, of, records, registered, until
+from tests.federated import (
+    EXAMPLES,
+    TENANT,
+    kernel,
+    read_object,
+    s3,
+    submit,
+    upload,
+    upload_example,
+    upload_folder,
+)
+from tests.support import AgentProcess, of, records, registered, until, wait_records
 
 pytestmark = pytest.mark.slow
 HEARTBEAT = ("--heartbeat", "1.0")
@@ -55,14 +71,16 @@ async def wait_for(
     raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
 
 
-def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tuple[np.ndarray, np.ndarray]:
+def fedavg_by_hand(
+    shards: Path, *, rounds: int, epochs: int, lr: float, w0: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """What the example's FedAvg computes, without NVFlare: each site's gradient descent from the global
-    model, then the average weighted by sample count."""
+    model (at first every weight ``w0``, the bias 0), then the average weighted by sample count."""
     sites = []
     for path in sorted(shards.glob("shard-*.zip")):
         with zipfile.ZipFile(path) as archive, np.load(io.BytesIO(archive.read("data.npz"))) as data:
             sites.append((data["x"], data["y"]))
-    w, b = np.zeros(sites[0][0].shape[1]), np.zeros(1)
+    w, b = np.full(sites[0][0].shape[1], w0), np.zeros(1)
     for _ in range(rounds):
         results = []
         for x, y in sites:
@@ -78,8 +96,19 @@ def fedavg_by_hand(shards: Path, *, rounds: int, epochs: int, lr: float) -> tupl
 
 
 def kits_left(settings: Settings, job: str) -> list[str]:
-    """The job's client kits still in the kernel's kit bucket."""
-    return sorted(key for key, _ in list_keys(s3(settings), flare.KIT_BUCKET, f"{TENANT}/{job}/"))
+    """The job's client kits in the kernel's kit bucket (none before the first is uploaded)."""
+    client = s3(settings)
+    with contextlib.suppress(client.exceptions.NoSuchBucket):
+        return sorted(key for key, _ in list_keys(client, flare.KIT_BUCKET, f"{TENANT}/{job}/"))
+    return []
+
+
+def _cmdline(pid: int) -> str:
+    """What a process runs (empty once it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return ""
 
 
 async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
@@ -89,7 +118,7 @@ async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None
     def left() -> list[str]:
         pids = [p for a in assignments for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", a)]
         pids += tagged_pids(TAG, f"{TENANT}/{job}")
-        return [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160] for p in pids]
+        return [line for p in pids if (line := _cmdline(p))]
 
     deadline = time.monotonic() + timeout
     while (still := left()) and time.monotonic() < deadline:
@@ -225,6 +254,7 @@ async def test_training_code_that_raises_fails_the_job_with_the_clients_log(
         )
         assert "Traceback" in failed.log_tail and 'raise ValueError("row 17' in failed.log_tail
         await all_stopped(found, "np-raise")  # nothing hangs
+    found = await records(log, "JOBS")  # what the clients reported before they were stopped
     assert not of(found, JobCompleted)
     # Site-1's script ran in its assignment's directory, with its shard, and none of the kernel's
     # or the agent's credentials in its environment.
@@ -302,3 +332,177 @@ async def test_a_cancelled_federated_job_stops_its_clients_and_server_and_delete
         await all_stopped(found, "np-cancel")
         await until(lambda: not kits_left(settings, "np-cancel"), "the kits deleted")
     assert not of(await records(log, "JOBS"), JobCompleted)
+
+
+async def test_a_tenants_nvflare_job_folder_runs_on_the_jobs_sites_and_a_broken_one_fails_naming_why(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "jf", tmp_path)  # its shards
+    upload_folder(settings, EXAMPLES / "fedavg-jobfolder" / "flare", "jobs/jf/flare/")
+    upload_folder(settings, EXAMPLES / "fedavg-jobfolder" / "flare", "jobs/jf/three/")
+    three = {"deploy_map": {"app_server": ["server"], "app_client": ["a", "b", "c"]}}
+    upload(settings, "jobs/jf/three/meta.json", json.dumps(three).encode())
+    await registered(log, agents("jf-a", *HEARTBEAT))
+    await registered(log, agents("jf-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "jf", job_id="jf-bad", rounds=2, job_folder="jobs/jf/three/")
+        await submit(log, "jf", rounds=2, local_epochs=3, job_folder="jobs/jf/flare/")
+        bad = await wait_for(log, JobFailed, "jf-bad failed", subjects="job.acme.jf-bad.>")
+        found = await wait_for(log, JobCompleted, "job.completed", subjects="job.acme.jf.>")
+        await all_stopped(found, "jf")
+    [failed] = of(bad, JobFailed)
+    assert failed.reason == (
+        "federation failed: job folder jobs/jf/three/: the deploy_map names 3 clients (a, b, c) but the job "
+        "has 2 shards (site-1, site-2): ask for more shards or name fewer clients"
+    )
+    assert not of(bad, JobFederationReady)  # it failed before an FL server started
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [ready] = of(found, JobFederationReady)
+    assert ready.sites == ["site-1", "site-2"]  # its hospital-a and hospital-b
+    [run] = of(found, JobFederationRun)
+    assert (run.first_round, run.rounds) == (1, 2)  # the folder's num_rounds (5) gave way to the spec's
+    rounds = of(found, JobRoundCompleted)
+    assert [r.round for r in rounds] == [1, 2] and all(set(r.metrics) == {"loss"} for r in rounds)
+    assert [c.object_key for c in of(found, JobCheckpointed)] == [
+        "jobs/jf/model_out/rounds/round-00001.npz",
+        "jobs/jf/model_out/rounds/round-00002.npz",
+    ]
+    # ScatterAndGather with NVFlare's weighted aggregator computes the same FedAvg as the kernel's.
+    with np.load(io.BytesIO(read_object(settings, "jobs/jf/model_out/model.npz"))) as model:
+        w, b = fedavg_by_hand(tmp_path / "jf-shards", rounds=2, epochs=3, lr=0.1)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+    metrics = json.loads(read_object(settings, "jobs/jf/files_out/metrics.json"))["rounds"]
+    assert [(r["round"], r["clients"]) for r in metrics] == [(1, 2), (2, 2)]
+
+
+PERSISTOR = """
+import json, os
+import numpy as np
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.abstract.model_persistor import ModelPersistor
+
+
+class HalfPersistor(ModelPersistor):
+    \"\"\"Starts from weights of 0.5; notes where it runs and every model it is handed.\"\"\"
+
+    def load_model(self, fl_ctx):
+        with open("persistor-env.json", "w") as out:
+            json.dump({"env": dict(os.environ), "cwd": os.getcwd()}, out)
+        return make_model_learnable({"w": np.full(3, 0.5), "b": np.zeros(1)}, {})
+
+    def save_model(self, model, fl_ctx):
+        with open("persistor-saves.jsonl", "a") as out:
+            out.write(json.dumps({"w": np.asarray(model["weights"]["w"]).tolist()}) + "\\n")
+"""
+
+
+async def test_a_tenant_persistor_starts_the_model_and_keeps_every_round_in_a_clean_environment(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-keep", tmp_path)
+    upload(settings, "jobs/np-keep/scripts/persistor.py", PERSISTOR.encode())
+    await registered(log, agents("pe-a", *HEARTBEAT))
+    await registered(log, agents("pe-b", *HEARTBEAT))
+    secrets = {"AWS_SECRET_ACCESS_KEY": "kernel-secret", "NATS_TOKEN": "kernel-secret"}
+    with kernel(settings, tmp_path / "kernel", env=secrets) as k:
+        persistor = "jobs/np-keep/scripts/persistor.py:HalfPersistor"
+        await submit(log, "np-keep", rounds=2, local_epochs=3, args=["--lr", "0.1"], persistor=persistor)
+        found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "np-keep")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    assert [c.round for c in of(found, JobCheckpointed)] == [1, 2]
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-keep/model_out/model.npz"))) as model:
+        w, b = fedavg_by_hand(tmp_path / "np-keep-shards", rounds=2, epochs=3, lr=0.1, w0=0.5)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)  # it started from the persistor's model
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+        final_w = model["w"]
+    # The tenant's code ran in the FL server's run process: in the job's own directory, with none of
+    # the kernel's credentials in its environment.
+    job_dir = k.federations / TENANT / "np-keep"
+    [noted] = job_dir.rglob("persistor-env.json")
+    seen = json.loads(noted.read_text())
+    assert Path(seen["cwd"]) == noted.parent and noted.is_relative_to(job_dir)
+    kernel_values = {settings.s3_secret_key, settings.s3_access_key, "kernel-secret"}
+    assert not kernel_values & set(seen["env"].values()), sorted(seen["env"])
+    assert not [n for n in seen["env"] if n.startswith(("AWS_", "NATS_")) or "SECRET" in n]
+    assert {n for n in seen["env"] if n.startswith("RESONTECH_")} == {"RESONTECH_FEDERATION"}
+    saves = (noted.parent / "persistor-saves.jsonl").read_text().splitlines()
+    assert len(saves) == 2  # every round's global model, through the kernel's persistor to the tenant's
+    np.testing.assert_allclose(json.loads(saves[-1])["w"], final_w, rtol=1e-6)
+
+
+async def test_a_killed_federation_service_started_again_resumes_the_job_from_its_last_checkpoint(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-again", tmp_path)
+    await registered(log, agents("ag-a", *HEARTBEAT))
+    await registered(log, agents("ag-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel") as k:
+        await submit(log, "np-again", rounds=4, local_epochs=2, args=["--lr", "0.1", "--delay", "1"])
+        await wait_for(log, JobRoundCompleted, "round 1")
+        k.kill("federation")  # SIGKILL: nothing of it runs its teardown; its FL server lives on
+        assert tagged_pids(TAG, f"{TENANT}/np-again"), "the orphaned FL server"
+        k.start("federation")
+        found = await wait_for(log, JobCompleted, "job.completed after the restart", timeout=240)
+        await all_stopped(found, "np-again")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    first, again = of(found, JobFederationRun)
+    assert (first.first_round, first.reason) == (1, "start")
+    assert again.reason == "the federation service restarted" and again.first_round >= 2
+    assert again.resume_from == f"jobs/np-again/model_out/rounds/round-{again.first_round - 1:05d}.npz"
+    assert again.first_round + again.rounds - 1 == 4
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3, 4]
+    assert [s.reason for s in of(found, JobFederationStopped)] == ["the federation service restarted"]
+    assert len(of(found, JobFederationReady)) == 2 and len(of(found, JobPlaced)) == 1  # clients stayed
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-again/model_out/model.npz"))) as model:
+        w, b = fedavg_by_hand(tmp_path / "np-again-shards", rounds=4, epochs=2, lr=0.1)
+        np.testing.assert_allclose(model["w"], w, rtol=1e-6)  # no round lost or done twice
+        np.testing.assert_allclose(model["b"], b, rtol=1e-6)
+
+
+def _schedule(found: list[Any]) -> ScheduleState:
+    state = ScheduleState()
+    for record in found:
+        state = evolve(state, record)
+    return state
+
+
+async def test_a_job_waiting_for_workers_holds_no_fl_server_until_it_can_run(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    upload_example(settings, "fedavg-numpy", "np-wait", tmp_path)
+    await registered(log, agents("wt-a", *HEARTBEAT))
+    gone = agents("wt-b", *HEARTBEAT)
+    gone_id = await registered(log, gone)
+    whole_host = float(cpu_count())  # each shard takes a whole worker: one worker holds one shard
+    with kernel(settings, tmp_path / "kernel", env={"RESONTECH_FEDERATION_IDLE_S": "2"}):
+        gone.kill()  # a fleet of two with one lost: the job waits for a second worker (with only one
+        # worker ever registered, the coordinator would refuse a job it could never place)
+        lost = f"worker.{gone_id}.lost"
+        await wait_records(log, "WORKERS", lambda rs: any(r.subject == lost for r in rs), "wt-b lost")
+        await submit(log, "np-wait", rounds=3, local_epochs=2, args=["--delay", "1"], cpus=whole_host)
+        await until(lambda: len(kits_left(settings, "np-wait")) == 2, "the federation prepared", timeout=90)
+        await asyncio.sleep(3)  # what it would take an FL server to show up
+        found = await records(log, "JOBS")
+        assert not tagged_pids(TAG, f"{TENANT}/np-wait") and not of(found, JobFederationReady)
+        [job] = _schedule(found).jobs.values()
+        why = explain_job(job, None)
+        assert job.state == "queued" and why[1].startswith("pending: ") and "lost" in why[1], why
+        third = agents("wt-c", *HEARTBEAT)
+        await registered(log, third)
+        found = await wait_for(log, JobRoundCompleted, "round 1 once a second worker came")
+        # It goes back to waiting when a worker is lost with none to replace it: its server stops.
+        third.kill()
+        await until(lambda: not tagged_pids(TAG, f"{TENANT}/np-wait"), "the FL server stopped", timeout=30)
+        await registered(log, agents("wt-d", *HEARTBEAT))
+        found = await wait_for(log, JobCompleted, "job.completed on a fourth worker", timeout=180)
+        await all_stopped(found, "np-wait")
+    assert not of(found, JobFailed, slot=None), of(found, JobFailed)
+    [stopped] = of(found, JobFederationStopped)
+    assert stopped.reason.startswith("the job waits for workers (")
+    assert len(of(found, JobFederationReady)) == 2
+    assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3]
+    ready_at = [r.seq for r in found if isinstance(r.event, JobFederationReady)]
+    started_at = [r.seq for r in found if isinstance(r.event, JobStarted)]
+    assert min(started_at) > ready_at[0]  # no client before the server was ready

@@ -72,27 +72,6 @@ def test_shards_go_to_slots_in_name_order_and_missing_ones_are_named() -> None:
         flare.shard_keys(keys, "jobs/x/shards/", 4)
 
 
-def test_a_run_deploys_the_kernels_fedavg_to_the_server_and_the_script_to_every_site() -> None:
-    files = flare.fl_job(
-        "mnist-run2", sites=["site-1", "site-2"], script="train.py", script_args=["--lr", "0.1"],
-        framework="pytorch", first_round=3, rounds=2, out_dir="/f/rounds",
-        initial_model="/f/rounds/round-00002.npz",
-    )  # fmt: skip
-    meta = files["meta.json"]
-    assert meta["deploy_map"] == {"app_server": ["server"], "app_client": ["site-1", "site-2"]}
-    assert meta["required_sites"] == ["site-1", "site-2"] and meta["min_clients"] == 2
-    [controller] = files["app_server/config/config_fed_server.json"]["workflows"]
-    assert controller["path"] == "resontech_fedavg.ResontechFedAvg"
-    assert controller["args"] | {} == {
-        "num_clients": 2, "num_rounds": 2, "start_round": 2, "persistor_id": "",
-        "out_dir": "/f/rounds", "initial_model": "/f/rounds/round-00002.npz",
-    }  # fmt: skip
-    [executor] = files["app_client/config/config_fed_client.json"]["executors"]
-    args = executor["executor"]["args"]
-    assert args["task_script_path"] == "train.py" and args["task_script_args"] == "--lr 0.1"
-    assert (args["params_exchange_format"], args["server_expected_format"]) == ("pytorch", "numpy")
-
-
 @pytest.mark.parametrize(
     ("status", "outcome"),
     [

@@ -15,14 +15,15 @@ from typing import Any
 
 import msgspec
 
+from core import flarejob
 from core.errors import ConcurrencyConflict
 from core.streams import command_subject, job_filter, job_subject
 from gateway.api import Call, Router, respond
 from gateway.errors import ApiError, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
-from gateway.jobspec import check_admission, idle_fleet, job_event, same_submission
+from gateway.jobspec import check_admission, check_job_folder, idle_fleet, job_event, same_submission
 from gateway.paging import decode_seq_cursor, encode_cursor
-from gateway.references import require_objects
+from gateway.references import listing, require_objects
 from gateway.scope import iso, scoped_tenant
 from gateway.workspace import bucket_for
 from projections import REGISTRY, SCHEDULE, TENANTS
@@ -163,7 +164,7 @@ async def _replay(
     errors={
         409: "the job id is taken",
         422: "the spec cannot run: missing_objects (the keys are listed), kind_unavailable, "
-        "invalid_spec, invalid_key, over_quota, unplaceable, idempotency_key_reused",
+        "invalid_spec, invalid_key, invalid_job_folder, over_quota, unplaceable, idempotency_key_reused",
         503: "the log or the object store is unavailable; retry with the same Idempotency-Key",
     },
 )
@@ -184,6 +185,9 @@ async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     hosts = idle_fleet(call).hosts(kernel.state(REGISTRY), now_ns)
     check_admission(tenant, job_id, event, quotas(kernel.state(TENANTS)), hosts, now_ns)
     await require_objects(kernel.s3, bucket_for(tenant), event.inputs, kernel.seen_objects)
+    if event.federated is not None and event.federated.job_folder:
+        folder = event.federated.job_folder
+        check_job_folder(folder, await listing(kernel.s3, bucket_for(tenant), folder, flarejob.MAX_FILES))
     try:
         await kernel.append(
             job_subject(tenant, job_id, event),

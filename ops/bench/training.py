@@ -12,7 +12,8 @@ FedAvg example (``examples/fedavg-numpy``) on two shards, ``ROUNDS`` rounds of `
 * ``round_s``: median interval between consecutive ``round_completed`` store times (what a user sees
   in the feed; includes uploading each round's model and appending its events).
 * The baseline, same run and machine: ``nvflare simulator -n 2 -t 2`` on the same FL job folder the
-  platform generates (the kernel's FedAvg, the same script, shards, rounds and epochs); its
+  platform generates (NVFlare's FedAvg with the kernel's persistor and round writer, the same script,
+  shards, rounds and epochs); its
   ``sim_round_s`` is the median interval between the round files its server wrote.
   ``overhead_ratio = round_s / sim_round_s``; ``job_s`` / ``sim_s`` compare the whole run (submit to
   ``job.completed``; the simulator command's wall time).
@@ -34,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import shutil
 import subprocess
@@ -49,7 +49,7 @@ from typing import Any
 import uvloop
 
 from agent.runtimes.process import kill_tagged, tagged_pids
-from core import flare
+from core import flare, flarejob
 from core.log import EventLog
 from core.objects import s3_client
 from core.settings import Settings
@@ -57,7 +57,7 @@ from core.streams import job_subject
 from gateway.workspace import bucket_for, provision
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, table
 from ops.bench.schedule import Agent, child_env, stop_child
-from ops.federation.federation import COMPONENT_SOURCE
+from ops.federation.jobfolder import write_run
 from ops.federation.server import TAG
 from ops.objectstore import ObjectStoreServer
 from schemas import FederatedTraining, JobResources, JobSubmitted
@@ -209,20 +209,19 @@ def simulator_run(root: Path, shards: list[Path], rounds: int) -> dict[str, floa
     for i, shard in enumerate(shards):
         with zipfile.ZipFile(shard) as archive:
             archive.extractall(data / flare.site_name(i))
-    files = flare.fl_job(
-        "bench-sim", sites=[flare.site_name(i) for i in range(len(shards))], script="bench_main.py",
-        script_args=["--lr", "0.1"], framework="numpy", first_round=1, rounds=rounds, out_dir=str(out),
-        initial_model=None,
+    fljob = flarejob.script_job(
+        sites=[flare.site_name(i) for i in range(len(shards))], script="bench_main.py",
+        script_args=["--lr", "0.1"], framework="numpy",
     )  # fmt: skip
-    for relative, document in files.items():
-        (job / relative).parent.mkdir(parents=True, exist_ok=True)
-        (job / relative).write_text(json.dumps(document))
-    (job / flare.SERVER_APP / "custom").mkdir()
-    shutil.copyfile(COMPONENT_SOURCE, job / flare.SERVER_APP / "custom" / f"{flare.COMPONENT_MODULE}.py")
-    custom = job / flare.CLIENT_APP / "custom"
-    custom.mkdir()
+    documents = flarejob.run_documents(
+        fljob, name="bench-sim", first_round=1, rounds=rounds, out_dir=str(out), start_model=None
+    )
+    code = root / "code"
+    custom = code / flarejob.CLIENT_APP / "custom"
+    custom.mkdir(parents=True)
     shutil.copyfile(EXAMPLE / "train.py", custom / "train.py")
     (custom / "bench_main.py").write_text(SIM_WRAPPER)
+    write_run(job, code, fljob, documents)
     env = child_env(HOME=str(root), BENCH_SIM_DATA=str(data), RESONTECH_LOCAL_EPOCHS=str(EPOCHS))
     argv = [sys.executable, "-m", "nvflare.cli", "simulator", "-w", str(root / "ws"), "-n", str(len(shards))]
     started = time.monotonic()

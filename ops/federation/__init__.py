@@ -4,10 +4,12 @@
 * :mod:`ops.federation.federation`: one job's federation from provisioning to teardown, and recovery;
 * :mod:`ops.federation.server`: provisioning, the FL server process, the admin session;
 * :mod:`ops.federation.workspace`: shards, code, kits and outputs in object storage;
-* :mod:`ops.federation.resontech_fedavg`: the FedAvg workflow shipped into every run.
+* :mod:`ops.federation.jobfolder`: the job's FL job folder on disk, and each run's copy of it;
+* :mod:`ops.federation.resontech_flare`: the kernel's server components shipped into every run.
 
-The pure parts (the project, the job folder, what a status means) are :mod:`core.flare`; the client
-side is the agent's ``nvflare-client`` runtime (:mod:`agent.runtimes.nvflare`).
+The pure parts are :mod:`core.flare` (the project, what a status means) and :mod:`core.flarejob`
+(each run's job folder, generated or the tenant's); the client side is the agent's ``nvflare-client``
+runtime (:mod:`agent.runtimes.nvflare`).
 """
 
 from ops.federation.service import FederationService, serve

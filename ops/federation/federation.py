@@ -1,11 +1,17 @@
 """One federated job's federation, driven from provisioning to teardown.
 
-:meth:`Federation.drive` runs as one task per live federated job. Set-up: resolve each slot's shard,
-fetch the training code and initial model, provision the federation, upload the client kits to the
-kernel's kit bucket, start the FL server, append ``job.federation_ready`` (the coordinator starts
-clients only after it). Then, every ``TICK_S``, it re-reads the job (level-triggered, like the
-coordinator) and:
+:meth:`Federation.drive` runs as one task per live federated job, from its submission. Set-up, at
+once (so that a job that cannot run fails without waiting in the queue): resolve each slot's shard,
+provision the federation, fetch the training code into the job's FL job folder and check it
+(:mod:`ops.federation.jobfolder`), fetch the initial model, upload the client kits to the kernel's kit
+bucket. Then, every ``TICK_S``, it re-reads the job (level-triggered, like the coordinator) and:
 
+* serves only while the job can run: the FL server starts once every slot is assigned, and stops once
+  the job has waited for a worker for ``idle_s`` (a lost worker's replacement is usually placed at
+  once; a job that waits longer holds no FL server). ``job.federation_ready`` follows each start once
+  the kernel's admin session has logged in (the coordinator starts clients only after it), and
+  ``job.federation_stopped`` each stop (and a restart of this service: no client starts until the
+  server is back);
 * starts the FL server again if it died, and reconnects the admin session;
 * with no run in flight, submits one once every slot's current assignment has started and every
   site is connected (a site whose client was replaced, or all of them after a server restart, must
@@ -15,11 +21,18 @@ coordinator) and:
   bring a new client into a running job, so the round in flight is redone by the next run), turns each
   global model the server wrote into ``checkpointed``, ``round_completed`` and ``progress`` events
   (uploading it first), and follows the run's status: completed -> the final model and metrics are
-  uploaded and the job completes; failed -> the job fails with the failing client's error log.
+  uploaded and the job completes (a tenant's job folder once its run has ended, as later workflows
+  may follow the training one; a run whose workflow stopped early ends the job at its last round);
+  failed -> the job fails with the failing client's (or the server's) error log.
 
 A job that ends (completed, failed, cancelled) gets its current assignments stopped, its FL server
-killed and its kits deleted. When the service itself stops, only the server is killed: the next
-service resumes the job from its last checkpointed round.
+killed and its kits deleted. When the service itself stops (or is killed), only the server is killed
+(or left to the next service, which kills it): the next service resumes the job from its last
+checkpointed round, as after a server death.
+
+(About 550 lines: one job's state machine, kept in one class so that every transition of the FL
+server and its runs reads in one place; what it reads and writes lives in :mod:`ops.federation.server`,
+:mod:`ops.federation.jobfolder` and :mod:`ops.federation.workspace`.)
 """
 
 from __future__ import annotations
@@ -28,17 +41,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import flare
+from core import flare, flarejob
 from core.errors import ConcurrencyConflict, ResontechError
 from core.log import EventLog
 from core.streams import command_subject, job_filter, job_subject
 from gateway.workspace import bucket_for
+from ops.federation import jobfolder
 from ops.federation import workspace as ws
 from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned, provision
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
@@ -48,6 +62,7 @@ from schemas import (
     JobFailed,
     JobFederationReady,
     JobFederationRun,
+    JobFederationStopped,
     JobProgress,
     JobRoundCompleted,
     StopWork,
@@ -62,7 +77,8 @@ MAX_RUNS = 20
 """Runs one job may need (restarts included) before it fails instead of trying again."""
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
 """An FL server that dies more often than this fails the job instead of restarting again."""
-COMPONENT_SOURCE = Path(__file__).with_name("resontech_fedavg.py")
+IDLE_S = 30.0
+"""How long a job may wait for a worker (a slot without an assignment) before its FL server stops."""
 
 
 @dataclass
@@ -75,6 +91,7 @@ class Context:
     host: str
     schedule: Any
     """A callable returning the live :class:`ScheduleState`."""
+    idle_s: float = IDLE_S
 
 
 @dataclass
@@ -106,18 +123,22 @@ class Federation:
     tenant: str
     job_id: str
     prov: Provisioned | None = None
+    fljob: flarejob.FlJob | None = None
     server: FlareServer | None = None
     admin: FlareAdmin | None = None
+    announced: bool = False
+    """Whether ``job.federation_ready`` was appended since the server last started."""
     run: Run | None = None
     runs: int = 0
     reported: int = 0
     pending_reason: str = "start"
     fresh_since: dict[str, float] = field(default_factory=dict)
+    shards: list[str] = field(default_factory=list)
     kits: list[str] = field(default_factory=list)
-    script: str = ""
     initial_model: Path | None = None
     next_status_at: float = 0.0
     restarts: list[float] = field(default_factory=list)
+    waiting_since: float | None = None
 
     @property
     def key(self) -> str:
@@ -141,7 +162,7 @@ class Federation:
             if job is None or job.federated is None:
                 return
             self.reported = job.round
-            await self._setup(job)
+            await self._prepare(job)
             while (job := self.job()) is not None and job.state not in TERMINAL:
                 if await self._step(job):
                     break
@@ -155,6 +176,8 @@ class Federation:
             await self._teardown(final)
 
     async def _step(self, job: JobRecord) -> bool:
+        if not await self._serving(job):
+            return False
         assert self.server is not None and self.admin is not None
         if not self.server.alive():
             await self._restart_server(self.server.exit_reason())
@@ -163,9 +186,13 @@ class Federation:
             with contextlib.suppress(FederationError):
                 await self.admin.connect()
             return False
+        if not self.announced:
+            await self._announce()
+            return False
         await self._collect_rounds(job)
-        if self.reported >= (job.rounds or 0):  # the last global model is in: no need to wait for
-            return await self._complete(job)  # NVFlare's own end of the run (several seconds)
+        if self.reported >= (job.rounds or 0) and not (self.run is not None and self._whole_run(job)):
+            return await self._complete(job)  # the last global model is in: no need to wait for
+            # NVFlare's own end of the run (several seconds), unless the tenant's job folder runs more
         if self.run is None:
             if await self._ready(job):
                 await self._submit(job)
@@ -181,19 +208,23 @@ class Federation:
             return await self._follow(job)
         return False
 
+    @staticmethod
+    def _whole_run(job: JobRecord) -> bool:
+        """A tenant's job folder may run workflows after the training one: wait for its run's end."""
+        return job.federated is not None and bool(job.federated.job_folder)
+
     # -- set-up and teardown -------------------------------------------------------------------
 
-    async def _setup(self, job: JobRecord) -> None:
+    async def _prepare(self, job: JobRecord) -> None:
         assert job.federated is not None
         s3, spec = self.ctx.s3, job.federated
         sites = [flare.site_name(slot) for slot in range(job.shards)]
-        shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.name, job.shards)
+        self.shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.name, job.shards)
         self.prov = await asyncio.to_thread(
             provision, self.dir, tenant=self.tenant, job_id=self.job_id, host=self.ctx.host, sites=sites
         )
-        code = self.dir / "code"
-        shutil.rmtree(code, ignore_errors=True)
-        self.script = await asyncio.to_thread(ws.fetch_code, s3, self.tenant, spec.script, code)
+        code = self.dir / "job"
+        self.fljob = await asyncio.to_thread(jobfolder.prepare, s3, self.tenant, spec, sites, code)
         if spec.initial_model:
             dest = self.dir / "initial" / Path(spec.initial_model).name
             self.initial_model = await asyncio.to_thread(
@@ -202,17 +233,10 @@ class Federation:
         kit_files = {site: self.prov.kit_zip(site) for site in sites}
         self.kits = await asyncio.to_thread(ws.upload_kits, s3, self.tenant, self.job_id, kit_files)
         self.server = FlareServer(self.prov, f"{self.tenant}/{self.job_id}")
-        self.server.start()
         self.admin = FlareAdmin(self.prov.admin_dir)
-        ready = JobFederationReady(
-            server=f"{self.prov.host}:{self.prov.port}",
-            sites=sites,
-            kit_bucket=flare.KIT_BUCKET,
-            kits=self.kits,
-            shards=shards,
-        )
-        if job.federation is None or job.federation.server != ready.server:
-            await self._append(ready, f"ready-{self.prov.port}")
+        if job.federation is not None:  # an earlier service served it: its server is gone or going
+            self.pending_reason = "the federation service restarted"
+            await self._append(JobFederationStopped(reason=self.pending_reason), _once("stopped"))
 
     async def _teardown(self, final: bool) -> None:
         """Stop what this federation runs; when the job ended (``final``), also its clients and kits."""
@@ -239,18 +263,64 @@ class Federation:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(ws.delete_kits, self.ctx.s3, self.kits)
 
+    # -- the FL server -------------------------------------------------------------------------
+
+    async def _serving(self, job: JobRecord) -> bool:
+        """Start the FL server once every slot is assigned; stop it once the job has waited for a
+        worker for ``idle_s``. Whether it serves."""
+        assert self.server is not None
+        placed = len(job.assignments) >= job.shards
+        now = time.monotonic()
+        self.waiting_since = None if placed else (self.waiting_since or now)
+        if not self.server.started:
+            if placed:
+                self._start_server()
+            return placed
+        if self.waiting_since is not None and now - self.waiting_since >= self.ctx.idle_s:
+            waits = job.queue_reason or "a shard has no worker"
+            await self._stop_server(f"the job waits for workers ({waits})")
+            return False
+        return True
+
+    def _start_server(self) -> None:
+        assert self.server is not None and self.prov is not None
+        self.server.start()
+        self.announced = False
+        self.fresh_since = {site: time.time() for site in self.prov.sites}
+
+    async def _stop_server(self, reason: str, pending: str | None = None) -> None:
+        """Kill the server (and the run in flight), saying so if clients were told it was ready."""
+        assert self.server is not None and self.admin is not None
+        log.warning("%s: stopping the FL server: %s", self.key, reason)
+        self.admin.drop()
+        self.server.kill()
+        self.run = None
+        self.pending_reason = pending or reason
+        if self.announced:
+            self.announced = False
+            await self._append(JobFederationStopped(reason=reason), _once("stopped"))
+
     async def _restart_server(self, why: str) -> None:
-        assert self.server is not None and self.admin is not None and self.prov is not None
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
         if len(self.restarts) > MAX_RESTARTS:
             raise JobEnded(f"the FL server keeps dying ({len(self.restarts)} times in a minute): {why}")
         log.warning("%s: %s; restarting it", self.key, why)
-        self.admin.drop()
-        self.run = None
-        self.pending_reason = "the FL server restarted"
-        self.server.start()
-        self.fresh_since = {site: time.time() for site in self.prov.sites}
+        await self._stop_server(why, pending="the FL server restarted")
+        self._start_server()
+
+    async def _announce(self) -> None:
+        """The admin session logged in: the server serves, clients may start."""
+        assert self.prov is not None
+        ready = JobFederationReady(
+            server=f"{self.prov.host}:{self.prov.port}",
+            sites=self.prov.sites,
+            kit_bucket=flare.KIT_BUCKET,
+            kits=self.kits,
+            shards=self.shards,
+        )
+        await self._append(ready, _once("ready"))
+        self.announced = True
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -288,7 +358,7 @@ class Federation:
         rounds = (job.rounds or 0) - self.reported
         start_model, resume_key = await self._start_model(job, first)
         folder = self.dir / "runs" / str(number) / f"{job.name}-run{number}"
-        self._write_run(folder, job, first, rounds, start_model)
+        await asyncio.to_thread(self._write_run, folder, job, first, rounds, start_model)
         run_id = await self.admin.call(lambda s: s.submit_job(str(folder)))
         self.runs = number
         epochs = {slot: a.epoch for slot, a in job.assignments.items()}
@@ -321,27 +391,16 @@ class Federation:
         return local, key
 
     def _write_run(self, folder: Path, job: JobRecord, first: int, rounds: int, model: Path | None) -> None:
-        assert self.prov is not None and job.federated is not None
-        shutil.rmtree(folder, ignore_errors=True)
-        files = flare.fl_job(
-            folder.name,
-            sites=self.prov.sites,
-            script=self.script,
-            script_args=list(job.federated.args),
-            framework=job.federated.framework,
+        assert self.fljob is not None
+        documents = flarejob.run_documents(
+            self.fljob,
+            name=folder.name,
             first_round=first,
             rounds=rounds,
             out_dir=str(self.dir / "rounds"),
-            initial_model=str(model) if model else None,
+            start_model=str(model) if model else None,
         )
-        for relative, document in files.items():
-            path = folder / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(document, indent=2))
-        server_custom = folder / flare.SERVER_APP / "custom"
-        server_custom.mkdir(parents=True)
-        shutil.copyfile(COMPONENT_SOURCE, server_custom / f"{flare.COMPONENT_MODULE}.py")
-        shutil.copytree(self.dir / "code", folder / flare.CLIENT_APP / "custom")
+        jobfolder.write_run(folder, self.dir / "job", self.fljob, documents)
 
     async def _abort(self, why: str) -> None:
         assert self.run is not None and self.admin is not None
@@ -364,9 +423,14 @@ class Federation:
         if outcome == "running":
             return False
         if outcome == "completed":
-            self.run = None
+            first, self.run = self.run.first_round, None
             await self._collect_rounds(job)
-            return False  # the next step completes the job once every round is reported
+            if self.reported >= (job.rounds or 0):
+                return False  # the next step completes the job
+            if self.reported < first:
+                raise JobEnded(f"FL run {run_id} completed without finishing a round")
+            log.info("%s: the training workflow stopped at round %d", self.key, self.reported)
+            return await self._complete(job)  # it stopped early (e.g. FedAvg's stop_cond)
         if outcome == "aborted" or self.run.aborting:
             self.run = None
             if not self.pending_reason or self.pending_reason == "start":
@@ -375,17 +439,21 @@ class Federation:
         raise JobEnded(*await self._run_failure(run_id, str(meta.get("status"))))
 
     async def _run_failure(self, run_id: str, status: str) -> tuple[str, str]:
-        """Why a run failed: the first client error log the server received, else the status."""
+        """Why a run failed: the first client error log the server received, else the server's own
+        error log (the tenant's persistor or job folder failing there), else the status."""
         assert self.prov is not None
         deadline = time.monotonic() + ERROR_LOG_WAIT_S
         while True:
             for slot, site in enumerate(self.prov.sites):
-                path = self.prov.jobs_dir / run_id / f"ERRORLOG_{site}"
-                text = path.read_text(errors="replace") if path.exists() else ""
+                text = _read(self.prov.jobs_dir / run_id / f"ERRORLOG_{site}")
                 if text.strip():
                     reason, tail = flare.error_excerpt(text)
                     return f"training failed on {site} (shard {slot}): {reason}", tail
             if time.monotonic() >= deadline:
+                text = _read(self.prov.server_dir / run_id / flare.SERVER_ERROR_LOG)
+                if text.strip():
+                    reason, tail = flare.error_excerpt(text)
+                    return f"the FL server's run failed: {reason}", tail
                 return f"FL run {run_id} ended {status}", ""
             await asyncio.sleep(0.5)
 
@@ -417,17 +485,20 @@ class Federation:
             log.info("%s: round %d done %s", self.key, number, metrics)
 
     async def _complete(self, job: JobRecord) -> bool:
-        """Upload the final model and metrics and complete the job; whether that was appended."""
-        assert job.federated is not None and job.rounds is not None
-        rounds_dir = self.dir / "rounds"
-        final = rounds_dir / f"{flare.round_stem(job.rounds)}.npz"
+        """Upload the final model (the last round reported) and every round's metrics, and complete
+        the job; whether that was appended."""
+        assert job.federated is not None
+        rounds_dir, last = self.dir / "rounds", self.reported
+        final = rounds_dir / f"{flare.round_stem(last)}.npz"
         if not final.exists():  # this host lost it: the last checkpoint is in the workspace
             root = ws.output_root(job.name, job.output_prefix)
             await asyncio.to_thread(
-                ws.fetch_object, self.ctx.s3, bucket_for(self.tenant), ws.checkpoint_key(root, job.rounds),
+                ws.fetch_object, self.ctx.s3, bucket_for(self.tenant), ws.checkpoint_key(root, last),
                 final, "the last global model",
             )  # fmt: skip
-        summaries = sorted(p for p in rounds_dir.glob("round-*.json"))
+        summaries = sorted(
+            p for p in rounds_dir.glob("round-*.json") if (flare.round_of(p.name) or last + 1) <= last
+        )
         outputs = await asyncio.to_thread(
             ws.upload_final, self.ctx.s3, self.tenant, ws.output_root(job.name, job.output_prefix), final,
             summaries, job.federated.framework,
@@ -468,3 +539,12 @@ class Federation:
             event,
             event_id=f"fed-{self.tenant}-{self.job_id}-{suffix}",
         )
+
+
+def _once(what: str) -> str:
+    """An event id suffix for something that happens more than once in a job's life."""
+    return f"{what}-{uuid.uuid4().hex[:16]}"
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""

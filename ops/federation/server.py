@@ -15,9 +15,14 @@ Layout of ``<data dir>/federations/<tenant>/<job_id>/`` (everything NVFlare writ
     server.pid           its pid, for people (the kernel finds its processes by their tag)
 
 Commands start with ``sys.executable`` (never a ``python3`` from PATH, as NVFlare's start scripts
-do), with a clean environment whose ``HOME`` is the federation directory (so nothing lands in
-``~/.nvflare``), tagged ``RESONTECH_FEDERATION=<tenant>/<job_id>`` so that the server's whole process
-tree (NVFlare starts each run's process in a session of its own) can be found and stopped.
+do), with a clean environment (:func:`clean_env`) whose ``HOME`` is the federation directory (so
+nothing lands in ``~/.nvflare``), tagged ``RESONTECH_FEDERATION=<tenant>/<job_id>`` so that the
+server's whole process tree (NVFlare starts each run's process in a session of its own) can be found
+and stopped. The tenant's code can run in it (a ``persistor``, a job folder's server components):
+NVFlare's run process inherits the server's environment, and works in the server's workspace (both
+NVFlare processes change into it), inside the job's directory. It runs as the kernel's user, though:
+on a shared kernel host, what keeps it from the kernel's files is the deployment (a container or a
+user per job), not this module.
 """
 
 from __future__ import annotations
@@ -91,7 +96,8 @@ class Provisioned:
 
 
 def clean_env(root: Path, tag: str) -> dict[str, str]:
-    """The environment of NVFlare processes: nothing of the kernel's (no NATS or S3 credentials)."""
+    """The environment of NVFlare processes: nothing of the kernel's (no NATS or S3 credentials, no
+    provider keys): a ``PATH``, a locale, ``HOME`` and ``TMPDIR`` inside ``root``, and the tag."""
     return {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -179,6 +185,11 @@ class FlareServer:
         self.log_file = provisioned.root / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def started(self) -> bool:
+        """Started and not killed since (it may have died: :meth:`alive`)."""
+        return self.proc is not None
+
     def start(self) -> None:
         """Start it, first killing whatever an earlier kernel process left of this federation."""
         self.kill()
@@ -190,7 +201,7 @@ class FlareServer:
         ]  # fmt: skip
         env = clean_env(self.p.root, self.tag)
         Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        self.proc = spawn(argv, self.log_file, env)
+        self.proc = spawn(argv, self.log_file, env, cwd=ws)
         (self.p.root / "server.pid").write_text(str(self.proc.pid))
         log.info(
             "FL server of %s started on %s:%d (pid %d)", self.tag, self.p.host, self.p.port, self.proc.pid
@@ -211,6 +222,7 @@ class FlareServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
         kill_tagged(TAG, self.tag)
 
 

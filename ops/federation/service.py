@@ -1,15 +1,23 @@
 """The federation service (``resontech federation``): one federation per live federated job.
 
 It follows the schedule projection; every federated job that is not terminal gets a
-:class:`~ops.federation.federation.Federation` task, which provisions, serves and tears down that
-job's federation. The FL servers run here, on the kernel side, rather than on one of the job's
-agents: the server holds the global model and the job's certificates, its loss would cost the
-whole job (not one shard), and every agent of the job stays interchangeable. Only the kernel's own
-FedAvg workflow runs in it; the tenant's code runs on the agents.
+:class:`~ops.federation.federation.Federation` task, which provisions, serves (while the job can run)
+and tears down that job's federation. The FL servers run here, on the kernel side, rather than on one
+of the job's agents: the server holds the global model and the job's certificates, its loss would
+cost the whole job (not one shard), and every agent of the job stays interchangeable. The tenant's
+training code runs on the agents; only a tenant's server-side code (a ``persistor``, a job folder's
+server components) runs here, in the job's own directory with a clean environment
+(:mod:`ops.federation.server`).
+
+Restarts: a service that stops (or is killed) leaves its jobs to the next one, which re-adopts every
+live federated job from the log: it provisions nothing again (the clients keep their certificates),
+kills what the last service left of the FL server, starts it again and resumes each job from its last
+checkpointed round.
 
 Settings (environment): ``RESONTECH_FEDERATION_HOST``, the name clients dial to reach the FL servers
 (default ``localhost``: every server binds loopback only; any other name binds every interface, and
-must resolve to this host for the clients).
+must resolve to this host for the clients); ``RESONTECH_FEDERATION_IDLE_S``, how long a job may wait
+for a worker before its FL server stops (default 30).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.objects import s3_client
 from core.settings import Settings
-from ops.federation.federation import Context, Federation
+from ops.federation.federation import IDLE_S, Context, Federation
 from ops.federation.server import TAG
 from projections import SCHEDULE
 from projections.runner import ProjectionRunner
@@ -33,6 +41,7 @@ from projections.schedule import TERMINAL, ScheduleState, job_key
 
 log = logging.getLogger("resontech.federation")
 HOST_ENV = "RESONTECH_FEDERATION_HOST"
+IDLE_ENV = "RESONTECH_FEDERATION_IDLE_S"
 RETRY_S = 5.0
 """A federation task that crashed (a bug, not a failed job) is started again after this long; it
 resumes from the job's last checkpointed round."""
@@ -46,15 +55,23 @@ class FederationService:
         root: the directory federations live in (``<data dir>/federations``).
         host: the name the clients dial (see the module docstring).
         tick_s: how often to look for new federated jobs without a new event.
+        idle_s: how long a job may wait for a worker before its FL server stops.
     """
 
     def __init__(
-        self, event_log: EventLog, root: Path, *, host: str = "localhost", tick_s: float = 0.25
+        self,
+        event_log: EventLog,
+        root: Path,
+        *,
+        host: str = "localhost",
+        tick_s: float = 0.25,
+        idle_s: float = IDLE_S,
     ) -> None:
         self.log = event_log
         self.root = root
         self.host = host
         self.tick_s = tick_s
+        self.idle_s = idle_s
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.crashed: dict[str, float] = {}
@@ -71,6 +88,7 @@ class FederationService:
             root=self.root,
             host=self.host,
             schedule=self._state,
+            idle_s=self.idle_s,
         )
         follower = asyncio.create_task(self.schedule.run(stop))
         try:
@@ -130,8 +148,19 @@ async def serve(settings: Settings, root: Path, *, stop: asyncio.Event | None = 
         event_log,
         root,
         host=os.environ.get(HOST_ENV) or "localhost",
+        idle_s=_seconds(IDLE_ENV, IDLE_S),
     )
     try:
         await service.run(stop)
     finally:
         await event_log.close()
+
+
+def _seconds(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise SystemExit(f"{name} must be a number of seconds, not {os.environ.get(name)!r}")
+    return value

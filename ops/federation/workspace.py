@@ -14,17 +14,14 @@ A later job of the same name writes over them. Every call blocks (boto3): caller
 from __future__ import annotations
 
 import json
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from core import flare
+from core import flare, flarejob
 from gateway.workspace import bucket_for, provision
 from ops.federation.server import FederationError
-
-MAX_CODE_BYTES = 200 * 1024 * 1024
-MAX_CODE_FILES = 2000
 
 
 def output_root(name: str, output_prefix: str) -> str:
@@ -61,29 +58,30 @@ def resolve_shards(s3: Any, tenant: str, name: str, shards: int) -> list[str]:
         raise FederationError(str(exc)) from None
 
 
-def fetch_code(s3: Any, tenant: str, script: str, dest: Path) -> str:
-    """Download the script's folder (the script and whatever sits beside and below it) into ``dest``;
-    return the script's path inside ``dest``.
+def fetch_folder(s3: Any, tenant: str, prefix: str, dest: Path, what: str, needs: str = "") -> list[str]:
+    """Download every object under ``prefix`` (``""``: the whole workspace) into ``dest``; their paths
+    relative to it.
 
     Raises:
-        FederationError: the script is missing, or the folder is too large.
+        FederationError: the folder is empty, lacks ``needs`` (a key), or is too large
+            (:func:`core.flarejob.code_problem`).
     """
     bucket = bucket_for(tenant)
-    folder = str(PurePosixPath(script).parent)
-    prefix = "" if folder == "." else folder + "/"
     objects = list_keys(s3, bucket, prefix)
-    if script not in {key for key, _ in objects}:
-        raise FederationError(f"the training script {script} is not in the workspace")
-    if len(objects) > MAX_CODE_FILES or sum(size for _, size in objects) > MAX_CODE_BYTES:
-        raise FederationError(
-            f"the training code folder {prefix or '/'} holds more than {MAX_CODE_FILES} files or "
-            f"{MAX_CODE_BYTES // 2**20} MiB: keep the script in a folder of its own"
-        )
+    if not objects:
+        raise FederationError(f"{what} {prefix} is not in the workspace")
+    if needs and needs not in {key for key, _ in objects}:
+        raise FederationError(f"{what} {needs} is not in the workspace")
+    too_big = flarejob.code_problem(objects, f"{what} folder {prefix or '/'}")
+    if too_big:
+        raise FederationError(f"{too_big}: keep it in a folder of its own")
+    names = []
     for key, _ in objects:
         target = dest / key[len(prefix) :]
         target.parent.mkdir(parents=True, exist_ok=True)
         s3.download_file(bucket, key, str(target))
-    return script[len(prefix) :]
+        names.append(key[len(prefix) :])
+    return names
 
 
 def fetch_object(s3: Any, bucket: str, key: str, dest: Path, what: str) -> Path:

@@ -43,23 +43,38 @@ class Resources(Request, frozen=True, kw_only=True):
 
 
 class FederatedSpec(Request, frozen=True, kw_only=True):
-    """The training code of a ``federated`` job: an NVFlare Client API script in the workspace.
+    """The training code of a ``federated`` job, in the workspace: an NVFlare Client API script
+    (``script``; the kernel generates the FL job around it) or an NVFlare job folder (``job_folder``).
+    Give exactly one of the two.
 
     Attributes:
         script: workspace key of the script each site runs (e.g. ``jobs/{name}/scripts/train.py``);
             the files beside and below it ship with it. It reads its shard from the directory in
             ``RESONTECH_DATA_ROOT`` and sends each round's model with ``NUM_STEPS_CURRENT_ROUND`` set to
             its sample count (FedAvg weighs by it).
-        args: its arguments (no whitespace inside one: NVFlare splits them on whitespace).
-        framework: ``numpy`` (default) or ``pytorch``: what ``flare.receive()`` gives the script.
+        job_folder: workspace prefix (ending in ``/``) of an NVFlare job folder: ``meta.json`` with its
+            ``deploy_map``, and apps with ``config/config_fed_server.json``,
+            ``config/config_fed_client.json`` and ``custom/``. Its client names become the job's
+            ``site-1`` .. ``site-N``; the kernel sets its training workflow's ``num_rounds`` (from
+            ``rounds``), ``start_round`` and ``persistor_id`` (see docs/federated.md).
+        args: the script's arguments (no whitespace inside one: NVFlare splits them on whitespace).
+        framework: ``numpy`` (default) or ``pytorch``: what ``flare.receive()`` gives the script; for
+            a job folder, ``pytorch`` only adds ``model_out/model.pt``.
         initial_model: workspace key of the first global model (``.npz`` of named arrays, or a
-            PyTorch ``.pt`` state dict); default none: the script starts from its own weights.
+            PyTorch ``.pt`` state dict); default none: round 1 starts from what the persistor loads,
+            else from an empty model (the script starts from its own weights).
+        persistor: ``<workspace key of a .py file>:<class>``: a NVFlare ``ModelPersistor`` the server
+            loads round 1's model with (unless ``initial_model`` is given) and hands every round's
+            global model to; its file's folder ships with it. It runs on the kernel's FL server, in
+            the job's own directory, with a clean environment. For a ``script`` only.
     """
 
-    script: ObjectKey
+    script: ObjectKey | None = None
+    job_folder: ObjectKey | None = None
     args: Annotated[list[Annotated[str, msgspec.Meta(max_length=1024)]], msgspec.Meta(max_length=64)] = []
     framework: Literal["numpy", "pytorch"] = "numpy"
     initial_model: ObjectKey | None = None
+    persistor: Annotated[str, msgspec.Meta(min_length=1, max_length=1100)] | None = None
 
 
 class SubmitJob(Request, frozen=True, kw_only=True):

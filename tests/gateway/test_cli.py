@@ -47,6 +47,12 @@ def test_login_upload_submit_status_cancel(gateway_server: GatewayServer, tmp_pa
     script.write_text("print('RESONTECH_PROGRESS {\"loss\": 0.5}')\n")
     assert "uploaded" in cli("upload", str(script), "scripts/train.py").stdout
     assert "scripts/train.py" in cli("ls", "scripts/").stdout
+    folder = REPO / "examples" / "fedavg-jobfolder" / "flare"
+    uploaded = cli("upload", str(folder), "jobs/jf/flare/").stdout
+    assert "uploaded jobs/jf/flare/app_client/custom/train.py" in uploaded and "__pycache__" not in uploaded
+    assert "jobs/jf/flare/meta.json" in cli("ls", "jobs/jf/").stdout
+    no_prefix = cli("upload", str(folder), "jobs/jf/flare", ok=False)
+    assert no_prefix.returncode != 0 and "a prefix ending in '/'" in no_prefix.stderr
 
     spec = tmp_path / "job.yaml"
     spec.write_text(

@@ -146,6 +146,28 @@ BAD_SPECS: list[tuple[dict[str, Any], int, str]] = [
         "invalid_spec",
     ),
     (spec(federated={"script": "train.py"}), 422, "invalid_spec"),
+    (spec(kind="federated", rounds=3, federated={"args": []}), 422, "invalid_spec"),  # no code
+    (
+        spec(kind="federated", rounds=3, federated={"script": "t.py", "job_folder": "jobs/x/flare/"}),
+        422,
+        "invalid_spec",
+    ),
+    (spec(kind="federated", rounds=3, federated={"job_folder": "jobs/x/flare"}), 422, "invalid_spec"),
+    (
+        spec(kind="federated", rounds=3, federated={"job_folder": "jobs/x/f/", "persistor": "p.py:P"}),
+        422,
+        "invalid_spec",
+    ),
+    (
+        spec(kind="federated", rounds=3, federated={"script": "t.py", "persistor": "p.py"}),
+        422,
+        "invalid_spec",
+    ),
+    (
+        spec(kind="federated", rounds=3, federated={"script": "t.py", "persistor": "../p.py:P"}),
+        422,
+        "invalid_key",
+    ),
     (spec(kind="federated", rounds=3, federated={"script": "scripts/train.py"}), 422, "missing_objects"),
     (spec(command=[]), 422, "invalid_spec"),
     (spec(rounds=3), 422, "invalid_spec"),
@@ -177,6 +199,36 @@ async def test_bad_specs_are_refused_with_a_reason_and_append_nothing(api: Api, 
         assert response.status_code == status
     assert await job_events(log) == []
     assert await log.last_seq("AUDIT") == 1  # only the tenant's creation
+
+
+async def test_a_job_folder_is_checked_from_its_listing_and_a_persistor_must_exist(
+    api: Api, log: EventLog
+) -> None:
+    tenant, admin = await api.tenant()
+    put(api, tenant, "jobs/fl/shards/shard-0.zip")
+    put(api, tenant, "jobs/fl/scripts/train.py")
+    folder = {"job_folder": "jobs/fl/flare/"}
+    body = spec(name="fl", kind="federated", rounds=2, shards=1, command=[], federated=folder)
+    missing = await submit(api, admin, body)
+    assert missing.json()["error"]["code"] == "missing_objects" and "jobs/fl/flare/" in missing.text
+    put(api, tenant, "jobs/fl/flare/meta.conf")
+    put(api, tenant, "jobs/fl/flare/app/config/config_fed_client.json")
+    broken = await submit(api, admin, body)
+    assert broken.status_code == 422 and broken.json()["error"] == {
+        "code": "invalid_job_folder",
+        "message": "federated.job_folder jobs/fl/flare/ is not an NVFlare job folder: no meta.json at its "
+        "top (meta.conf: only JSON is read); no app with config/config_fed_server.json (the server side)",
+    }
+    put(api, tenant, "jobs/fl/flare/meta.json")
+    put(api, tenant, "jobs/fl/flare/app/config/config_fed_server.json")
+    good = await submit(api, admin, body)
+    assert good.status_code == 201, good.text
+    persisted = {"script": "jobs/fl/scripts/train.py", "persistor": "jobs/fl/scripts/persistor.py:Keep"}
+    no_file = await submit(api, admin, {**body, "federated": persisted})
+    assert no_file.json()["error"]["code"] == "missing_objects" and "persistor.py" in no_file.text
+    [submitted] = [r.event for r in await job_events(log)]
+    assert submitted.federated.job_folder == "jobs/fl/flare/" and submitted.federated.script == ""
+    assert submitted.inputs == ["jobs/fl/flare/", "jobs/fl/shards/"]
 
 
 async def test_a_job_over_the_tenants_whole_quota_is_refused(api: Api, log: EventLog) -> None:
