@@ -89,7 +89,9 @@ def test_engine_argv_and_env_for_cpu_gpu_and_embeddings() -> None:
     assert st[1:3] == ["-m", "agent.engines.embeddings"] and st[st.index("--model") + 1] == "/ws/model"
     cpu_env = engine_env({"PATH": "/bin"}, gpus=0, options={"kv_cache_gib": "2"})
     assert cpu_env["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu_env["HF_HUB_OFFLINE"] == "1"
-    assert "VLLM_CPU_KVCACHE_SPACE" not in engine_env({}, gpus=1, options={})
+    assert cpu_env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and cpu_env["OMP_WAIT_POLICY"] == "PASSIVE"
+    gpu_env = engine_env({}, gpus=1, options={})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu_env and "VLLM_CPU_OMP_THREADS_BIND" not in gpu_env
 
 
 def _endpoint(**changes: object) -> EndpointRecord:

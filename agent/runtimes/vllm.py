@@ -100,13 +100,21 @@ def engine_env(
     vLLM's compile cache in the host's model cache (``HOME`` is the assignment's directory, so the
     default cache would make every replica compile the model again). ``rpc_dir`` holds vLLM's ZeroMQ
     IPC sockets: a Unix socket path is limited to 107 bytes, which a path inside the assignment's
-    directory can exceed."""
+    directory can exceed.
+
+    On CPU, the engine's OpenMP threads are neither pinned nor spinning: vLLM-CPU pins its worker
+    to cores of its own choosing (core 0 of this 2-core host, for every replica on it), and OpenMP
+    threads busy-wait between steps. Measured here with a first replica busy serving: a second
+    replica pinned to that same core was ready after 122 s (and in one benchmark run, under a heavier
+    load, had not started its engine core after 9 minutes); unpinned and passive, after 79 s."""
     out = {**env, **OFFLINE_ENV, "VLLM_CACHE_ROOT": str(model_cache() / "vllm")}
     if rpc_dir is not None:
         out["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     if gpus == 0:
         out["VLLM_CPU_KVCACHE_SPACE"] = options.get("kv_cache_gib", "1")
         out["VLLM_TARGET_DEVICE"] = "cpu"
+        out["VLLM_CPU_OMP_THREADS_BIND"] = options.get("cpu_bind", "nobind")
+        out["OMP_WAIT_POLICY"] = "PASSIVE"
     return out
 
 

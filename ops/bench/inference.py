@@ -13,8 +13,8 @@ engine (``engine: cpu``) by default, or with ``--chat`` SmolLM2-135M-Instruct on
   sending it to its complete answer (the first token, for an embedding) is ``cold_start_s``, and the
   gateway's ``x-resontech-cold-start-s`` header says how much of it was waiting for a replica.
 * **Scale-out.** With ``target_rps_per_replica`` 2 and ``max_replicas`` 2, a load step of ~6
-  requests a second: ``scale_out_s`` is from the step to the second replica ready (the autoscaler
-  sees the last 10 s of load).
+  requests a second (at most :data:`MAX_IN_FLIGHT` at once): ``scale_out_s`` is from the step to
+  the second replica ready (the autoscaler sees the last 10 s of load).
 
 Usage: ``python -m ops.bench.inference [--quick] [--chat] [--requests N]``.
 """
@@ -42,6 +42,9 @@ from ops.coordinator import Coordinator
 from ops.process import spawn, terminate
 
 READY_S = 900.0
+MAX_IN_FLIGHT = 8
+"""The load step's concurrency cap: a vLLM-CPU replica answers ~1 completion a second here, and
+requests sent 6 a second without a cap piled up by the hundred on the cores the new replica needs."""
 
 
 @contextlib.asynccontextmanager
@@ -158,6 +161,9 @@ async def scale_out(http: httpx.AsyncClient, key: str, endpoint_id: str, chat: b
     async def load() -> None:
         i = 0
         while not stop.is_set():
+            if len(sent) >= MAX_IN_FLIGHT:  # a client pool, not an unbounded pile-up on 2 cores
+                await asyncio.sleep(0.05)
+                continue
             path, body = request_of(chat, "bench", i)
             task = asyncio.create_task(http.post(path, json=body, headers=headers))
             sent.add(task)

