@@ -84,6 +84,7 @@ def test_engine_argv_and_env_for_cpu_gpu_and_embeddings() -> None:
     assert tp[tp.index("--tensor-parallel-size") + 1] == "4"
     embed = engine_command(models.ResolvedModel("/e", "e", "embed"), host="h", port=1, gpus=0, options={})
     assert "--runner" in embed and "pooling" in embed
+    assert "--max-model-len" not in embed  # an embedding model keeps its own (MiniLM: 256)
     folder = models.ResolvedModel("/ws/model", "emb", "embed")
     st = engine_command(folder, host="h", port=1, gpus=0, options={"engine": "cpu"})
     assert st[1:3] == ["-m", "agent.engines.embeddings"] and st[st.index("--model") + 1] == "/ws/model"

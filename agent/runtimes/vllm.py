@@ -74,9 +74,13 @@ def engine_command(
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model.path, "--served-model-name", model.served_name,
         "--host", host, "--port", str(port),
-        "--max-model-len", options.get("max_model_len", "2048"),
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
+    # A chat model's context is capped to keep its KV cache small; an embedding model keeps its own
+    # (all-MiniLM-L6-v2 has 256 positions, and vLLM refuses a longer one).
+    max_model_len = options.get("max_model_len", "2048" if model.task == "generate" else None)
+    if max_model_len is not None:
+        argv += ["--max-model-len", max_model_len]
     if model.task == "embed":
         argv += ["--runner", "pooling", "--convert", "embed"]
     if gpus > 1:

@@ -219,7 +219,7 @@ async def _ready_events(log: EventLog, endpoint_id: str, n: int) -> bool:
     return len(of(await records(log, "ENDPOINTS", f"endpoint.*.{endpoint_id}.>"), EndpointReplicaReady)) >= n
 
 
-async def test_vllm_serves_chat_streaming_and_completions_through_the_gateway(
+async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the_gateway(
     log: EventLog, agents: Callable[..., AgentProcess], gateway_server: GatewayServer
 ) -> None:
     reason = await asyncio.to_thread(vllm_unavailable)
@@ -233,10 +233,15 @@ async def test_vllm_serves_chat_streaming_and_completions_through_the_gateway(
         endpoint = await deploy(
             server, admin, name="chat", model="smollm2-135m-instruct", min_replicas=2, max_replicas=2
         )
+        # and embeddings through vLLM's pooling runner (no engine named: vLLM, as on a GPU host)
+        pooled = await deploy(server, admin, name="vembed", model="all-MiniLM-L6-v2", min_replicas=1)
         await until(
             lambda: _ready(server, admin, endpoint["endpoint_id"], 2), "two vLLM replicas ready",
             timeout=VLLM_READY_S,
         )  # fmt: skip
+        await until(
+            lambda: _ready(server, admin, pooled["endpoint_id"], 1), "pooling ready", timeout=VLLM_READY_S
+        )
         api = client(server, admin)
         chat = await api.chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -261,6 +266,8 @@ async def test_vllm_serves_chat_streaming_and_completions_through_the_gateway(
             model="chat", prompt="The capital of France is", max_tokens=4, temperature=0
         )
         assert "Paris" in completion.choices[0].text
+        vectors = await api.embeddings.create(model="vembed", input=["hello world", "bonjour"])
+        assert [len(v.embedding) for v in vectors.data] == [384, 384] and vectors.usage.prompt_tokens > 0
         raw = [await api.completions.with_raw_response.create(model="chat", prompt="Hi", max_tokens=2)
                for _ in range(4)]  # fmt: skip
         assert Counter(r.headers["x-resontech-replica"] for r in raw) == {"0": 2, "1": 2}  # round robin
