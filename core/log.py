@@ -9,7 +9,7 @@ Appends use the log's own reply inbox and :class:`core.wire.AckTracker` rather t
 ``publish_async`` (see :mod:`core.wire` for why): every append not acknowledged within
 ``ack_timeout_s`` fails with :class:`AppendTimeout`.
 
-The module is longer than most (~650 lines): it is the one place that speaks JetStream, and
+The module is longer than most (~700 lines): it is the one place that speaks JetStream, and
 splitting its append and read halves would spread one protocol over two files that must change
 together.
 """

@@ -822,4 +822,21 @@ async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event
         await event_log.close()
 
 
-__all__: Sequence[str] = ("Coordinator", "serve", "start_command")
+@contextlib.asynccontextmanager
+async def running(
+    settings: Any, *, name: str = "coordinator", tick_s: float = 0.1
+) -> AsyncIterator[Coordinator]:
+    """A coordinator on a connection of its own, deciding until the block ends (tests, benchmarks)."""
+    own = await EventLog.connect(settings, name=name)
+    instance = Coordinator(own, name=name, tick_s=tick_s)
+    stop = asyncio.Event()
+    task = asyncio.create_task(instance.run(stop))
+    try:
+        yield instance
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await own.close()
+
+
+__all__: Sequence[str] = ("Coordinator", "running", "serve", "start_command")

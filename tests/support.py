@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any
 
 from agent.runtimes.process import reap_orphans
 from core.log import EventLog
+from ops.coordinator import Coordinator, running
 from schemas.envelope import Recorded
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,3 +123,10 @@ async def registered(log: EventLog, agent: AgentProcess) -> str:
         "registered",
     )
     return worker_id
+
+
+def coordinator(
+    log: EventLog, name: str = "coordinator"
+) -> contextlib.AbstractAsyncContextManager[Coordinator]:
+    """A coordinator on its own connection (ticking every 0.1 s), running until the block ends."""
+    return running(log.settings, name=name, tick_s=0.1)

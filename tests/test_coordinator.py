@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
 from agent.simulated import SimulatedFleet
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_subject, worker_subject
-from ops.coordinator import Coordinator
 from schemas import (
     Heartbeat,
     JobAssignmentRevoked,
@@ -29,24 +26,9 @@ from schemas import (
     WorkerCordoned,
     WorkerLost,
 )
-from tests.support import AgentProcess, of, records, registered, until, wait_records
+from tests.support import AgentProcess, coordinator, of, records, registered, until, wait_records
 
 pytestmark = pytest.mark.slow
-
-
-@contextlib.asynccontextmanager
-async def coordinator(log: EventLog, name: str = "coordinator") -> AsyncIterator[Coordinator]:
-    """A coordinator on its own connection, running until the block ends."""
-    own = await EventLog.connect(log.settings, name=name)
-    instance = Coordinator(own, name=name, tick_s=0.1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(instance.run(stop))
-    try:
-        yield instance
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await own.close()
 
 
 CHECKPOINT_THEN_SLEEP = """

@@ -8,12 +8,11 @@ master port is hashed from the job id), so the tests run in parallel with the re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import io
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,6 @@ import torch
 from agent.runtimes.process import kill_marked
 from core.log import EventLog
 from core.streams import job_subject
-from ops.coordinator import Coordinator
 from ops.objectstore import ObjectStoreServer
 from schemas import (
     JobAssignmentRevoked,
@@ -38,7 +36,7 @@ from schemas import (
     WorkerLost,
 )
 from schemas.envelope import Recorded
-from tests.support import REPO, AgentProcess, of, records, registered
+from tests.support import REPO, AgentProcess, coordinator, of, records, registered
 
 pytestmark = pytest.mark.slow
 
@@ -63,22 +61,6 @@ def make_data() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@contextlib.asynccontextmanager
-async def coordinator(log: EventLog) -> AsyncIterator[Coordinator]:
-    """A coordinator (presigning for the session's object store), on its own connection, until the
-    block ends."""
-    own = await EventLog.connect(log.settings, name="coordinator")
-    instance = Coordinator(own, tick_s=0.1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(instance.run(stop))
-    try:
-        yield instance
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await own.close()
 
 
 def workspace(object_store: ObjectStoreServer, script: bytes | None = None) -> tuple[str, Any]:

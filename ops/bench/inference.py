@@ -34,11 +34,10 @@ from typing import Any
 
 import httpx
 
-from core.log import EventLog
 from gateway.inference import percentile
 from ops.bench.common import emit, machine, process_peak_rss_mb, table
 from ops.bench.gateway import REPO, ServedStack, create_tenants, served_stack
-from ops.coordinator import Coordinator
+from ops.coordinator import running
 from ops.process import spawn, terminate
 
 READY_S = 900.0
@@ -55,16 +54,10 @@ async def agent_and_coordinator(stack: ServedStack, tmp: Path) -> AsyncIterator[
     argv = [sys.executable, "-m", "ops.cli", "agent", "--name", "bench-1", "--state-dir", str(tmp / "agent"),
             "--heartbeat", "1"]  # fmt: skip
     agent = spawn(argv, tmp / "agent.log", env)
-    log = await EventLog.connect(stack.settings, name="bench-coordinator")
-    coordinator = Coordinator(log, name="bench-coordinator", tick_s=0.1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(coordinator.run(stop))
     try:
-        yield agent
+        async with running(stack.settings, name="bench-coordinator"):
+            yield agent
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await log.close()
         await asyncio.to_thread(terminate, agent, 15.0)
 
 

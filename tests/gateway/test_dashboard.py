@@ -45,8 +45,8 @@ from schemas.jobs import JobFailed, JobPlaced, JobProgress, JobStarted, JobSubmi
 from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, GpuTelemetry, Provenance
 from tests.gateway.conftest import GatewayServer, ServeGateway
-from tests.gateway.test_inference import SLOW_HOST, ST_READY_S, _engine_pid, coordinator
-from tests.support import REPO, AgentProcess, registered
+from tests.gateway.test_inference import SLOW_HOST, ST_READY_S, _engine_pid
+from tests.support import REPO, AgentProcess, coordinator, registered
 
 CHROMIUM = os.environ.get("RESONTECH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

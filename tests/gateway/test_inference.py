@@ -10,14 +10,13 @@ ready in seconds, where vLLM-CPU compiles the model first: minutes on this share
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
@@ -27,7 +26,7 @@ from core.log import EventLog
 from ops.coordinator import Coordinator
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady
 from tests.gateway.conftest import GatewayServer
-from tests.support import REPO, AgentProcess, of, records, registered
+from tests.support import REPO, AgentProcess, coordinator, of, records, registered
 
 pytestmark = pytest.mark.slow
 VLLM_READY_S = 900.0
@@ -46,20 +45,6 @@ def vllm_unavailable() -> str | None:
     if probe.returncode != 0:
         return f"import vllm fails here: {probe.stderr.strip().splitlines()[-1:]}"
     return None
-
-
-@contextlib.asynccontextmanager
-async def coordinator(log: EventLog) -> AsyncIterator[Coordinator]:
-    own = await EventLog.connect(log.settings, name="coordinator")
-    instance = Coordinator(own, name="coordinator", tick_s=0.1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(instance.run(stop))
-    try:
-        yield instance
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await own.close()
 
 
 async def until(predicate: Callable[[], Awaitable[Any]], what: str, timeout: float) -> Any:

@@ -3,19 +3,16 @@ the job's events; scoping and bad input. The end-to-end test runs a real agent a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import re
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from core.log import EventLog
 from core.streams import job_subject
-from ops.coordinator import Coordinator
 from projections import SCHEDULE
 from schemas import (
     Assignment,
@@ -31,7 +28,7 @@ from schemas import (
 )
 from tests.gateway.accounts import provider_key, register_worker
 from tests.gateway.conftest import Api
-from tests.support import AgentProcess, records, registered, until
+from tests.support import AgentProcess, coordinator, records, registered, until
 
 SPEC: dict[str, Any] = {"name": "hello", "kind": "process", "command": ["python", "-c", "print(1)"]}
 
@@ -385,20 +382,6 @@ async def test_events_are_paginated_by_sequence(api: Api) -> None:
     assert shown["env_names"] == ["WANDB_API_KEY"] and "secret" not in str(shown)
     bad = await api.request("GET", f"/v1/jobs/{job_id}/events?after=zzz", admin)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
-
-
-@contextlib.asynccontextmanager
-async def coordinator(log: EventLog) -> AsyncIterator[Coordinator]:
-    own = await EventLog.connect(log.settings, name="coordinator")
-    instance = Coordinator(own, tick_s=0.1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(instance.run(stop))
-    try:
-        yield instance
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        await own.close()
 
 
 @pytest.mark.slow
