@@ -1,10 +1,15 @@
 """The providers projection: PROVIDERS (``provider.<provider>.<event>``) folded into provider accounts,
-their API keys (hashes only), enrollment tokens (hashes only) and enrolled agents (with the bcrypt
-hash of their NATS password, from which the NATS server's agent users are rendered)."""
+their API keys (hashes only), enrollment tokens (hashes only, with their approval) and enrolled agents
+(with the bcrypt hash of their NATS password, from which the NATS server's agent users are rendered).
+
+A worker's identity is fixed when it enrolls: :func:`enrollment_of` gives the provider, pool, region
+and owner tenant of the token it enrolled with (and, for a managed or private pool, that somebody
+entitled approved), the kernel's facts that an agent's later claims are checked against.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -13,6 +18,7 @@ from schemas.envelope import Recorded
 from schemas.providers import (
     AgentCredentialsRevoked,
     AgentEnrolled,
+    EnrollmentTokenApproved,
     EnrollmentTokenIssued,
     EnrollmentTokenRevoked,
     ProviderCreated,
@@ -29,8 +35,22 @@ class ProviderKey(msgspec.Struct, frozen=True, kw_only=True):
     revoked: bool = False
 
 
+TokenStatus = Literal["active", "pending_approval", "used", "revoked", "expired"]
+"""What :func:`token_status` says of a token."""
+
+APPROVED_POOLS = frozenset({"managed", "private"})
+"""Pools whose enrollment tokens enroll nobody until approved: a private pool's by an admin of its
+owner tenant, a managed pool's by the operator."""
+
+
 class EnrollmentToken(msgspec.Struct, frozen=True, kw_only=True):
-    """A one-time token; ``used_by`` names the worker that enrolled with it."""
+    """A one-time token; ``used_by`` names the worker that enrolled with it.
+
+    Attributes:
+        approved_by: who approved a managed or private pool token (``None``: not approved).
+        revoked_by: who revoked it (its provider) or refused it (the approver).
+        decided_ns: when it was approved or revoked (Unix ns; 0: neither).
+    """
 
     token_id: str
     token_sha256: str
@@ -42,6 +62,14 @@ class EnrollmentToken(msgspec.Struct, frozen=True, kw_only=True):
     issued_ns: int = 0
     used_by: str | None = None
     revoked: bool = False
+    approved_by: str | None = None
+    revoked_by: str | None = None
+    decided_ns: int = 0
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """A managed or private pool token nobody has approved yet (whatever else its status)."""
+        return self.pool in APPROVED_POOLS and self.approved_by is None
 
 
 class EnrolledAgent(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,8 +97,22 @@ class ProviderRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ProvidersState(msgspec.Struct, kw_only=True):
+    """Every provider account; ``enrolled``: worker id -> the provider of its live enrollment."""
+
     seq: int = 0
     providers: dict[str, ProviderRecord] = {}
+    enrolled: dict[str, str] = {}
+
+
+class Enrollment(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's identity as the kernel recorded it when the worker enrolled."""
+
+    provider: str
+    worker_id: str
+    token_id: str
+    pool: str
+    region: str
+    owner_tenant: str | None
 
 
 def _changed(record: ProviderRecord, event: Any, t: int) -> ProviderRecord:
@@ -94,7 +136,14 @@ def _changed(record: ProviderRecord, event: Any, t: int) -> ProviderRecord:
             )
             return replace(record, tokens={**record.tokens, event.token_id: token})
         case EnrollmentTokenRevoked(token_id=token_id) if token_id in record.tokens:
-            token = replace(record.tokens[token_id], revoked=True)
+            token = record.tokens[token_id]
+            if not token.revoked:
+                token = replace(token, revoked=True, revoked_by=event.revoked_by or None, decided_ns=t)
+            return replace(record, tokens={**record.tokens, token_id: token})
+        case EnrollmentTokenApproved(token_id=token_id) if token_id in record.tokens:
+            token = record.tokens[token_id]
+            if token.awaiting_approval and not token.revoked:
+                token = replace(token, approved_by=event.approved_by, decided_ns=t)
             return replace(record, tokens={**record.tokens, token_id: token})
         case AgentEnrolled(token_id=token_id, worker_id=worker_id):
             tokens = record.tokens
@@ -131,7 +180,24 @@ def evolve(state: ProvidersState, recorded: Recorded[Any]) -> ProvidersState:
     else:
         return state
     state.providers[provider] = msgspec.structs.replace(new, last_seq=recorded.seq)
+    match event:
+        case AgentEnrolled(worker_id=worker_id):
+            state.enrolled[worker_id] = provider
+        case AgentCredentialsRevoked(worker_id=worker_id) if state.enrolled.get(worker_id) == provider:
+            del state.enrolled[worker_id]
+            # the kernel enrolls a worker id once, but a log may hold it live under a second provider
+            other = _live_holder(state, worker_id)
+            if other is not None:
+                state.enrolled[worker_id] = other
     return state
+
+
+def _live_holder(state: ProvidersState, worker_id: str) -> str | None:
+    for record in state.providers.values():
+        agent = record.agents.get(worker_id)
+        if agent is not None and not agent.revoked:
+            return record.provider
+    return None
 
 
 def find_token(state: ProvidersState, token_id: str) -> tuple[ProviderRecord, EnrollmentToken] | None:
@@ -145,11 +211,45 @@ def find_token(state: ProvidersState, token_id: str) -> tuple[ProviderRecord, En
 
 def enrolled_provider(state: ProvidersState, worker_id: str) -> str | None:
     """The provider whose live (not revoked) enrollment holds ``worker_id``, if any."""
-    for record in state.providers.values():
-        agent = record.agents.get(worker_id)
-        if agent is not None and not agent.revoked:
-            return record.provider
-    return None
+    return state.enrolled.get(worker_id)
+
+
+def enrollment_of(state: ProvidersState, worker_id: str) -> Enrollment | None:
+    """The live (not revoked) enrollment of ``worker_id``, with the pool, region and owner tenant of
+    the token it enrolled with; ``None`` if it has none.
+
+    Also ``None`` when that token is unknown, or is a managed or private pool token nobody approved
+    (the gateway has refused such enrollments since approval exists; one recorded before vouches for
+    nothing). O(1): the state indexes live enrollments by worker id.
+    """
+    provider = state.enrolled.get(worker_id)
+    if provider is None:
+        return None
+    record = state.providers[provider]
+    agent = record.agents[worker_id]
+    token = record.tokens.get(agent.token_id)
+    if token is None or token.awaiting_approval:
+        return None
+    return Enrollment(
+        provider=provider,
+        worker_id=worker_id,
+        token_id=token.token_id,
+        pool=token.pool,
+        region=token.region,
+        owner_tenant=token.owner_tenant,
+    )
+
+
+def token_status(token: EnrollmentToken, now_ns: int) -> TokenStatus:
+    """``used``, ``revoked``, ``expired``, ``pending_approval`` (a managed or private pool token not
+    yet approved) or ``active``, the first that applies."""
+    if token.used_by is not None:
+        return "used"
+    if token.revoked:
+        return "revoked"
+    if token.expires_ns <= now_ns:
+        return "expired"
+    return "pending_approval" if token.awaiting_approval else "active"
 
 
 def active_agents(state: ProvidersState) -> list[EnrolledAgent]:
@@ -161,7 +261,7 @@ def active_agents(state: ProvidersState) -> list[EnrolledAgent]:
 PROVIDERS: Projection[ProvidersState] = Projection(
     name="providers",
     stream="PROVIDERS",
-    version=2,
+    version=3,
     state_type=ProvidersState,
     initial=ProvidersState,
     evolve=evolve,

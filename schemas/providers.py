@@ -2,6 +2,9 @@
 
 A provider account is separate from a tenant: it owns hosts (workers), not jobs. Its people use API
 keys; its agents enroll with one-time enrollment tokens and receive NATS credentials of their own.
+A token for a ``managed`` or ``private`` pool is usable only once approved
+(``EnrollmentTokenApproved``): by an admin of the owner tenant for ``private``, by the operator for
+``managed``; a provider never approves its own.
 The NATS server's list of agent users is derived from these events (``AgentEnrolled`` adds a user,
 ``AgentCredentialsRevoked`` removes it), so no secret is stored anywhere but as a bcrypt hash.
 """
@@ -54,10 +57,23 @@ class EnrollmentTokenIssued(Event, tag="provider.enrollment_token_issued", froze
 
 
 class EnrollmentTokenRevoked(Event, tag="provider.enrollment_token_revoked", frozen=True, kw_only=True):
-    """An unused enrollment token stops working."""
+    """An unused enrollment token stops working: revoked by its provider, or refused (denied) by
+    whoever had to approve it (``revoked_by``: ``tenant:<id>`` or ``operator``)."""
 
     token_id: str
     revoked_by: str = ""
+
+
+class EnrollmentTokenApproved(Event, tag="provider.enrollment_token_approved", frozen=True, kw_only=True):
+    """A managed or private pool token may now enroll an agent.
+
+    Attributes:
+        approved_by: who consented: ``tenant:<owner tenant>`` (an admin of it) for a private pool,
+            ``operator`` for a managed one.
+    """
+
+    token_id: str
+    approved_by: str
 
 
 class AgentEnrolled(Event, tag="provider.agent_enrolled", frozen=True, kw_only=True):
@@ -90,6 +106,7 @@ ProviderEvent = (
     | ProviderKeyRevoked
     | EnrollmentTokenIssued
     | EnrollmentTokenRevoked
+    | EnrollmentTokenApproved
     | AgentEnrolled
     | AgentCredentialsRevoked
 )

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from gateway import metrics
 from gateway.api import Router
-from gateway.routes import billing, endpoints, feed, jobs, providers, system, tenants, workers, workspace
+from gateway.routes import (
+    billing,
+    endpoints,
+    enrollment,
+    feed,
+    jobs,
+    providers,
+    system,
+    tenants,
+    workers,
+    workspace,
+)
 
 ROUTERS: tuple[Router, ...] = (
     system.router,
     tenants.router,
     providers.router,
+    enrollment.router,
     workspace.router,
     jobs.router,
     endpoints.router,

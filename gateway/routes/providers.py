@@ -7,6 +7,10 @@ of two enrollments racing with one token exactly one wins, and the other is re-d
 new state (the token is used: 409). The agent gets NATS credentials for its worker id alone
 (:mod:`core.natsauth`); the password is in the response once and stored only as a bcrypt hash, from
 which :mod:`ops.natsauth` renders the server's users.
+
+A managed or private pool token enrolls nobody until approved (:mod:`gateway.routes.enrollment`);
+issuing one answers the same whether or not its ``owner_tenant`` exists, so that a provider key
+cannot learn which tenant ids do.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hmac
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from core.errors import ConcurrencyConflict
@@ -26,13 +31,14 @@ from gateway.auth import digest, new_key
 from gateway.errors import ApiError, conflict, invalid, not_found
 from gateway.kernel import READ_YOUR_WRITES_S
 from gateway.routes.tenants import iso
-from projections import PROVIDERS, REGISTRY, TENANTS
+from projections import PROVIDERS, REGISTRY
 from projections.providers import (
     EnrollmentToken,
     ProviderRecord,
     ProvidersState,
     enrolled_provider,
     find_token,
+    token_status,
 )
 from schemas import Event
 from schemas.api.providers import (
@@ -62,15 +68,7 @@ from schemas.providers import (
 router = Router("providers")
 TOKEN_PREFIX = "rte_"
 _TOKEN = re.compile(r"^rte_([a-z0-9]{12})_([A-Za-z0-9_-]{32,64})$")
-ENROLL_ATTEMPTS = 5
-
-
-def token_status(token: EnrollmentToken, now_ns: int) -> str:
-    if token.used_by is not None:
-        return "used"
-    if token.revoked:
-        return "revoked"
-    return "expired" if token.expires_ns <= now_ns else "active"
+DECIDE_ATTEMPTS = 5
 
 
 def provider_body(record: ProviderRecord) -> Provider:
@@ -103,6 +101,35 @@ def providers(call: Call[Any, Any]) -> ProvidersState:
 
 async def append(call: Call[Any, Any], provider: str, event: Event, **options: Any) -> None:
     await call.kernel.append(provider_subject(provider, event), event, visible_in=PROVIDERS, **options)
+
+
+Decision = tuple[ProviderRecord, EnrollmentToken, Event | None]
+"""A decision about one enrollment token: its provider, the token as read, and the event to append
+(``None``: nothing to append)."""
+
+
+async def append_decided(call: Call[Any, Any], decide: Callable[[ProvidersState], Decision]) -> Decision:
+    """Append the event ``decide`` returns (it reads the providers state, and raises the
+    :class:`ApiError` that refuses the request) with the provider's expected last sequence; when
+    something of that provider happened in between, re-read and decide again. Returns the decision
+    that was appended."""
+    for _ in range(DECIDE_ATTEMPTS):
+        decision = record, _, event = decide(providers(call))
+        if event is None:
+            return decision
+        try:
+            await append(
+                call,
+                record.provider,
+                event,
+                expected_seq=record.last_seq,
+                expected_filter=f"provider.{record.provider}.>",
+            )
+            return decision
+        except ConcurrencyConflict:  # something happened to this provider since we read it
+            last = await call.kernel.event_log.last_seq(PROVIDERS.stream)
+            await call.kernel.runners[PROVIDERS.name].wait_for(last, READ_YOUR_WRITES_S)
+    raise ApiError(409, "busy", "the provider's account changed during every attempt; retry")
 
 
 async def issue_key(call: Call[Any, Any], provider: str, label: str) -> NewKey:
@@ -197,7 +224,7 @@ async def revoke_provider_key(call: Call[None, None]) -> None:
 def token_info(token: EnrollmentToken, now_ns: int) -> EnrollmentTokenInfo:
     return EnrollmentTokenInfo(
         token_id=token.token_id,
-        status=token_status(token, now_ns),  # type: ignore[arg-type]
+        status=token_status(token, now_ns),
         expires_at=iso(token.expires_ns),
         issued_at=iso(token.issued_ns),
         pool=token.pool,
@@ -205,19 +232,23 @@ def token_info(token: EnrollmentToken, now_ns: int) -> EnrollmentTokenInfo:
         owner_tenant=token.owner_tenant,
         label=token.label,
         used_by=token.used_by,
+        approved_by=token.approved_by,
+        revoked_by=token.revoked_by,
     )
 
 
-def check_owner(call: Call[IssueEnrollmentToken, None]) -> None:
-    body = call.body
+def check_owner(body: IssueEnrollmentToken) -> None:
+    """400 unless ``owner_tenant`` is set exactly for the pools that serve one organisation.
+
+    Whether the tenant exists is deliberately not checked: the answer would tell a provider key
+    which tenant ids exist. A token naming no tenant is simply never approved.
+    """
     if body.pool == "shared":
         if body.owner_tenant is not None:
             raise invalid("owner_tenant is only for managed and private pools; drop it or change the pool")
         return
     if body.owner_tenant is None:
         raise invalid(f"a {body.pool} pool worker serves one organisation: set owner_tenant")
-    if body.owner_tenant not in call.kernel.state(TENANTS).tenants:
-        raise invalid(f"owner_tenant {body.owner_tenant} is not a tenant; check the id with the operator")
 
 
 @router.post(
@@ -228,10 +259,14 @@ def check_owner(call: Call[IssueEnrollmentToken, None]) -> None:
     status=201,
 )
 async def create_enrollment_token(call: Call[IssueEnrollmentToken, None]) -> NewEnrollmentToken:
-    """Issue a one-time agent enrollment token; the token is in this response and never shown again."""
+    """Issue a one-time agent enrollment token; the token is in this response and never shown again.
+
+    A managed or private pool token is ``pending_approval`` until the operator (managed) or an admin
+    of ``owner_tenant`` (private) approves it.
+    """
     record = visible_provider(call)
-    check_owner(call)
     body = call.body
+    check_owner(body)
     token_id = secrets.token_hex(6)
     token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
     expires_ns = time.time_ns() + body.expires_in_s * 1_000_000_000
@@ -250,6 +285,7 @@ async def create_enrollment_token(call: Call[IssueEnrollmentToken, None]) -> New
     return NewEnrollmentToken(
         token_id=token_id,
         token=token,
+        status=token_status(providers(call).providers[record.provider].tokens[token_id], time.time_ns()),
         expires_at=iso(expires_ns),
         pool=body.pool,
         region=body.region,
@@ -262,7 +298,8 @@ async def create_enrollment_token(call: Call[IssueEnrollmentToken, None]) -> New
     "/v1/providers/{provider}/enrollment-tokens", access="provider", response=list[EnrollmentTokenInfo]
 )
 async def list_enrollment_tokens(call: Call[None, None]) -> list[EnrollmentTokenInfo]:
-    """The provider's enrollment tokens and whether each is active, used, revoked or expired."""
+    """The provider's enrollment tokens and whether each is pending approval, active, used, revoked or
+    expired."""
     record = visible_provider(call)
     now = time.time_ns()
     return [token_info(t, now) for t in sorted(record.tokens.values(), key=lambda t: t.issued_ns)]
@@ -330,8 +367,19 @@ async def revoke_agent(call: Call[None, None]) -> None:
 # -- enrollment -------------------------------------------------------------------------------------
 
 
+def approver_of(record: ProviderRecord, token: EnrollmentToken) -> str:
+    """Who must approve ``token``, and how (for the refusal of an enrollment with it)."""
+    if token.pool == "private":
+        return (
+            f"an admin of tenant {token.owner_tenant} "
+            f"(POST /v1/tenants/{token.owner_tenant}/enrollment-requests/{token.token_id}/approve)"
+        )
+    return f"the operator (POST /v1/enrollment-requests/{record.provider}/{token.token_id}/approve)"
+
+
 def usable_token(state: ProvidersState, presented: str) -> tuple[ProviderRecord, EnrollmentToken]:
-    """The provider and token ``presented`` names, if an agent may enroll with it now; else 401/409."""
+    """The provider and token ``presented`` names, if an agent may enroll with it now; else
+    401/403/409."""
     match = _TOKEN.match(presented)
     if match is None:
         raise ApiError(
@@ -355,6 +403,13 @@ def usable_token(state: ProvidersState, presented: str) -> tuple[ProviderRecord,
             401,
             "token_expired",
             f"enrollment token {token.token_id} expired at {iso(token.expires_ns)}; ask for a new one",
+        )
+    if token.awaiting_approval:
+        raise ApiError(
+            403,
+            "token_not_approved",
+            f"enrollment token {token.token_id} puts this host in a {token.pool} pool and is not approved "
+            f"yet: {approver_of(record, token)} must approve it; then enroll again",
         )
     return record, token
 
@@ -384,6 +439,7 @@ def check_worker(call: Call[Enroll, None], provider: str) -> None:
     status=201,
     errors={
         401: "malformed, unknown, revoked or expired enrollment token",
+        403: "the token (a managed or private pool's) is not approved yet (token_not_approved)",
         409: "the token was already used, or the worker id is taken",
     },
 )
@@ -393,8 +449,9 @@ async def enroll_agent(call: Call[Enroll, None]) -> Enrolled:
     usable_token(providers(call), body.token)  # refuse bad tokens before paying for a hash
     password = new_password()
     hashed = await asyncio.to_thread(bcrypt_hash, password)
-    for _ in range(ENROLL_ATTEMPTS):
-        record, token = usable_token(providers(call), body.token)
+
+    def decide(state: ProvidersState) -> Decision:
+        record, token = usable_token(state, body.token)
         check_worker(call, record.provider)
         event = AgentEnrolled(
             token_id=token.token_id,
@@ -403,22 +460,9 @@ async def enroll_agent(call: Call[Enroll, None]) -> Enrolled:
             nats_user=agent_user(body.worker_id),
             nats_password_bcrypt=hashed,
         )
-        try:
-            await append(
-                call,
-                record.provider,
-                event,
-                expected_seq=record.last_seq,
-                expected_filter=f"provider.{record.provider}.>",
-            )
-            break
-        except ConcurrencyConflict:  # something happened to this provider since we read it
-            last = await call.kernel.event_log.last_seq(PROVIDERS.stream)
-            await call.kernel.runners[PROVIDERS.name].wait_for(last, READ_YOUR_WRITES_S)
-    else:
-        raise ApiError(
-            409, "busy", "the provider's account changed during every attempt; retry the enrollment"
-        )
+        return record, token, event
+
+    record, token, _ = await append_decided(call, decide)
     call.resource = body.worker_id
     nats_url = call.kernel.gateway.agent_nats_url or call.kernel.settings.nats_url
     return Enrolled(

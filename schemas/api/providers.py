@@ -17,6 +17,10 @@ WorkerId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Label = Annotated[str, msgspec.Meta(max_length=200)]
 MIN_TOKEN_TTL_S = 60
 MAX_TOKEN_TTL_S = 7 * 86_400
+TokenStatus = Literal["active", "pending_approval", "used", "revoked", "expired"]
+"""An enrollment token's status: ``pending_approval`` until a managed or private pool token is
+approved, then ``active``; ``used`` once an agent enrolled with it; ``revoked`` (by its provider, or
+refused by its approver) or ``expired`` before that."""
 
 
 class CreateProvider(Request, frozen=True, kw_only=True):
@@ -37,7 +41,8 @@ class Provider(msgspec.Struct, frozen=True, kw_only=True):
     agents: int
     """Enrolled agents whose credentials are live."""
     active_tokens: int
-    """Enrollment tokens neither used, revoked nor expired."""
+    """Enrollment tokens an agent can enroll with now: neither used, revoked nor expired, and
+    approved if their pool needs it."""
 
 
 class ProviderCreatedBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,7 +56,10 @@ class IssueEnrollmentToken(Request, frozen=True, kw_only=True):
     """An enrollment token: one agent may enroll with it, within ``expires_in_s`` seconds.
 
     ``owner_tenant`` is required for ``managed`` and ``private`` pools (the organisation the
-    enrolled worker serves) and refused for ``shared``.
+    enrolled worker serves) and refused for ``shared``. A ``managed`` or ``private`` token is issued
+    ``pending_approval``: an admin of ``owner_tenant`` approves a private pool token, the operator a
+    managed one. Whether ``owner_tenant`` names an existing tenant is not checked here (nor said): a
+    token naming none is never approved and expires.
     """
 
     expires_in_s: Annotated[int, msgspec.Meta(ge=MIN_TOKEN_TTL_S, le=MAX_TOKEN_TTL_S)] = 3600
@@ -64,11 +72,12 @@ class IssueEnrollmentToken(Request, frozen=True, kw_only=True):
 class EnrollmentTokenInfo(msgspec.Struct, frozen=True, kw_only=True):
     """An enrollment token as its provider sees it (never the token itself).
 
-    ``status``: ``active``, ``used`` (``used_by`` names the worker), ``revoked`` or ``expired``.
+    ``status``: see :data:`TokenStatus` (``used_by`` names the worker of a used one).
+    ``approved_by`` / ``revoked_by``: who approved, revoked or refused it.
     """
 
     token_id: str
-    status: Literal["active", "used", "revoked", "expired"]
+    status: TokenStatus
     expires_at: str
     issued_at: str
     pool: str
@@ -76,19 +85,43 @@ class EnrollmentTokenInfo(msgspec.Struct, frozen=True, kw_only=True):
     owner_tenant: str | None
     label: str
     used_by: str | None
+    approved_by: str | None = None
+    revoked_by: str | None = None
 
 
 class NewEnrollmentToken(msgspec.Struct, frozen=True, kw_only=True):
     """A fresh enrollment token: ``token`` is shown this once (give it to the agent:
-    ``resontech agent --enroll-token <token>``)."""
+    ``resontech agent --enroll-token <token>``). ``status``: ``active`` for the shared pool,
+    ``pending_approval`` for managed and private pools (the agent can enroll once it is approved)."""
 
     token_id: str
     token: str
+    status: TokenStatus
     expires_at: str
     pool: str
     region: str
     owner_tenant: str | None
     label: str
+
+
+class EnrollmentRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A managed or private pool enrollment token as its approver sees it (never the token itself):
+    a provider asks to put a host into ``owner_tenant``'s pool. ``status`` as in
+    :class:`EnrollmentTokenInfo`; ``used_by``: the worker that enrolled with it."""
+
+    token_id: str
+    provider: str
+    pool: str
+    region: str
+    owner_tenant: str | None
+    label: str
+    status: TokenStatus
+    issued_at: str
+    expires_at: str
+    approved_by: str | None
+    revoked_by: str | None
+    decided_at: str | None
+    used_by: str | None
 
 
 class AgentInfo(msgspec.Struct, frozen=True, kw_only=True):
