@@ -3,8 +3,8 @@ types; one wrapper turns it into a Starlette route; the same list produces the O
 
 A handler is ``async def handler(call: Call) -> Struct | list | Response``: ``call`` holds the
 authenticated principal, the decoded body and query, the path parameters and the kernel. The wrapper
-authenticates, checks access, decodes the body (msgspec, unknown fields refused, size capped), runs
-the handler, encodes the result, and records every successful mutating request as an
+authenticates, checks access, decodes the body (msgspec, unknown fields refused, size capped, nesting
+bounded), runs the handler, encodes the result, and records every successful mutating request as an
 ``api.request`` event (who, what, when).
 """
 
@@ -120,6 +120,10 @@ def respond(value: Any, status: int = 200) -> Response:
     return Response(_ENCODER.encode(value), status_code=status, media_type="application/json")
 
 
+TOO_DEEP = "nests arrays or objects too deeply (JSON here may nest at most ~1,000 levels)"
+"""Why a body msgspec refused with ``RecursionError`` is a 400: its decoder stops at a fixed depth."""
+
+
 def _validation_message(exc: msgspec.ValidationError | msgspec.DecodeError, where: str) -> str:
     text = str(exc)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
@@ -176,6 +180,8 @@ def endpoint(operation: Operation) -> Callable[[Request], Awaitable[Response]]:
                     body = decoder.decode(data)
                 except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                     raise ApiError(400, "invalid_body", _validation_message(exc, "body")) from None
+                except RecursionError:
+                    raise ApiError(400, "invalid_body", f"body {TOO_DEEP}") from None
             call: Call[Any, Any] = Call(
                 request=request,
                 kernel=kernel,

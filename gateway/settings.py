@@ -27,6 +27,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
         operator_key_sha256: SHA-256 (hex) of the operator's API key; without it no operator route
             can be used (``resontech up`` generates a key and writes it to ``dev.env``).
         max_body_bytes: larger request bodies are refused with 413 (default 1 MiB).
+        max_inference_body_bytes: the same for the OpenAI-compatible routes, whose bodies carry
+            prompts and embedding inputs (default 16 MiB).
         workers: server worker processes (default 1).
         feed_queue: messages a feed client may fall behind by before it is closed as too slow
             (default 1,000; see :mod:`gateway.feed`).
@@ -44,6 +46,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     public_url: str = ""
     operator_key_sha256: str = ""
     max_body_bytes: int = 1_048_576
+    max_inference_body_bytes: int = 16_777_216
     workers: int = 1
     feed_queue: int = 1000
     feed_ping_s: float = 20.0
@@ -75,6 +78,8 @@ def load_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
         raise ConfigError(f"{PREFIX}PORT must be 1..65535, got {settings.port}")
     if settings.max_body_bytes < 1024:
         raise ConfigError(f"{PREFIX}MAX_BODY_BYTES must be at least 1024")
+    if settings.max_inference_body_bytes < 1024:
+        raise ConfigError(f"{PREFIX}MAX_INFERENCE_BODY_BYTES must be at least 1024")
     if settings.feed_queue < 1 or settings.feed_ping_s <= 0 or settings.feed_telemetry_s < 0:
         raise ConfigError(f"{PREFIX}FEED_QUEUE must be >= 1, FEED_PING_S > 0 and FEED_TELEMETRY_S >= 0")
     if settings.token_tick_s <= 0:

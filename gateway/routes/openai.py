@@ -14,10 +14,14 @@ on unless the client asked for it too.
 
 ``model`` names an endpoint of the caller's tenant (by name, or by endpoint id); another tenant's
 endpoint is as unknown as one that does not exist: 404 ``model_not_found``. A key is a tenant key of
-any role (the operator and provider accounts have no endpoints to call). A malformed body is a 400
-and is not forwarded. A request that finds no ready replica waits up to ``COLD_START_WAIT_S`` for
-one (a replica starting, or a scale-up from zero) before a 503; an endpoint that failed (its
-replicas kept failing to start) is a 503 ``endpoint_failed`` with the reason, at once.
+any role (the operator and provider accounts have no endpoints to call). A malformed body (not JSON,
+no ``model``, nested beyond msgspec's depth limit) is a 400 and is not forwarded; a body over
+``RESONTECH_GATEWAY_MAX_INFERENCE_BODY_BYTES`` (16 MiB by default: prompts and embedding inputs
+outgrow the API's 1 MiB) is a 413, refused on its declared ``Content-Length`` before a byte of it
+is read, or as soon as a chunked body passes the limit. A request that finds no ready replica
+waits up to ``COLD_START_WAIT_S`` for one (a replica starting, or a scale-up from zero) before a 503;
+an endpoint that failed (its replicas kept failing to start) is a 503 ``endpoint_failed`` with the
+reason, at once.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.api import TOO_DEEP, read_body
 from gateway.auth import authenticate, bearer
 from gateway.autoscaler import wake
 from gateway.errors import ApiError
@@ -55,6 +60,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    413: "invalid_request_error",
     502: "api_error",
     503: "service_unavailable",
 }
@@ -135,6 +141,24 @@ async def ready_replicas_of(
         await asyncio.sleep(_WAIT_STEP_S)
 
 
+async def request_body(request: Request, limit: int) -> bytes:
+    """The body, 413 in OpenAI's shape beyond ``limit`` bytes (:func:`gateway.api.read_body`)."""
+    try:
+        return await read_body(request, limit)
+    except ApiError as exc:
+        raise OpenAIError(exc.status, exc.code, exc.message) from None
+
+
+def parse(body: bytes) -> InferenceRequest:
+    """What the gateway reads of a body; 400 in OpenAI's shape when it cannot."""
+    try:
+        return _DECODE(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise OpenAIError(400, "invalid_request", f"malformed request body: {exc}") from None
+    except RecursionError:
+        raise OpenAIError(400, "invalid_request", f"malformed request body: it {TOO_DEEP}") from None
+
+
 def proxy_of(request: Request) -> InferenceProxy:
     proxy: InferenceProxy = request.app.state.inference
     return proxy
@@ -145,11 +169,8 @@ async def forward(request: Request, path: str) -> Response:
     kernel: Kernel = request.app.state.kernel
     try:
         tenant = tenant_for(request, kernel)
-        body = await request.body()
-        try:
-            parsed = _DECODE(body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise OpenAIError(400, "invalid_request", f"malformed request body: {exc}") from None
+        body = await request_body(request, kernel.gateway.max_inference_body_bytes)
+        parsed = parse(body)
         endpoint, replicas = await ready_replicas_of(kernel, tenant, parsed.model, COLD_START_WAIT_S)
         waited_s = time.monotonic() - started
     except OpenAIError as exc:
