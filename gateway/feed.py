@@ -82,11 +82,13 @@ log, then continues live: no event is missed and none is sent twice. A cursor be
 the log is refused (4400).
 
 **Close codes**: 4000 + the HTTP status the problem would get: 4400 bad query or message (the
-reason says what to fix), 4401 missing, unknown or revoked key, 4403 a provider key, 4404 another
-tenant; 4008 too slow (your queue of unsent messages filled up: reconnect with the `after` in the
-reason); 1011 the event log is unreachable; 1006 (no close frame) the connection dropped, e.g. the
-gateway restarted. After 1011 or 1006 reconnect with your cursor, backing off. Nothing is ever sent
-before authentication succeeds.
+reason says what to fix), 4401 missing, unknown or revoked key (a key revoked while its feed is
+open closes it within a second, busy or idle, with `feed.error` code `key_revoked`; no event is sent
+after the gateway applied the revocation), 4403 a provider key, 4404 another tenant; 4008 too slow
+(your queue of unsent messages filled up: reconnect with the `after` in the reason); 1011 the event
+log is unreachable; 1006 (no close frame) the connection dropped, e.g. the gateway restarted. After
+1011 or 1006 reconnect with your cursor, backing off. Nothing is ever sent before authentication
+succeeds.
 """
 
 CURSOR_NAMES: dict[str, str] = {"JOBS": "jobs", "ENDPOINTS": "endpoints"}
@@ -97,6 +99,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
 )
 FAMILIES: frozenset[str] = frozenset({"job", "endpoint", TELEMETRY})
 TOO_SLOW = 4008
+KEY_REVOKED = 4401
 _JOB_PLACEMENT = (JobPlaced, JobAssignmentRevoked, JobCompleted, JobFailed, JobCancelled)
 _ENDPOINT_PLACEMENT = (EndpointReplicaPlaced, EndpointReplicaRevoked, EndpointScaledToZero, EndpointDeleted)
 _ENCODE = msgspec.json.Encoder().encode
@@ -238,13 +241,18 @@ class Subscriber:
         pending: ``(stream, seq, text)`` not yet sent, at most ``limit``.
         sent: stream -> sequence of the last event sent (or skipped as matched by nothing up to it).
         closing: ``(code, reason)`` once the hub dropped the client; the session closes with it.
+        error: the ``feed.error`` code to close with (default: the close code's, see
+            :data:`gateway.routes.feed.ERROR_CODES`).
+        key_id: the API key the client authenticated with (its revocation closes the feed).
     """
 
-    __slots__ = ("closed", "closing", "filter", "limit", "pending", "sent", "wake")
+    __slots__ = ("closed", "closing", "error", "filter", "key_id", "limit", "pending", "sent", "wake")
 
-    def __init__(self, feed_filter: FeedFilter, limit: int) -> None:
+    def __init__(self, feed_filter: FeedFilter, limit: int, key_id: str = "") -> None:
         self.filter = feed_filter
         self.limit = limit
+        self.key_id = key_id
+        self.error: str | None = None
         self.pending: deque[tuple[str, int, str]] = deque()
         self.wake = asyncio.Event()
         self.closing: tuple[int, str] | None = None
@@ -261,10 +269,11 @@ class Subscriber:
         self.wake.set()
         return True
 
-    def close(self, code: int, reason: str) -> None:
+    def close(self, code: int, reason: str, error: str | None = None) -> None:
         """Drop what is queued (freeing it now) and ask the session to close."""
         if self.closing is None:
             self.closing = (code, reason)
+            self.error = error
         self.pending.clear()
         self.wake.set()
         self.closed.set()
@@ -323,6 +332,7 @@ class FeedHub:
         self.sent = 0
         self.dropped = 0
         self._by_tenant: dict[str, set[Subscriber]] = {}
+        self._by_key: dict[str, set[Subscriber]] = {}
         self._runners: dict[str, ProjectionRunner[Any]] = {}
         self._owners: dict[str, Owner] = {}
         self._work: dict[Owner, frozenset[str]] = {}
@@ -353,11 +363,27 @@ class FeedHub:
         return self.positions()
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
-        subscribers = self._by_tenant.get(subscriber.filter.tenant)
-        if subscribers is not None:
-            subscribers.discard(subscriber)
-            if not subscribers:
-                del self._by_tenant[subscriber.filter.tenant]
+        """Stop delivering to ``subscriber`` (and watching its key)."""
+        for index, name in ((self._by_tenant, subscriber.filter.tenant), (self._by_key, subscriber.key_id)):
+            subscribers = index.get(name)
+            if subscribers is not None:
+                subscribers.discard(subscriber)
+                if not subscribers:
+                    del index[name]
+
+    def watch_key(self, subscriber: Subscriber) -> None:
+        """Close ``subscriber`` when its key is revoked (from the moment it authenticated, replay
+        included; :meth:`unsubscribe` ends it)."""
+        self._by_key.setdefault(subscriber.key_id, set()).add(subscriber)
+
+    def revoke_key(self, key_id: str) -> int:
+        """Close every feed of ``key_id`` now, with 4401 ``key_revoked``: nothing queued for them is
+        sent, and nothing more is queued. Returns how many were closed."""
+        closed = list(self._by_key.pop(key_id, ()))
+        for subscriber in closed:
+            self.unsubscribe(subscriber)
+            subscriber.close(KEY_REVOKED, f"API key {key_id} was revoked", "key_revoked")
+        return len(closed)
 
     @property
     def subscribers(self) -> int:

@@ -139,6 +139,7 @@ class Kernel:
                         key_sha256=old.key_sha256,
                         revoked=True,
                     )
+                    self.feed.revoke_key(key_id)  # an open feed is closed now, not at its next ping
 
     async def append(
         self,

@@ -8,7 +8,9 @@ exact: the hub reports the sequences it had fanned out at the instant the client
 replay stops there, and every live event queued after it is above it; a per-stream "sent up to"
 check drops anything at or below what was already sent. Replay is paced by the client (each send is
 awaited); live delivery goes through the bounded queue, and a client that falls ``feed_queue``
-messages behind is closed with 4008.
+messages behind is closed with 4008. A session's key is watched from the moment it authenticated:
+when the gateway applies the key's revocation the hub closes the session (4401 ``key_revoked``)
+whatever its traffic, and no event is sent after that.
 
 ``GET /v1/feed`` over plain HTTP answers 426 and exists so that the OpenAPI document lists the feed
 and its query parameters.
@@ -32,6 +34,7 @@ from gateway.auth import Principal, authenticate, bearer, tenant_of
 from gateway.errors import ApiError
 from gateway.feed import (
     CURSOR_NAMES,
+    KEY_REVOKED,
     TOO_SLOW,
     FeedClose,
     FeedFilter,
@@ -192,11 +195,13 @@ class FeedSession:
         self.principal = principal
         self.filter = feed_filter
         self.after = after
-        self.subscriber = Subscriber(feed_filter, self.hub.queue_size)
+        self.subscriber = Subscriber(feed_filter, self.hub.queue_size, principal.key_id)
         self.ping_s = kernel.gateway.feed_ping_s
 
     async def run(self) -> None:
         subscriber = self.subscriber
+        self.hub.watch_key(subscriber)
+        self._check_key()  # revoked while the connection was being set up
         sender = asyncio.create_task(self._send())
         receiver = asyncio.create_task(self._receive())
         closing = asyncio.create_task(self.subscriber.closed.wait())
@@ -256,11 +261,16 @@ class FeedSession:
             await self.websocket.send_text(text)
             self.hub.sent += 1
 
-    async def _ping(self) -> None:
-        """With the queue empty, everything matched up to the hub's positions has been sent."""
+    def _check_key(self) -> None:
+        """Close at once if the key was revoked (the hub closes the feeds of a key revoked later)."""
         record = self.kernel.keys.get(self.principal.key_id)
         if record is not None and record.revoked:
-            self.subscriber.close(4401, f"API key {self.principal.key_id} was revoked")
+            self.subscriber.close(KEY_REVOKED, f"API key {self.principal.key_id} was revoked", "key_revoked")
+
+    async def _ping(self) -> None:
+        """With the queue empty, everything matched up to the hub's positions has been sent."""
+        self._check_key()
+        if self.subscriber.closing is not None:
             return
         for stream, seq in self.hub.positions().items():
             self.subscriber.sent[stream] = max(self.subscriber.sent.get(stream, 0), seq)
@@ -309,7 +319,7 @@ class FeedSession:
             subscriber.sent[stream] = record.seq
 
     async def _close(self, code: int, reason: str) -> None:
-        error = FeedError(code=ERROR_CODES.get(code, "closed"), message=reason)
+        error = FeedError(code=self.subscriber.error or ERROR_CODES.get(code, "closed"), message=reason)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
                 self.websocket.send_text(control_text("feed.error", error=error)), CLOSE_TIMEOUT_S
