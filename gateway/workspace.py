@@ -10,10 +10,16 @@ prefix                                          holds                           
 ``scripts/``, ``configs/``                      training code and its configuration  upload   read
 ``models/``                                     weights an endpoint can serve        upload   read
 ``model_out/``, ``files_out/``                  final models, per-round metrics      -        write
+``.../model_out/``, ``.../files_out/``          the outputs of a job's output_prefix -        write
 ==============================================  ===================================  =======  ====
 
 A tenant lists, downloads and deletes anywhere in its workspace, but cannot upload into an output
-prefix: what a job's completion event names is what the job wrote.
+folder: what a job's completion event names is what the job wrote. An output folder is any folder
+named ``model_out`` or ``files_out``, at any depth: a job writes its outputs to
+``{output_prefix}model_out/`` and ``{output_prefix}files_out/`` (``jobs/{name}/`` by default), and
+``output_prefix`` may be any prefix, ``scripts/run-1/`` or ``models/mine/`` included, where tenants
+do upload. The rule is on the folder's name rather than on the submitted prefixes so that it holds
+for every job at once, past and future, with nothing to look up.
 
 Sizes are decimal (1 MB = 10**6 bytes): 500 GB in 50 MB parts is exactly S3's 10,000-part maximum.
 The size is signed into every presigned PUT (``Content-Length``), so no part, and no upload, can be
@@ -112,17 +118,30 @@ def check_key(key: str) -> None:
         raise ApiError(400, "invalid_key", problem)
 
 
+def output_folder(key: str) -> str | None:
+    """The job-output folder ``key`` lies in (the prefix up to its first ``model_out/`` or
+    ``files_out/`` folder, at any depth), or ``None``."""
+    segments = key.split("/")
+    for depth, segment in enumerate(segments[:-1]):
+        if segment in OUTPUT_DIRS:
+            return "/".join(segments[: depth + 1]) + "/"
+    return None
+
+
 def check_writable(key: str) -> None:
-    """400 unless ``key`` lies in the layout; 403 when it lies in a job-output prefix."""
+    """400 unless ``key`` lies in the layout; 403 when it lies in a job-output folder
+    (:func:`output_folder`)."""
     check_key(key)
     segments = key.split("/")
     root = segments[0]
-    if root in OUTPUT_DIRS or (root == "jobs" and len(segments) > 3 and segments[2] in OUTPUT_DIRS):
+    folder = output_folder(key)
+    if folder is not None:
         raise ApiError(
             403,
             "read_only_prefix",
-            f"{key!r} is in a job-output folder ({'/'.join(segments[:-1])}/), which only jobs write; "
-            "upload inputs to jobs/{name}/, scripts/, configs/ or models/",
+            f"{key!r} is in a job-output folder ({folder}), which only jobs write; a folder named "
+            "model_out or files_out is read-only anywhere in the workspace: upload inputs elsewhere "
+            "under jobs/{name}/, scripts/, configs/ or models/",
         )
     needed = 3 if root == "jobs" else 2
     if root not in WRITABLE_ROOTS or len(segments) < needed:
