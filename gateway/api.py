@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from core.errors import ResontechError
 from gateway.auth import Access, Principal, authenticate, bearer, check_access
-from gateway.errors import ApiError, as_api_error, error_response
+from gateway.errors import ApiError, NotYetVisible, accepted_response, as_api_error, error_response
 
 if TYPE_CHECKING:
     from gateway.kernel import Kernel
@@ -49,6 +49,8 @@ class Operation:
         body / query: request body and query-string types (Structs forbidding unknown fields).
         response: the success body type (for OpenAPI); ``status`` its status code.
         errors: statuses this route can answer besides the common ones, with what they mean.
+        accepted: when set, the route may also answer 202 with the same body type, meaning this
+            (a write stored but not yet visible here, :class:`~gateway.errors.NotYetVisible`).
     """
 
     method: str
@@ -63,6 +65,7 @@ class Operation:
     response: Any = None
     status: int = 200
     errors: dict[int, str] = field(default_factory=dict)
+    accepted: str = ""
 
     @property
     def operation_id(self) -> str:
@@ -194,6 +197,8 @@ def endpoint(operation: Operation) -> Callable[[Request], Awaitable[Response]]:
                 result = await operation.handler(call)
             except ResontechError as exc:
                 raise as_api_error(exc) from None
+            except NotYetVisible as exc:  # stored: never a 5xx, which would invite a duplicate
+                result = accepted_response(exc)
             response = respond(result, operation.status)
         except ApiError as exc:
             response = error_response(exc.status, exc.code, exc.message, exc.headers)
@@ -277,6 +282,8 @@ def openapi(operations: list[Operation], *, title: str, version: str, server_url
             }
         else:
             responses[str(op.status)] = {"description": op.summary}
+        if op.accepted:
+            responses["202"] = {**responses[str(op.status)], "description": op.accepted}
         for status, meaning in {**COMMON_ERRORS, **op.errors}.items():
             if status == 401 and op.access == "public" and 401 not in op.errors:
                 continue  # a public route answers 401 only when its own credential is bad

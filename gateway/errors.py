@@ -1,7 +1,8 @@
 """Errors as the API shows them: ``{"error": {"code", "message"}}`` with the right status.
 
-Handlers raise :class:`ApiError` (or a :class:`core.errors.ResontechError`, mapped below); anything
-else is a bug, logged with its traceback and answered with a 500 that names the request id.
+Handlers raise :class:`ApiError` (or a :class:`core.errors.ResontechError`, mapped below); a write
+that is stored but not yet visible is :class:`NotYetVisible`, a 202; anything else is a bug, logged
+with its traceback and answered with a 500 that names the request id.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from core.errors import (
     NotFound,
     ResontechError,
 )
+from core.wire import Position
 from schemas.api.common import ErrorBody, ErrorDetail
 
 log = logging.getLogger("resontech.gateway")
@@ -37,6 +39,41 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+
+class NotYetVisible(Exception):
+    """The log acknowledged an append, but this gateway's projection did not apply it within the
+    read-your-writes wait (:data:`gateway.kernel.READ_YOUR_WRITES_S`).
+
+    The change is stored and will be applied: the answer is ``202 Accepted``, never a 5xx that would
+    invite a retry (a create route says what it created; any other route answers
+    :func:`accepted_response`).
+
+    Attributes:
+        projection: the projection that lags.
+        position: where the event was stored (``duplicate`` when it was stored before, by a retry's
+            first attempt).
+    """
+
+    def __init__(self, projection: str, position: Position) -> None:
+        super().__init__(
+            f"{position.stream} {position.seq} is stored; the {projection} projection has not applied it yet"
+        )
+        self.projection = projection
+        self.position = position
+
+
+def accepted_response(exc: NotYetVisible) -> Response:
+    """202 for a change that is stored but not yet visible here, when the route has nothing better
+    to say: ``{"status": "accepted", "stream", "seq", "message"}``."""
+    body = {
+        "status": "accepted",
+        "stream": exc.position.stream,
+        "seq": exc.position.seq,
+        "message": f"the change is stored ({exc.position.stream} sequence {exc.position.seq}) and will "
+        "show shortly; read it back instead of retrying",
+    }
+    return Response(_ENCODE(body), status_code=202, media_type="application/json")
 
 
 def not_found(what: str) -> ApiError:

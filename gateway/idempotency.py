@@ -5,7 +5,9 @@ lost response. The id of the created resource (unless the body names one) and th
 that creates it are derived from the tenant and the key, so the retry addresses the same resource;
 the route finds the creating event already stored under the same event id and answers with the
 resource instead of a 409. The check reads the stored event's id, so it holds after JetStream's
-duplicate window has passed.
+duplicate window has passed. It holds while the gateway lags the log too: a retry of a create that
+was answered ``202 Accepted`` (stored, not yet applied here) finds the stored event all the same and
+answers with the same resource, 202 until this gateway has applied it, then 201.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from core.objects import s3_client
 from core.settings import Settings
 from core.streams import audit_subject
 from gateway.auth import KeyRecord
+from gateway.errors import NotYetVisible
 from gateway.feed import FeedHub
 from gateway.references import SeenObjects
 from gateway.settings import GatewaySettings
@@ -40,6 +41,7 @@ log = logging.getLogger("resontech.gateway")
 SERVED: tuple[Projection[Any], ...] = (TENANTS, PROVIDERS, REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
 """The projections the gateway reads."""
 READ_YOUR_WRITES_S = 5.0
+"""How long a write waits for this gateway's projection to apply it before answering 202 instead."""
 
 
 class Kernel:
@@ -151,13 +153,47 @@ class Kernel:
         expected_filter: str | None = None,
         visible_in: Projection[Any] | None = None,
     ) -> Position:
-        """Append ``event``; with ``visible_in``, return only once that projection has applied it."""
+        """Append ``event``; with ``visible_in``, return only once that projection has applied it.
+
+        Raises:
+            NotYetVisible: the event is stored, but not applied within :data:`READ_YOUR_WRITES_S`.
+        """
         position = await self.event_log.append(
             subject, event, event_id=event_id, expected_seq=expected_seq, expected_filter=expected_filter
         )
         if visible_in is not None:
-            await self.runners[visible_in.name].wait_for(position.seq, READ_YOUR_WRITES_S)
+            await self.visible(visible_in, position)
         return position
+
+    async def visible(self, projection: Projection[Any], position: Position) -> None:
+        """Wait until ``projection`` has applied the event stored at ``position``.
+
+        Raises:
+            NotYetVisible: not within :data:`READ_YOUR_WRITES_S` (the event stays stored).
+        """
+        try:
+            await self.runners[projection.name].wait_for(position.seq, READ_YOUR_WRITES_S)
+        except TimeoutError:
+            raise NotYetVisible(projection.name, position) from None
+
+    async def stored_record(
+        self, position: Position, subject: str, event: Event, event_id: str | None = None
+    ) -> Recorded[Any]:
+        """The record of an event appended at ``position`` on ``subject``, as the log holds it (with its
+        store time); when the log cannot say at once, built from ``event`` with this clock's time."""
+        try:
+            stored = await self.event_log.get_last(position.stream, subject)
+        except Exception as exc:  # best effort: only the store time is at stake
+            log.warning(
+                "reading back %s %d failed (%s): using the gateway's clock", subject, position.seq, exc
+            )
+            stored = None
+        if stored is not None and stored.seq == position.seq:
+            return stored
+        return Recorded(
+            stream=position.stream, seq=position.seq, subject=subject, time_ns=time.time_ns(),
+            msg_id=event_id or "", event=event,
+        )  # fmt: skip
 
     async def record_request(
         self, call: Call[Any, Any], operation: Operation, status: int, request_id: str

@@ -5,6 +5,12 @@ issue's; here a deployment is checked like a job (the model's workspace objects 
 quota and the fleet could ever hold its first replicas) and each change is one event on the
 endpoint's subjects, appended with the endpoint's expected sequence. Reads come from the live
 ENDPOINTS projection.
+
+Once the log has acknowledged a change the answer is never a 5xx (which would invite a retry, and a
+second endpoint for a deployment without ``Idempotency-Key``): if this gateway's projection has not
+applied it within :data:`gateway.kernel.READ_YOUR_WRITES_S`, the answer is ``202 Accepted`` with the
+endpoint as the projection will hold it (:func:`as_applied`), and a retried deployment with the
+same key answers with the same endpoint.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import time
 from typing import Any
 
 import msgspec
+from starlette.responses import Response
 
 from core.errors import ConcurrencyConflict
 from core.streams import command_subject, endpoint_filter, endpoint_subject
+from core.wire import Position
 from gateway.api import Call, Router, respond
-from gateway.errors import ApiError, conflict, not_found
+from gateway.errors import ApiError, NotYetVisible, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
 from gateway.jobspec import idle_fleet
 from gateway.paging import decode_seq_cursor, encode_cursor
@@ -27,7 +35,7 @@ from gateway.scope import iso, scoped_tenant
 from gateway.workspace import bucket_for
 from projections import ENDPOINTS, REGISTRY, TENANTS
 from projections.admission import Wait, check_quota, never_fits, replica_gpus, request_for_endpoint
-from projections.endpoints import EndpointRecord, endpoint_key, ready_replicas
+from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key, ready_replicas
 from projections.tenants import quotas
 from schemas.api.endpoints import (
     DEFAULT_SCALE_TO_ZERO_S,
@@ -42,10 +50,15 @@ from schemas.api.endpoints import (
 from schemas.api.jobs import TenantQuery
 from schemas.commands import StopWork
 from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointScaled
+from schemas.envelope import Recorded
 
 router = Router("endpoints")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 CHANGE_ATTEMPTS = 5
+ACCEPTED = (
+    "stored, but this gateway has not applied it yet: the body is the endpoint as it will read once "
+    "applied (GET it shortly instead of retrying)"
+)
 
 
 def endpoint_view(e: EndpointRecord, traffic: Traffic | None = None) -> Endpoint:
@@ -165,11 +178,22 @@ def check_admission(call: Call[Any, Any], endpoint: EndpointRecord) -> None:
         raise _invalid(f"this endpoint could never be placed: {reason}", "unplaceable")
 
 
+def as_applied(endpoint: EndpointRecord | None, record: Recorded[Any]) -> EndpointRecord:
+    """The endpoint as the projection will hold it once it applies ``record``, from ``endpoint`` as
+    known (``None`` for a deployment): the pure reducer on a state holding that endpoint alone."""
+    key = endpoint_key(record.token(1), record.token(2))
+    known = {key: endpoint} if endpoint else {}
+    state = EndpointsState(seq=endpoint.last_seq if endpoint else 0, endpoints=known)
+    return ENDPOINTS.evolve(state, record).endpoints[key]
+
+
 def visible_endpoint(call: Call[Any, Any]) -> EndpointRecord:
     """The endpoint named in the path, in the caller's tenant; 404 otherwise."""
     tenant = scoped_tenant(call, call.query.tenant)
     endpoint_id = call.params["endpoint_id"]
-    endpoint = call.kernel.state(ENDPOINTS).endpoints.get(endpoint_key(tenant, endpoint_id))
+    endpoint: EndpointRecord | None = call.kernel.state(ENDPOINTS).endpoints.get(
+        endpoint_key(tenant, endpoint_id)
+    )
     if endpoint is None:
         raise not_found(f"endpoint {endpoint_id}")
     return endpoint
@@ -203,13 +227,40 @@ async def _replay(
             "idempotency_key_reused",
             "this Idempotency-Key was used for a different deployment; send a new key",
         )
-    await call.kernel.runners[ENDPOINTS.name].wait_for(stored.seq, 5.0)
     call.resource = endpoint_id
-    response = respond(
-        endpoint_view(call.kernel.state(ENDPOINTS).endpoints[endpoint_key(tenant, endpoint_id)]), 201
-    )
+    try:
+        await call.kernel.visible(ENDPOINTS, Position(stored.stream, stored.seq))
+        record = call.kernel.state(ENDPOINTS).endpoints[endpoint_key(tenant, endpoint_id)]
+        response = respond(endpoint_view(record), 201)
+    except NotYetVisible:
+        response = respond(endpoint_view(as_applied(None, stored)), 202)
     response.headers[REPLAYED_HEADER] = "true"
     return response
+
+
+async def _store_deployment(
+    call: Call[Any, Any], tenant: str, endpoint_id: str, event: EndpointDeployed, eid: str | None
+) -> Any:
+    """Append ``endpoint.deployed`` (endpoint id taken once) and answer: 201 with the endpoint, 202
+    while this gateway has not applied it, or the replay of an earlier attempt of the same request."""
+    subject = endpoint_subject(tenant, endpoint_id, event)
+    try:
+        position = await call.kernel.append(
+            subject, event, event_id=eid, expected_seq=0,
+            expected_filter=endpoint_filter(tenant, endpoint_id), visible_in=ENDPOINTS,
+        )  # fmt: skip
+    except ConcurrencyConflict:
+        return await _replay(call, tenant, endpoint_id, event, eid)
+    except NotYetVisible as pending:
+        if pending.position.duplicate:  # a retry's first attempt stored it: same checks as any replay
+            return await _replay(call, tenant, endpoint_id, event, eid)
+        call.resource = endpoint_id
+        record = as_applied(None, await call.kernel.stored_record(pending.position, subject, event, eid))
+        return respond(endpoint_view(record), 202)
+    if position.duplicate:
+        return await _replay(call, tenant, endpoint_id, event, eid)
+    call.resource = endpoint_id
+    return endpoint_view(call.kernel.state(ENDPOINTS).endpoints[endpoint_key(tenant, endpoint_id)])
 
 
 @router.post(
@@ -224,6 +275,7 @@ async def _replay(
         422: "the deployment cannot run: missing_objects, invalid_spec, invalid_key, over_quota, "
         "unplaceable, idempotency_key_reused",
     },
+    accepted=f"the endpoint.deployed event is {ACCEPTED}",
 )
 async def deploy_endpoint(call: Call[DeployEndpoint, TenantQuery]) -> Any:
     """Deploy an inference endpoint (send an Idempotency-Key to retry safely)."""
@@ -245,19 +297,7 @@ async def deploy_endpoint(call: Call[DeployEndpoint, TenantQuery]) -> Any:
     check_admission(call, _record_of(tenant, endpoint_id, event))
     if event.model_source == "workspace":
         await require_objects(kernel.s3, bucket_for(tenant), [event.model], kernel.seen_objects)
-    try:
-        await kernel.append(
-            endpoint_subject(tenant, endpoint_id, event),
-            event,
-            event_id=eid,
-            expected_seq=0,
-            expected_filter=endpoint_filter(tenant, endpoint_id),
-            visible_in=ENDPOINTS,
-        )
-    except ConcurrencyConflict:
-        return await _replay(call, tenant, endpoint_id, event, eid)
-    call.resource = endpoint_id
-    return endpoint_view(kernel.state(ENDPOINTS).endpoints[endpoint_key(tenant, endpoint_id)])
+    return await _store_deployment(call, tenant, endpoint_id, event, eid)
 
 
 @router.get("/v1/endpoints", query=EndpointListQuery, response=EndpointPage)
@@ -289,29 +329,38 @@ async def get_endpoint(call: Call[None, TenantQuery]) -> Endpoint:
     return endpoint_view(record, traffic_of(call, record))
 
 
-async def _change(call: Call[Any, Any], endpoint: EndpointRecord, decide: Any) -> EndpointRecord:
+async def _change(call: Call[Any, Any], endpoint: EndpointRecord, decide: Any) -> tuple[EndpointRecord, int]:
     """Append ``decide(endpoint)`` with the endpoint's expected sequence, re-reading and deciding
-    again when something else was appended first; the endpoint after it (unchanged when ``decide``
-    returns ``None``: nothing left to do)."""
+    again when something else was appended first. Returns the endpoint after it (unchanged when
+    ``decide`` returns ``None``: nothing left to do) and the status to answer: 200, or 202 when the
+    change is stored but this gateway has not applied it (the endpoint is then :func:`as_applied`:
+    exact, since nothing of the endpoint was appended in between)."""
     key = endpoint_key(endpoint.tenant, endpoint.endpoint_id)
-    runner = call.kernel.runners[ENDPOINTS.name]
     for _ in range(CHANGE_ATTEMPTS):
         event = decide(endpoint)
         if event is None:
-            return endpoint
+            return endpoint, 200
+        subject = endpoint_subject(endpoint.tenant, endpoint.endpoint_id, event)
         try:
             await call.kernel.append(
-                endpoint_subject(endpoint.tenant, endpoint.endpoint_id, event),
+                subject,
                 event,
                 expected_seq=endpoint.last_seq,
                 expected_filter=endpoint_filter(endpoint.tenant, endpoint.endpoint_id),
                 visible_in=ENDPOINTS,
             )
         except ConcurrencyConflict:
-            await runner.wait_for(await call.kernel.event_log.last_seq("ENDPOINTS"), 5.0)
+            last = await call.kernel.event_log.last_seq("ENDPOINTS")
+            try:
+                await call.kernel.visible(ENDPOINTS, Position("ENDPOINTS", last))
+            except NotYetVisible:  # nothing of this request is stored: a retry is safe
+                raise ApiError(503, "busy", f"endpoint {endpoint.endpoint_id} is changing; retry") from None
             endpoint = call.kernel.state(ENDPOINTS).endpoints[key]
             continue
-        return call.kernel.state(ENDPOINTS).endpoints[key]
+        except NotYetVisible as pending:
+            stored = await call.kernel.stored_record(pending.position, subject, event)
+            return as_applied(endpoint, stored), 202
+        return call.kernel.state(ENDPOINTS).endpoints[key], 200
     raise ApiError(503, "busy", f"endpoint {endpoint.endpoint_id} kept changing; retry")
 
 
@@ -329,8 +378,9 @@ def _not_deleted(endpoint: EndpointRecord) -> None:
     query=TenantQuery,
     response=Endpoint,
     errors={409: "the endpoint was deleted", 422: "invalid_spec, over_quota, unplaceable"},
+    accepted=f"the endpoint.scaled event is {ACCEPTED}",
 )
-async def scale_endpoint(call: Call[ScaleEndpoint, TenantQuery]) -> Endpoint:
+async def scale_endpoint(call: Call[ScaleEndpoint, TenantQuery]) -> Any:
     """Set the endpoint's min/max replicas; the desired count is brought inside the new bounds. A
     failed endpoint is tried again (with min_replicas 0, on its next request)."""
     endpoint = visible_endpoint(call)
@@ -353,16 +403,28 @@ async def scale_endpoint(call: Call[ScaleEndpoint, TenantQuery]) -> Endpoint:
             by=call.principal.label,
         )
 
-    return endpoint_view(await _change(call, endpoint, decide))
+    record, status = await _change(call, endpoint, decide)
+    return respond(endpoint_view(record), status)
 
 
-@router.delete("/v1/endpoints/{endpoint_id}", role="member", query=TenantQuery, status=204)
-async def delete_endpoint(call: Call[None, TenantQuery]) -> None:
+@router.delete(
+    "/v1/endpoints/{endpoint_id}",
+    role="member",
+    query=TenantQuery,
+    status=204,
+    accepted="the endpoint.deleted event is stored, but this gateway has not applied it yet (the "
+    "replicas were told to stop all the same)",
+)
+async def delete_endpoint(call: Call[None, TenantQuery]) -> Response:
     """Delete an endpoint: its replicas are told to stop (deleting it again changes nothing)."""
     endpoint = visible_endpoint(call)
     call.resource = endpoint.endpoint_id
     deleted = EndpointDeleted(by=call.principal.label)
-    endpoint = await _change(call, endpoint, lambda current: None if current.state == "deleted" else deleted)
+
+    def decide(current: EndpointRecord) -> EndpointDeleted | None:
+        return None if current.state == "deleted" else deleted
+
+    endpoint, status = await _change(call, endpoint, decide)
     for replica in endpoint.replicas.values():
         if replica.state != "lost":
             stop = StopWork(
@@ -374,3 +436,4 @@ async def delete_endpoint(call: Call[None, TenantQuery]) -> None:
             await call.kernel.event_log.append(
                 command_subject(replica.worker_id), stop, event_id=f"delete-{replica.assignment_id}"
             )
+    return respond(None, 204 if status == 200 else status)

@@ -5,6 +5,12 @@ A submission is checked (:mod:`gateway.jobspec`), its input objects looked up in
 job's subjects, so a job id is taken once: a duplicate is a 409, and a retried request with the
 same ``Idempotency-Key`` answers with the job it created (:mod:`gateway.idempotency`). Reads come
 from the live schedule projection; a job's events are read back from the JOBS stream.
+
+Once the log has acknowledged a ``job.submitted`` (or a cancellation) the answer is never a 5xx,
+which would invite a retry and, without an ``Idempotency-Key``, a second job: if this gateway's
+schedule has not applied the event within :data:`gateway.kernel.READ_YOUR_WRITES_S`, the answer is
+``202 Accepted`` with the job as the schedule will hold it (:func:`as_applied`: the pure reducer,
+on the one record), and a retry with the same key answers with the same job, 202 or 201.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import msgspec
 from core import flarejob
 from core.errors import ConcurrencyConflict
 from core.streams import command_subject, job_filter, job_subject
+from core.wire import Position
 from gateway.api import Call, Router, respond
-from gateway.errors import ApiError, conflict, not_found
+from gateway.errors import ApiError, NotYetVisible, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
 from gateway.jobspec import check_admission, check_job_folder, idle_fleet, job_event, same_submission
 from gateway.paging import decode_seq_cursor, encode_cursor
@@ -27,7 +34,7 @@ from gateway.references import listing, require_objects
 from gateway.scope import iso, scoped_tenant
 from gateway.workspace import bucket_for
 from projections import REGISTRY, SCHEDULE, TENANTS
-from projections.schedule import TERMINAL, JobRecord, job_key
+from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from projections.tenants import quotas
 from projections.why import explain_job, pending_reason
 from schemas.api.jobs import (
@@ -45,10 +52,15 @@ from schemas.api.jobs import (
     TenantQuery,
 )
 from schemas.commands import StopWork
+from schemas.envelope import Recorded
 from schemas.jobs import JobCancelled, JobPlaced, JobSubmitted
 
 router = Router("jobs")
 CANCEL_ATTEMPTS = 5
+ACCEPTED = (
+    "stored, but this gateway has not applied it yet: the body is the job as it will read once applied "
+    "(GET it shortly; a retry with the same Idempotency-Key answers with the same job)"
+)
 
 
 def job_view(job: JobRecord, why: list[str] | None = None) -> Job:
@@ -119,26 +131,28 @@ def visible_job(call: Call[Any, Any]) -> JobRecord:
     """The job named in the path, in the caller's tenant; 404 otherwise."""
     tenant = scoped_tenant(call, call.query.tenant)
     job_id = call.params["job_id"]
-    job = call.kernel.state(SCHEDULE).jobs.get(job_key(tenant, job_id))
+    job: JobRecord | None = call.kernel.state(SCHEDULE).jobs.get(job_key(tenant, job_id))
     if job is None:
         raise not_found(f"job {job_id}")
     return job
 
 
-async def _submission_of(call: Call[Any, Any], tenant: str, job_id: str) -> Any:
-    """The stored ``job.submitted`` of a job, with its event id, once the schedule has applied it."""
-    stored = await call.kernel.event_log.get_last("JOBS", job_subject(tenant, job_id, JobSubmitted))
-    if stored is not None:
-        await call.kernel.runners[SCHEDULE.name].wait_for(stored.seq, 5.0)
-    return stored
+def as_applied(job: JobRecord | None, record: Recorded[Any]) -> JobRecord:
+    """The job as the schedule will hold it once it applies ``record``, from ``job`` as known (or
+    ``None`` for a submission): the pure reducer, on a state holding that job alone. Exact when
+    ``record`` was appended with the job's expected sequence (nothing of the job came in between)."""
+    key = job_key(record.token(1), record.token(2))
+    state = ScheduleState(seq=job.last_seq if job else 0, jobs={key: job} if job else {})
+    return SCHEDULE.evolve(state, record).jobs[key]
 
 
 async def _replay(
     call: Call[Any, Any], tenant: str, job_id: str, event: JobSubmitted, eid: str | None
 ) -> Any:
     """The answer when the job id is taken: the same job again for a retry of the request that
-    created it (same ``Idempotency-Key``, same spec), else a 409."""
-    stored = await _submission_of(call, tenant, job_id)
+    created it (same ``Idempotency-Key``, same spec; 202 while the schedule has not applied it),
+    else a 409."""
+    stored = await call.kernel.event_log.get_last("JOBS", job_subject(tenant, job_id, JobSubmitted))
     if eid is None or stored is None or stored.msg_id != eid:
         raise conflict(f"job {job_id} exists; choose another job_id, or leave it out to get a new one")
     if not same_submission(stored.event, event):
@@ -148,10 +162,38 @@ async def _replay(
             "this Idempotency-Key was used for a different job spec; send a new key for a new job",
         )
     call.resource = job_id
-    job = call.kernel.state(SCHEDULE).jobs[job_key(tenant, job_id)]
-    response = respond(job_view(job), 201)
+    try:
+        await call.kernel.visible(SCHEDULE, Position(stored.stream, stored.seq))
+        response = respond(job_view(call.kernel.state(SCHEDULE).jobs[job_key(tenant, job_id)]), 201)
+    except NotYetVisible:
+        response = respond(job_view(as_applied(None, stored)), 202)
     response.headers[REPLAYED_HEADER] = "true"
     return response
+
+
+async def _store_submission(
+    call: Call[Any, Any], tenant: str, job_id: str, event: JobSubmitted, eid: str | None
+) -> Any:
+    """Append ``job.submitted`` (job id taken once) and answer: 201 with the job, 202 while this
+    gateway has not applied it, or the replay of an earlier attempt of the same request."""
+    subject = job_subject(tenant, job_id, event)
+    try:
+        position = await call.kernel.append(
+            subject, event, event_id=eid, expected_seq=0, expected_filter=job_filter(tenant, job_id),
+            visible_in=SCHEDULE,
+        )  # fmt: skip
+    except ConcurrencyConflict:
+        return await _replay(call, tenant, job_id, event, eid)
+    except NotYetVisible as pending:
+        if pending.position.duplicate:  # a retry's first attempt stored it: same checks as any replay
+            return await _replay(call, tenant, job_id, event, eid)
+        call.resource = job_id
+        stored = await call.kernel.stored_record(pending.position, subject, event, eid)
+        return respond(job_view(as_applied(None, stored)), 202)
+    if position.duplicate:
+        return await _replay(call, tenant, job_id, event, eid)
+    call.resource = job_id
+    return job_view(call.kernel.state(SCHEDULE).jobs[job_key(tenant, job_id)])
 
 
 @router.post(
@@ -167,11 +209,13 @@ async def _replay(
         "invalid_spec, invalid_key, invalid_job_folder, over_quota, unplaceable, idempotency_key_reused",
         503: "the log or the object store is unavailable; retry with the same Idempotency-Key",
     },
+    accepted=f"the job.submitted event is {ACCEPTED}",
 )
 async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     """Submit a job; every workspace object it references must exist.
 
-    Send an ``Idempotency-Key`` header to retry safely: a retry answers with the job it created.
+    Send an ``Idempotency-Key`` header to retry safely: a retry answers with the job it created. A
+    202 means the job is stored but this gateway has not applied it yet: do not submit it again.
     """
     kernel = call.kernel
     tenant = scoped_tenant(call, call.query.tenant)
@@ -188,19 +232,7 @@ async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     if event.federated is not None and event.federated.job_folder:
         folder = event.federated.job_folder
         check_job_folder(folder, await listing(kernel.s3, bucket_for(tenant), folder, flarejob.MAX_FILES))
-    try:
-        await kernel.append(
-            job_subject(tenant, job_id, event),
-            event,
-            event_id=eid,
-            expected_seq=0,
-            expected_filter=job_filter(tenant, job_id),
-            visible_in=SCHEDULE,
-        )
-    except ConcurrencyConflict:
-        return await _replay(call, tenant, job_id, event, eid)
-    call.resource = job_id
-    return job_view(kernel.state(SCHEDULE).jobs[job_key(tenant, job_id)])
+    return await _store_submission(call, tenant, job_id, event, eid)
 
 
 @router.get("/v1/jobs", query=JobListQuery, response=JobPage)
@@ -250,10 +282,15 @@ async def _stop_work(call: Call[Any, Any], job: JobRecord) -> None:
 
 
 async def _fresh(call: Call[Any, Any], job: JobRecord) -> JobRecord:
-    """The job once the schedule has applied everything the JOBS stream holds now."""
+    """The job once the schedule has applied everything the JOBS stream holds now (503 when it lags:
+    nothing of this request is stored)."""
     last = await call.kernel.event_log.last_seq("JOBS")
-    await call.kernel.runners[SCHEDULE.name].wait_for(last, 5.0)
-    return call.kernel.state(SCHEDULE).jobs[job_key(job.tenant, job.job_id)]
+    try:
+        await call.kernel.visible(SCHEDULE, Position("JOBS", last))
+    except NotYetVisible:
+        raise ApiError(503, "busy", f"job {job.job_id} is changing and this gateway lags; retry") from None
+    fresh: JobRecord = call.kernel.state(SCHEDULE).jobs[job_key(job.tenant, job.job_id)]
+    return fresh
 
 
 @router.post(
@@ -262,8 +299,9 @@ async def _fresh(call: Call[Any, Any], job: JobRecord) -> JobRecord:
     query=TenantQuery,
     response=Job,
     errors={409: "the job already ended (completed, failed or cancelled)"},
+    accepted=f"the job.cancelled event is {ACCEPTED}",
 )
-async def cancel_job(call: Call[None, TenantQuery]) -> Job:
+async def cancel_job(call: Call[None, TenantQuery]) -> Any:
     """Cancel a queued, placed or running job; its running shards are told to stop."""
     job = visible_job(call)
     call.resource = job.job_id
@@ -277,9 +315,11 @@ async def cancel_job(call: Call[None, TenantQuery]) -> Job:
                 f"job {job.job_id} already {job.state}; only queued, placed or running jobs can be cancelled",
             )
         event = JobCancelled(by=call.principal.label, reason="cancelled through the API")
+        subject = job_subject(job.tenant, job.job_id, event)
+        status = 200
         try:
             await call.kernel.append(
-                job_subject(job.tenant, job.job_id, event),
+                subject,
                 event,
                 expected_seq=job.last_seq,
                 expected_filter=job_filter(job.tenant, job.job_id),
@@ -288,9 +328,13 @@ async def cancel_job(call: Call[None, TenantQuery]) -> Job:
         except ConcurrencyConflict:
             job = await _fresh(call, job)  # the coordinator or an agent appended first: re-decide
             continue
-        job = call.kernel.state(SCHEDULE).jobs[job_key(job.tenant, job.job_id)]
+        except NotYetVisible as pending:  # stored: answer with the job as it will read, and stop it
+            stored = await call.kernel.stored_record(pending.position, subject, event)
+            job, status = as_applied(job, stored), 202
+        else:
+            job = call.kernel.state(SCHEDULE).jobs[job_key(job.tenant, job.job_id)]
         await _stop_work(call, job)
-        return job_view(job)
+        return respond(job_view(job), status)
     raise ApiError(503, "busy", f"job {job.job_id} changed {CANCEL_ATTEMPTS} times while cancelling; retry")
 
 
