@@ -328,6 +328,7 @@ SELECT tenant,
        count(*) AS ticks
 FROM metering
 WHERE type = 'meter.tick'
+  AND NOT regexp_matches(subject, '^meter\\.[^.]+\\.[^.]+\\.tokens$')  -- a gateway's count (legacy)
 GROUP BY tenant, day
 ORDER BY tenant, day""",
     "job_history": """
@@ -353,14 +354,20 @@ FROM submitted LEFT JOIN ended USING (tenant, job_id)
 GROUP BY state
 ORDER BY state""",
     "usage_per_provider_per_month": """
-SELECT data->>'provider' AS provider,
-       strftime(epoch_ms(CAST(data->>'end_ms' AS BIGINT)), '%Y-%m') AS month,
-       sum(CAST(data->>'gpu_ms' AS BIGINT)) / 1000 AS gpu_seconds,
-       sum(CAST(data->>'cpu_ms' AS BIGINT)) / 1000 AS cpu_seconds,
-       sum(CAST(data->>'tokens' AS BIGINT)) AS tokens,
-       count(DISTINCT entity) AS workers
-FROM metering
-WHERE type = 'meter.tick'
+WITH ticks AS (
+    SELECT data->>'provider' AS provider, entity AS worker, data,
+           strftime(epoch_ms(CAST(data->>'end_ms' AS BIGINT)), '%Y-%m') AS month,
+           type = 'meter.tokens'
+               OR regexp_matches(subject, '^meter\\.[^.]+\\.[^.]+\\.tokens$') AS counted_tokens
+    FROM metering
+    WHERE type IN ('meter.tick', 'meter.tokens')
+)
+SELECT provider, month,
+       sum(CASE WHEN counted_tokens THEN 0 ELSE CAST(data->>'gpu_ms' AS BIGINT) END) / 1000 AS gpu_seconds,
+       sum(CASE WHEN counted_tokens THEN 0 ELSE CAST(data->>'cpu_ms' AS BIGINT) END) / 1000 AS cpu_seconds,
+       sum(CASE WHEN counted_tokens THEN CAST(data->>'tokens' AS BIGINT) ELSE 0 END) AS tokens,
+       count(DISTINCT worker) FILTER (WHERE NOT counted_tokens) AS workers
+FROM ticks
 GROUP BY provider, month
 ORDER BY provider, month""",
     "quarantined": """
@@ -379,7 +386,13 @@ FROM events
 GROUP BY ALL
 ORDER BY stream, type""",
 }
-"""Named audit queries. ``job_history`` has a ``{job_id}`` placeholder: fill it with :func:`example_query`."""
+"""Named audit queries. ``job_history`` has a ``{job_id}`` placeholder: fill it with :func:`example_query`.
+
+The metering queries read both subject layouts (see :mod:`projections.ledger`): GPU and CPU time
+from usage ticks (``meter.tick`` on ``meter.<tenant>.<worker>.<assignment>.tick`` or an agent's
+legacy ``meter.<tenant>.<worker>``), tokens only from the gateways' counts (``meter.tokens``, or a
+legacy ``meter.tick`` on ``meter.<tenant>.<worker>.tokens``), never from an agent's tick. They sum
+what is stored: the ledger also leaves out duplicate and invalid ticks."""
 
 
 def example_query(name: str, **params: str) -> str:

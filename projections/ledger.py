@@ -1,47 +1,98 @@
-"""The billing ledger: the METERING stream (``meter.<tenant>.<worker_id>``) priced into tenant invoice
-lines and provider payout lines. Money is integer micro-USD (see :mod:`core.pricing`).
+"""The billing ledger: the METERING stream priced into tenant invoice lines and provider payout lines.
+Money is integer micro-USD (see :mod:`core.pricing`).
 
-* Tokens come only from ticks on ``meter.<tenant>.<worker_id>.tokens``, which only the kernel's
-  gateways may publish (:func:`core.streams.token_metering_subject`); the ``tokens`` of a tick on an
-  agent's own subject are ignored. Tokens are summed on invoice lines but not priced: the price
-  tables bill GPU and CPU time.
+Subjects. Every layout has the tenant as token 1 and the worker as token 2:
 
-* A tick is priced by the table in effect at its ``end_ms``, and billed in the UTC month of its
-  ``end_ms`` (``YYYY-MM``).
-* Invoice lines are keyed ``tenant/period/work_id/gpu_type/pool/v<price version>``; payout lines
-  ``provider/period/tier``. Every invoice line lists the METERING sequences it was derived from, in
-  order (ticks arrive in sequence order). Each worker's earnings to date (the payouts of the ticks
-  it metered) are kept by worker id, for providers' per-node view.
-* A tick whose ``(assignment_id, start_ms)`` was already counted is a duplicate (an agent retry under a
-  new event id) and is ignored (a gateway's token ticks are keyed by ``(assignment_id, source,
-  start_ms)``: each gateway process is its own source), as is a tick with negative usage or
-  ``end_ms < start_ms``: both are counted (``duplicates``, ``invalid``) so that the ledger accounts
-  for every sequence it saw. Times outside 1970-01..2199-12 are invalid too.
+* ``meter.<tenant>.<worker_id>.<assignment_id>.tick``: a :class:`~schemas.metering.UsageTick`, GPU
+  and CPU time of one assignment, as the kernel's intake accepted it;
+* ``meter.<tenant>.<worker_id>.<assignment_id>.tokens``: a :class:`~schemas.metering.TokensServed`,
+  tokens one replica served as one gateway process (its ``source``) counted them;
+* legacy, in logs written before METERING had one subject per assignment:
+  ``meter.<tenant>.<worker_id>`` (an agent's ``UsageTick``) and ``meter.<tenant>.<worker_id>.tokens``
+  (a gateway's ``UsageTick`` carrying ``tokens`` and ``source``).
+
+Usage ticks (``.tick`` and the legacy agent subject) carry GPU and CPU time; token ticks
+(``TokensServed`` and a legacy ``.tokens`` ``UsageTick``) carry tokens and nothing else. Tokens never
+come from a usage tick: what an agent says it served is not what the tenant is billed for. Tokens are
+summed on invoice lines but not priced (the price tables bill GPU and CPU time), so a token tick
+touches no payout and no worker's earnings. A tick of any other shape (a ``UsageTick`` on a subject
+of four tokens not ending in ``tokens``, a ``TokensServed`` on a subject not ending in ``tokens``) is
+invalid.
+
+Pricing and keys. A tick is priced by the table in effect at its ``end_ms`` and billed in the UTC month
+of its ``end_ms`` (``YYYY-MM``). Invoice lines are keyed ``tenant/period/work_id/gpu_type/pool/v<price
+version>``, payout lines ``provider/period/tier``; each worker's earnings to date (the payouts of its
+usage ticks) are kept by worker id, for providers' per-node view.
+
+Duplicates. Each assignment has a mark (each assignment and ``source`` for token ticks, keyed
+``<tenant>.<worker_id>.<assignment_id>`` and ``...:<source>``): the end of its last counted interval
+and the envelope time of its last tick. A tick that starts before its mark's end is a duplicate (an
+agent retrying under a new event id, a gateway's retry) and is not counted. The intake already
+appends each assignment's ticks with the expected last sequence of its subject, so that new-layout
+ticks never overlap; the marks are the second line of defence, and the first for legacy logs. A mark
+not touched for :data:`MARK_RETENTION_NS` of envelope time is dropped, so a retry arriving later than
+that would be counted again. Marks are pruned at the first tick whose sequence reaches
+``next_prune_seq``, which is then set :data:`PRUNE_EVERY` sequences on (or as many as there are
+marks, if more, so that pruning costs at most one mark per sequence): a pure function of the
+records, so that any chunking of the same events, and a resume from a snapshot, give the same state.
+
+Invalid ticks (negative usage or tokens, ``end_ms < start_ms``, times outside 1970-01..2199-12, a
+subject of the wrong shape) are not counted either. Both are counted (``duplicates``, ``invalid``) so
+that the ledger accounts for every sequence it saw.
+
+Source ranges. Every invoice line names the METERING sequences it was derived from as inclusive
+ranges, ``source_ranges``, ascending and disjoint, and counts its ``ticks``. **The line's ticks are the
+counted ticks of its key within its ranges**: an auditor re-derives the line by folding those
+sequences and keeping the ticks the ledger counted (neither duplicate nor invalid) whose line key is
+the line's, and checks their number against ``ticks``. While a line has at most :data:`RANGE_CAP`
+ranges they are its exact runs (consecutive sequences that are all the line's ticks). A tick that
+would open one range more compacts the line to :data:`RANGES_KEPT` ranges by merging the two nearest
+ranges, again and again, nearest first: this keeps the ``RANGES_KEPT - 1`` widest holes between
+ranges (a hole's width is the number of sequences between two ranges; among equally wide holes the
+later one is kept) and fills the others. A merged range holds other lines' sequences too, which the
+rule above leaves out. Ticks of a line interleave with every other line's in the stream, so exact runs
+are mostly single ticks; the cap keeps a line's size fixed, and keeps the widest gaps (the hours or
+days the work did not run) out of its ranges.
 
 :class:`InvoiceLine`, :class:`PayoutLine` and :class:`WorkerEarnings` are accumulators and, unlike
-the frozen records of the other projections, are updated in place: an invoice line's ``source_seqs``
-grows by one sequence per tick, so replacing it on every tick would make the fold quadratic, and the
-ledger must fold at least 100k ticks/s. The helpers below return copies, so their results never
-change under their caller; a caller keeping a whole older state copies it
-(:func:`projections.base.copy_state`).
+the frozen records of the other projections, are updated in place: replacing them on every tick
+would cost more than the rest of the fold, and the ledger must rebuild a million ticks in seconds.
+The helpers below return copies, so their results never change under their caller; a caller keeping a
+whole older state copies it (:func:`projections.base.copy_state`).
 """
 
 from __future__ import annotations
 
 import bisect
 import datetime
+from itertools import pairwise
 from typing import Any
 
 import msgspec
 
-from core.pricing import price
+from core.pricing import PRICE_TABLES, price, table_at
 from projections.base import Projection
 from schemas.envelope import Recorded
-from schemas.metering import UsageTick
+from schemas.metering import TokensServed, UsageTick
 from schemas.values import Pool, WorkKind
+
+RANGE_CAP = 64
+"""The most source ranges an invoice line holds."""
+RANGES_KEPT = 32
+"""How many ranges a line is compacted to when a tick would exceed :data:`RANGE_CAP`."""
+MARK_RETENTION_NS = 24 * 3600 * 1_000_000_000
+"""A duplicate mark not touched for this long (envelope time) is dropped: 24 hours."""
+PRUNE_EVERY = 10_000
+"""Marks are pruned every this many METERING sequences at least (more when there are more marks)."""
 
 _MS_PER_DAY = 86_400_000
 _EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
+_TICK_SUFFIX = len(".tick")
+_TOKENS_SUFFIX = len(".tokens")
+_PREFIX = len("meter.")
+_NEW_LAYOUT = 5
+_LEGACY_AGENT = 3
+_LEGACY_TOKENS = 4
 
 
 def _month_table(first_year: int, last_year: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -67,8 +118,10 @@ class InvoiceLine(msgspec.Struct, kw_only=True):
     Attributes:
         gpu_ms / cpu_ms / tokens: usage summed over the line's ticks.
         charge_micros: the sum of its ticks' charges, micro-USD.
-        ticks: how many ticks it sums.
-        source_seqs: the METERING sequences of those ticks, ascending.
+        ticks: how many ticks it sums (usage and token ticks).
+        source_ranges: inclusive ``(first, last)`` runs of METERING sequences, ascending and disjoint,
+            at most :data:`RANGE_CAP`: the line's ticks are the counted ticks of its key within them
+            (see the module docstring for the merge rule).
     """
 
     tenant: str
@@ -83,7 +136,7 @@ class InvoiceLine(msgspec.Struct, kw_only=True):
     tokens: int = 0
     charge_micros: int = 0
     ticks: int = 0
-    source_seqs: list[int] = []
+    source_ranges: list[tuple[int, int]] = []
 
 
 class PayoutLine(msgspec.Struct, kw_only=True):
@@ -114,8 +167,11 @@ class LedgerState(msgspec.Struct, kw_only=True):
     Attributes:
         seq: the last METERING sequence applied.
         workers: each worker's earnings to date, by worker id.
-        seen: ``assignment_id:start_ms`` (``assignment_id:source:start_ms`` for a gateway's token
-            tick) -> the sequence of the tick that was counted for it.
+        marks: ``<tenant>.<worker_id>.<assignment_id>`` (``...:<source>`` for token ticks) ->
+            ``(end_ms, touched_ns)``: the end of the last interval counted for it and the envelope
+            time of its last tick, counted or not.
+        next_prune_seq: the sequence at or after which marks untouched for
+            :data:`MARK_RETENTION_NS` are dropped next.
         duplicates / invalid: ticks ignored as duplicates / as invalid.
     """
 
@@ -123,7 +179,8 @@ class LedgerState(msgspec.Struct, kw_only=True):
     lines: dict[str, InvoiceLine] = {}
     payouts: dict[str, PayoutLine] = {}
     workers: dict[str, WorkerEarnings] = {}
-    seen: dict[str, int] = {}
+    marks: dict[str, tuple[int, int]] = {}
+    next_prune_seq: int = 0
     duplicates: int = 0
     invalid: int = 0
 
@@ -150,7 +207,7 @@ def payout_key(provider: str, period: str, tier: str) -> str:
 
 
 def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
-    """Apply one usage tick; records at or below ``state.seq`` are already applied and ignored.
+    """Apply one tick; records at or below ``state.seq`` are already applied and ignored.
 
     One function on purpose: this is the hottest loop of the ledger's fold.
     """
@@ -159,32 +216,61 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
         return state
     state.seq = seq
     tick = recorded.event
-    if type(tick) is not UsageTick:
+    kind = type(tick)
+    if kind is not UsageTick and kind is not TokensServed:
         return state
-    subject = recorded.subject.split(".")  # meter.<tenant>.<worker_id>[.tokens]
-    tenant, worker_id = subject[1], subject[2]
-    counted = len(subject) == 4  # the kernel's own count: only it carries tokens and a source
-    start_ms, end_ms, gpu_ms, cpu_ms, tokens = (
-        tick.start_ms,
-        tick.end_ms,
-        tick.gpu_ms,
-        tick.cpu_ms,
-        tick.tokens if counted else 0,
-    )
-    if gpu_ms < 0 or cpu_ms < 0 or tokens < 0 or not _FIRST_MS <= start_ms <= end_ms < _END_MS:
+    if seq >= state.next_prune_seq:
+        _prune(state, seq, recorded.time_ns)
+    subject = recorded.subject
+    tokens = subject.split(".")
+    shape = len(tokens)
+    # The mark: the subject's own tenant, worker and assignment on the new layout, the payload's
+    # assignment on a legacy one.
+    if kind is UsageTick:
+        if shape == _NEW_LAYOUT and tokens[4] == "tick":
+            usage, mark = True, subject[_PREFIX:-_TICK_SUFFIX]
+        elif shape == _LEGACY_AGENT:
+            usage, mark = True, f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}"
+        elif shape == _LEGACY_TOKENS and tokens[3] == "tokens":
+            usage, mark = False, f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}:{tick.source}"
+        else:
+            state.invalid += 1
+            return state
+    elif shape == _NEW_LAYOUT and tokens[4] == "tokens":
+        usage, mark = False, f"{subject[_PREFIX:-_TOKENS_SUFFIX]}:{tick.source}"
+    elif shape == _LEGACY_TOKENS and tokens[3] == "tokens":
+        usage, mark = False, f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}:{tick.source}"
+    else:
         state.invalid += 1
         return state
-    seen_key = (
-        f"{tick.assignment_id}:{tick.source}:{start_ms}" if counted else f"{tick.assignment_id}:{start_ms}"
-    )
-    if seen_key in state.seen:
+
+    start_ms, end_ms = tick.start_ms, tick.end_ms
+    if usage:
+        gpu_ms, cpu_ms, served = tick.gpu_ms, tick.cpu_ms, 0
+        bad = gpu_ms < 0 or cpu_ms < 0
+    else:
+        gpu_ms, cpu_ms, served = 0, 0, tick.tokens
+        bad = served < 0
+    if bad or not _FIRST_MS <= start_ms <= end_ms < _END_MS:
+        state.invalid += 1
+        return state
+    marks = state.marks
+    last = marks.get(mark)
+    if last is not None and start_ms < last[0]:
+        marks[mark] = (last[0], recorded.time_ns)
         state.duplicates += 1
         return state
-    state.seen[seen_key] = seq
+    marks[mark] = (end_ms, recorded.time_ns)
 
-    charge, payout, version = price(tick)
+    if usage:
+        charge, payout, version = price(tick)
+    else:
+        table = PRICE_TABLES[-1]
+        version = (table if end_ms >= table.effective_from_ms else table_at(end_ms)).version
+        charge = payout = 0
     period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, end_ms) - 1]  # period_of(end_ms)
-    key = line_key(tenant, period, tick.work_id, tick.gpu_type, tick.pool, version)
+    tenant = tokens[1]
+    key = f"{tenant}/{period}/{tick.work_id}/{tick.gpu_type}/{tick.pool}/v{version}"  # line_key
     line = state.lines.get(key)
     if line is None:
         line = state.lines[key] = InvoiceLine(
@@ -198,12 +284,20 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
         )
     line.gpu_ms += gpu_ms
     line.cpu_ms += cpu_ms
-    line.tokens += tokens
+    line.tokens += served
     line.charge_micros += charge
     line.ticks += 1
-    line.source_seqs.append(seq)
+    ranges = line.source_ranges
+    if ranges and ranges[-1][1] == seq - 1:
+        ranges[-1] = (ranges[-1][0], seq)
+    else:
+        ranges.append((seq, seq))
+        if len(ranges) > RANGE_CAP:
+            line.source_ranges = compact_ranges(ranges, RANGES_KEPT)
+    if not usage:
+        return state
 
-    key = payout_key(tick.provider, period, tick.tier)
+    key = f"{tick.provider}/{period}/{tick.tier}"  # payout_key
     paid = state.payouts.get(key)
     if paid is None:
         paid = state.payouts[key] = PayoutLine(provider=tick.provider, period=period, tier=tick.tier)
@@ -212,6 +306,7 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     paid.payout_micros += payout
     paid.ticks += 1
 
+    worker_id = tokens[2]
     earned = state.workers.get(worker_id)
     if earned is None:
         earned = state.workers[worker_id] = WorkerEarnings(provider=tick.provider)
@@ -222,10 +317,40 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     return state
 
 
+def compact_ranges(ranges: list[tuple[int, int]], kept: int) -> list[tuple[int, int]]:
+    """``ranges`` (ascending, disjoint, inclusive) merged down to at most ``kept`` ranges by merging
+    the two nearest ranges until no more are left than ``kept``.
+
+    Merging never changes the width of the other holes, so this keeps the ``kept - 1`` widest holes
+    (width: the number of sequences strictly between two ranges; among equal widths, the later hole)
+    and fills the rest.
+    """
+    if len(ranges) <= kept:
+        return list(ranges)
+    # (width + 1, index) of every hole, ascending: the last kept - 1 are the widest, later first
+    holes = sorted([(b[0] - a[1], i) for i, (a, b) in enumerate(pairwise(ranges), 1)])
+    out = []
+    first = ranges[0][0]
+    for _, i in sorted(holes[len(holes) - (kept - 1) :], key=lambda hole: hole[1]):
+        out.append((first, ranges[i - 1][1]))
+        first = ranges[i][0]
+    out.append((first, ranges[-1][1]))
+    return out
+
+
+def _prune(state: LedgerState, seq: int, now_ns: int) -> None:
+    """Drop the marks not touched since ``now_ns - MARK_RETENTION_NS`` and set the next prune."""
+    oldest = now_ns - MARK_RETENTION_NS
+    marks = state.marks
+    if any(touched < oldest for _, touched in marks.values()):
+        state.marks = {key: mark for key, mark in marks.items() if mark[1] >= oldest}
+    state.next_prune_seq = seq + max(PRUNE_EVERY, len(state.marks))
+
+
 LEDGER: Projection[LedgerState] = Projection(
     name="ledger",
     stream="METERING",
-    version=3,
+    version=4,
     state_type=LedgerState,
     initial=LedgerState,
     evolve=evolve,
@@ -233,7 +358,7 @@ LEDGER: Projection[LedgerState] = Projection(
 
 
 def _copy(line: InvoiceLine) -> InvoiceLine:
-    return msgspec.structs.replace(line, source_seqs=list(line.source_seqs))
+    return msgspec.structs.replace(line, source_ranges=list(line.source_ranges))
 
 
 def charges(state: LedgerState, tenant: str, period: str | None = None) -> int:

@@ -7,6 +7,7 @@ import io
 from datetime import UTC, date, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from core.errors import InvalidInput, NotFound
@@ -36,6 +37,7 @@ from schemas import (
     Provenance,
     StopWork,
     TenantCreated,
+    TokensServed,
     UsageTick,
     WorkerRegistered,
 )
@@ -133,16 +135,28 @@ async def append_history(log: EventLog) -> dict[str, int]:
         (job_subject("globex", "j4", JobQueued), JobQueued(reason="waiting for a GPU")),
     ]:
         await log.append(subject, event)
-    # Usage near month end: the day and month come from end_ms, not from when it was stored.
+    # Usage near month end: the day and month come from end_ms, not from when it was stored. Both
+    # subject layouts: the kernel's (one subject per assignment) and the legacy one of older logs.
+    served = TokensServed(
+        work_id="j1", assignment_id="a1", epoch=1, provider="p2", gpu_type="A100",
+        start_ms=ms("2026-02-01T09:59:50"), end_ms=ms("2026-02-01T10:00:00"), tokens=40, source="gateway-a",
+    )  # fmt: skip
     await log.append_many(
         [
-            (metering_subject("acme", "w1"), tick("p1", "2026-01-31T23:59:59", 3_600_000)),
-            (metering_subject("acme", "w2"), tick("p2", "2026-01-31T12:00:00", 1_800_000)),
-            (metering_subject("acme", "w1"), tick("p1", "2026-02-01T00:00:05", 7_200_000)),
-            (metering_subject("globex", "w3"), tick("p2", "2026-01-31T08:00:00", 600_000)),
+            (metering_subject("acme", "w1", "a1", UsageTick), tick("p1", "2026-01-31T23:59:59", 3_600_000)),
+            # an agent's own count of tokens, on the legacy agent subject: not a token count
+            ("meter.acme.w2", tick("p2", "2026-01-31T12:00:00", 1_800_000, tokens=7)),
+            (metering_subject("acme", "w1", "a1", UsageTick), tick("p1", "2026-02-01T00:00:05", 7_200_000)),
+            ("meter.globex.w3", tick("p2", "2026-01-31T08:00:00", 600_000)),
             (
-                metering_subject("globex", "w3"),
-                tick("p2", "2026-02-01T10:00:00", 1_000, cpu_ms=5_000, tokens=42),
+                metering_subject("globex", "w3", "a1", UsageTick),
+                tick("p2", "2026-02-01T10:00:00", 1_000, cpu_ms=5_000),
+            ),
+            (metering_subject("globex", "w3", "a1", TokensServed), served),
+            # a gateway's count on the legacy token subject
+            (
+                "meter.globex.w3.tokens",
+                msgspec.structs.replace(tick("p2", "2026-02-01T10:00:00", 0, tokens=2), source="gateway-b"),
             ),
         ]
     )
@@ -173,7 +187,7 @@ async def test_export_writes_one_file_per_stream_with_its_rows(log: EventLog, tm
         "HEARTBEATS_LATEST": 1,
         "JOBS": 14,
         "ENDPOINTS": 1,
-        "METERING": 5,
+        "METERING": 7,
         "COMMANDS": 0,
         "PROVIDERS": 0,
         "AUDIT": 0,
@@ -215,7 +229,7 @@ async def test_columns_and_subject_tokens(exported: tuple[Path, dict[str, int], 
         "SELECT count(*), count(*) FILTER (epoch_us(time) = time_ns // 1000), "
         "count(*) FILTER (stream = 'HEARTBEATS_LATEST') FROM events",
     )
-    assert rows == [(28, 28, 0)]
+    assert rows == [(30, 30, 0)]
     _, [(seq, time, time_ns, data)] = audit.sql(
         directory, "SELECT seq, time, time_ns, data FROM tenants WHERE tenant = 'globex'"
     )
@@ -244,7 +258,7 @@ async def test_usage_per_provider_per_month(exported: tuple[Path, dict[str, int]
         ("p1", "2026-01", 3600.0, 0.0, 0, 1),
         ("p1", "2026-02", 7200.0, 0.0, 0, 1),
         ("p2", "2026-01", 2400.0, 0.0, 0, 2),
-        ("p2", "2026-02", 1.0, 5.0, 42, 1),
+        ("p2", "2026-02", 1.0, 5.0, 42, 1),  # tokens of the gateways' counts, not the agent's 7
     ]
 
 
@@ -313,7 +327,8 @@ async def test_events_per_type(exported: tuple[Path, dict[str, int], dict[str, i
         ("JOBS", "job.queued", 1),
         ("JOBS", "job.started", 1),
         ("JOBS", "job.submitted", 4),
-        ("METERING", "meter.tick", 5),
+        ("METERING", "meter.tick", 6),
+        ("METERING", "meter.tokens", 1),
         ("QUARANTINE", "(no event tag)", 1),
         ("QUARANTINE", "job.progress", 1),
         ("TENANTS", "tenant.created", 2),

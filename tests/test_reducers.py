@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from fractions import Fraction
@@ -21,10 +22,19 @@ from core.streams import (
     tenant_subject,
     worker_subject,
 )
-from projections import ALL, BY_NAME, ENDPOINTS, LEDGER, LIVENESS, REGISTRY, SCHEDULE
-from projections.base import Projection, canonical_json, state_hash
+from projections import ALL, BY_NAME, ENDPOINTS, LEDGER, LIVENESS, REGISTRY, SCHEDULE, ledger
+from projections.base import Projection, canonical_json, copy_state, state_hash
 from projections.endpoints import EndpointsState, missing_replicas, ready_replicas
-from projections.ledger import LedgerState, charges, invoice, payouts, period_of
+from projections.ledger import (
+    RANGE_CAP,
+    RANGES_KEPT,
+    LedgerState,
+    charges,
+    compact_ranges,
+    invoice,
+    payouts,
+    period_of,
+)
 from projections.liveness import LivenessState, overdue, silent_for
 from projections.registry import RegistryState, available, downtime, uptime
 from projections.schedule import ScheduleState, active_assignments, job_key, missing_slots, pending
@@ -57,6 +67,7 @@ from schemas import (
     JobSubmitted,
     Provenance,
     QuotaSet,
+    TokensServed,
     UsageTick,
     WorkerCordoned,
     WorkerDeregistered,
@@ -66,6 +77,7 @@ from schemas import (
     WorkerRecovered,
     WorkerRegistered,
     WorkerUncordoned,
+    WorkerVerified,
 )
 from schemas.envelope import Recorded
 from schemas.providers import ProviderKeyRevoked
@@ -244,13 +256,21 @@ def _register(log: Log, worker: str, t_s: float = 0.0, **kw: Any) -> None:
     log(worker_subject(worker, WorkerRegistered), WorkerRegistered(**fields), t_s)
 
 
+def _verify(log: Log, worker: str, t_s: float = 0.0) -> None:
+    log(worker_subject(worker, WorkerVerified), WorkerVerified(challenge_id=f"c-{worker}"), t_s)
+
+
 def test_registry_register_cordon_and_reregister() -> None:
     log = Log(REGISTRY)
     _register(log, "w1", gpus=[Gpu(index=0, model="T4", vram_total_mb=15_000, vram_free_mb=15_000)])
     _register(log, "w2")
     state: RegistryState = log.state
+    assert [w.state for w in state.workers.values()] == ["unverified", "unverified"]
+    assert available(state) == []  # no tenant work before verification
+    _verify(log, "w1")
+    _verify(log, "w2")
     assert [w.worker_id for w in available(state)] == ["w1", "w2"]
-    assert state.workers["w1"].since_ns == 0 and state.workers["w1"].last_change_seq == 1
+    assert state.workers["w1"].since_ns == 0 and state.workers["w1"].last_change_seq == 3
 
     log(worker_subject("w1", WorkerCordoned), WorkerCordoned(reason="bad fan", by="ops"), 5)
     assert state.workers["w1"].state == "cordoned"
@@ -265,13 +285,16 @@ def test_registry_register_cordon_and_reregister() -> None:
         16,
         [],
     )
-    assert w1.since_ns == 0 and w1.registered_ns == 7 * S and w1.last_change_seq == 4
+    assert w1.since_ns == 0 and w1.registered_ns == 7 * S and w1.last_change_seq == 6
+    assert not w1.verified  # its GPUs changed: verified again before it takes work
 
     log(worker_subject("w1", WorkerPolicySet), WorkerPolicySet(policy=WorkerPolicy(allowed_tenants=["acme"])))
     assert state.workers["w1"].policy.allowed_tenants == ["acme"]
     log(worker_subject("w1", WorkerUncordoned), WorkerUncordoned(by="ops"))
     uncordoned = state.workers["w1"]
-    assert (uncordoned.state, uncordoned.cordon_reason) == ("available", "")
+    assert (uncordoned.state, uncordoned.cordon_reason) == ("unverified", "")
+    _verify(log, "w1", 9)
+    assert (state.workers["w1"].state, state.workers["w1"].verified_ns) == ("available", 9 * S)
     roundtrips(REGISTRY, state)
 
 
@@ -303,6 +326,7 @@ def test_registry_lost_and_recovered_accumulate_downtime() -> None:
 def test_registry_deregistration_closes_downtime_and_excludes_its_interval() -> None:
     log = Log(REGISTRY)
     _register(log, "w1", 0)
+    _verify(log, "w1", 0)
     log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 50)
     log(worker_subject("w1", WorkerDeregistered), WorkerDeregistered(reason="sold"), 60)
     state: RegistryState = log.state
@@ -313,7 +337,7 @@ def test_registry_deregistration_closes_downtime_and_excludes_its_interval() -> 
     assert state.workers["w1"] == msgspec.structs.replace(w1, last_seq=w1.last_seq + 1)
     assert available(state) == []
 
-    _register(log, "w1", 100)
+    _register(log, "w1", 100)  # the same (no) GPUs: still verified
     w1 = state.workers["w1"]
     assert (w1.state, w1.excluded_ns, w1.deregistered_ns, w1.since_ns) == ("available", 40 * S, None, 0)
     assert uptime(w1, 160 * S) == pytest.approx(1 - 10 / 120)
@@ -707,11 +731,36 @@ def test_endpoint_events_before_deploy_are_ignored() -> None:
 # --- ledger -------------------------------------------------------------------------------------
 
 
-def _meter(log: Log, tenant: str = "acme", worker: str = "w1", **kw: Any) -> Recorded[Any]:
-    return log(metering_subject(tenant, worker), _tick(**kw))
+def _meter(log: Log, tenant: str = "acme", worker: str = "w1", t_s: float = 0.0, **kw: Any) -> Recorded[Any]:
+    """A usage tick on its assignment's subject (the kernel's layout)."""
+    tick = _tick(**kw)
+    return log(metering_subject(tenant, worker, tick.assignment_id, UsageTick), tick, t_s)
 
 
-def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
+def _served(log: Log, tokens: int, tenant: str = "acme", worker: str = "w1", **kw: Any) -> Recorded[Any]:
+    """A gateway's count of tokens on the replica's subject (the kernel's layout)."""
+    fields: dict[str, Any] = {
+        "work_id": "j1",
+        "work_kind": "endpoint",
+        "assignment_id": "a1",
+        "epoch": 1,
+        "provider": "p1",
+        "gpu_type": "H100",
+        "start_ms": APRIL_MS,
+        "end_ms": APRIL_MS + 10_000,
+        "tier": "platinum",
+        "source": "gateway-a",
+    }
+    fields.update(kw)
+    served = TokensServed(tokens=tokens, **fields)
+    return log(metering_subject(tenant, worker, served.assignment_id, TokensServed), served)
+
+
+def _seqs(ranges: list[tuple[int, int]]) -> list[int]:
+    return [seq for first, last in ranges for seq in range(first, last + 1)]
+
+
+def test_ledger_prices_ticks_into_lines_with_their_ranges() -> None:
     log = Log(LEDGER)
     ten_s = 10_000
     start = APRIL_MS - 2 * ten_s - 1  # the second tick ends 1 ms before midnight
@@ -729,10 +778,10 @@ def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
         "globex/2026-04/j9/H100/shared/v1",
     ]
     march = state.lines["acme/2026-03/j1/H100/shared/v1"]
-    # an agent's own count of tokens is not billed: tokens come from the gateways' .tokens subjects
-    assert (march.ticks, march.gpu_ms, march.tokens, march.source_seqs) == (2, 20_000, 0, [1, 3])
+    # an agent's own count of tokens is not billed: tokens come from the gateways' counts
+    assert (march.ticks, march.gpu_ms, march.tokens, march.source_ranges) == (2, 20_000, 0, [(1, 1), (3, 3)])
     assert march.charge_micros == 2 * 6_917  # 6_916.67 per tick, each rounded on its own
-    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_seqs == [5, 7]
+    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_ranges == [(5, 5), (7, 7)]
     assert state.lines["globex/2026-04/j9/H100/shared/v1"].charge_micros == 2 * 42
     assert charges(state, "acme") == 4 * 6_917
     assert charges(state, "acme", "2026-04") == 2 * 6_917
@@ -742,6 +791,7 @@ def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
     assert (p_march.period, p_march.tier, p_march.ticks, p_march.gpu_ms) == ("2026-03", "platinum", 4, 20_120)
     assert p_march.payout_micros == 2 * 5_534 + 2 * 34  # 80% of each tick's charge, rounded half up
     assert p_april.period == "2026-04"
+    assert (state.workers["w1"].gpu_ms, state.workers["w2"].ticks) == (40_000, 4)
     money = [line.charge_micros for line in state.lines.values()] + [
         p.payout_micros for p in state.payouts.values()
     ]
@@ -749,18 +799,83 @@ def test_ledger_prices_ticks_into_lines_with_their_sequences() -> None:
     roundtrips(LEDGER, state)
 
 
+def test_ledger_reads_the_legacy_layouts_like_the_kernels() -> None:
+    """Old logs hold an agent's ticks on meter.<tenant>.<worker> and a gateway's token counts as
+    ticks on meter.<tenant>.<worker>.tokens: they bill exactly as the kernel's subjects do."""
+    legacy, current = Log(LEDGER), Log(LEDGER)
+    for i in range(3):
+        interval = {"start_ms": APRIL_MS + i * 10_000, "end_ms": APRIL_MS + (i + 1) * 10_000}
+        usage = _tick(gpu_ms=10_000, tokens=999, **interval)  # an agent's claim of tokens: ignored
+        legacy("meter.acme.w1", usage)
+        _meter(current, gpu_ms=10_000, tokens=999, **interval)
+        counted = _tick(gpu_ms=0, tokens=40 + i, source="gateway-a", **interval)
+        legacy("meter.acme.w1.tokens", counted)
+        _served(current, 40 + i, work_kind="job", **interval)
+    old: LedgerState = legacy.state
+    new: LedgerState = current.state
+    assert old.lines == new.lines and old.payouts == new.payouts and old.workers == new.workers
+    assert (
+        old.marks
+        == new.marks
+        == {
+            "acme.w1.a1": (APRIL_MS + 30_000, 0),
+            "acme.w1.a1:gateway-a": (APRIL_MS + 30_000, 0),
+        }
+    )
+    (line,) = new.lines.values()
+    assert (line.gpu_ms, line.tokens, line.ticks, line.source_ranges) == (30_000, 123, 6, [(1, 6)])
+    assert line.charge_micros == 3 * 6_917  # tokens are not priced
+    # a token count pays nobody: payouts and earnings hold the usage ticks only
+    assert (new.payouts["p1/2026-04/platinum"].ticks, new.workers["w1"].ticks) == (3, 3)
+    assert (old.duplicates, old.invalid) == (0, 0)
+
+
+def test_ledger_takes_tokens_only_from_the_kernels_counts() -> None:
+    log = Log(LEDGER)
+    _meter(log, tokens=500)  # the kernel's usage tick carries the agent's claim: not billed
+    log("meter.acme.w1", _tick(assignment_id="a2", tokens=500))  # nor on the legacy agent subject
+    _served(log, 40)
+    log("meter.acme.w1.tokens", _tick(assignment_id="a3", gpu_ms=0, tokens=2, source="gateway-b"))
+    state: LedgerState = log.state
+    assert state.lines["acme/2026-04/j1/H100/shared/v1"].tokens == 42
+    assert state.invalid == 0
+    # shapes the ledger does not bill: a tick on a 4-token subject that is not a gateway's, a count
+    # of tokens on a usage subject, a negative count
+    log("meter.acme.w1.a4", _tick(assignment_id="a4"))
+    served = TokensServed(work_id="j1", assignment_id="a5", epoch=1, start_ms=APRIL_MS, end_ms=APRIL_MS + 1,
+                          tokens=7, source="gateway-a")  # fmt: skip
+    log("meter.acme.w1.a5.tick", served)
+    log("meter.acme.w1", served)
+    _served(log, -1, assignment_id="a6")
+    assert (state.invalid, state.lines["acme/2026-04/j1/H100/shared/v1"].tokens) == (4, 42)
+    assert state.seq == 8 and len(state.marks) == 4
+
+
 def test_ledger_counts_a_retried_tick_once() -> None:
     log = Log(LEDGER)
     first = _meter(log, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)
     _meter(log, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)  # agent retry, new event id
     _meter(log, start_ms=APRIL_MS, end_ms=APRIL_MS + 9_000, gpu_ms=9_000)  # same interval, other numbers
+    _meter(log, start_ms=APRIL_MS + 5_000, end_ms=APRIL_MS + 15_000, gpu_ms=10_000)  # overlaps the billed
     _meter(log, assignment_id="a2", start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)
+    _meter(log, start_ms=APRIL_MS + 10_000, end_ms=APRIL_MS + 20_000, gpu_ms=10_000)  # the next interval
+    _meter(log, "globex", start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)  # another tenant's a1
     state: LedgerState = log.state
-    (line,) = state.lines.values()
-    assert (line.ticks, line.gpu_ms, line.source_seqs) == (2, 20_000, [1, 4])
-    assert (state.duplicates, state.seen) == (2, {f"a1:{APRIL_MS}": 1, f"a2:{APRIL_MS}": 4})
+    line = state.lines["acme/2026-04/j1/H100/shared/v1"]
+    assert (line.ticks, line.gpu_ms, line.source_ranges) == (3, 30_000, [(1, 1), (5, 6)])
+    assert state.duplicates == 3
+    assert state.marks == {
+        "acme.w1.a1": (APRIL_MS + 20_000, 0),
+        "acme.w1.a2": (APRIL_MS + 10_000, 0),
+        "globex.w1.a1": (APRIL_MS + 10_000, 0),
+    }
     before = state_hash(state)
     assert state_hash(LEDGER.evolve(state, first)) == before  # redelivery of seq 1: no-op
+    # each gateway process counts on its own: the same interval from two sources is two counts
+    _served(log, 40)
+    _served(log, 2, source="gateway-b")
+    _served(log, 40)  # gateway-a's retry
+    assert (state.lines["acme/2026-04/j1/H100/shared/v1"].tokens, state.duplicates) == (42, 4)
 
 
 def test_ledger_tiers_pools_versions_and_invalid_ticks() -> None:
@@ -773,7 +888,7 @@ def test_ledger_tiers_pools_versions_and_invalid_ticks() -> None:
     _meter(log, start_ms=-5, end_ms=10, assignment_id="z")  # before 1970: a broken agent clock
     _meter(log, end_ms=10**15, assignment_id="z")  # beyond 2199
     state: LedgerState = log.state
-    assert state.invalid == 4 and len(state.seen) == 3
+    assert state.invalid == 4 and len(state.marks) == 3  # an invalid tick leaves no mark
     assert payouts(state, "p2")[0].payout_micros == 0
     assert state.lines["acme/2026-04/j1/H100/private/v1"].charge_micros == 0
     assert state.lines["acme/2026-04/j1/H100/private/v1"].gpu_ms == HOUR_MS  # metered all the same
@@ -786,11 +901,168 @@ def test_ledger_invoice_returns_copies() -> None:
     _meter(log)
     state: LedgerState = log.state
     (line,) = invoice(state, "acme", "2026-04")
-    line.source_seqs.append(99)
+    line.source_ranges.append((99, 99))
     line.charge_micros = 0
-    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_seqs == [1]
+    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_ranges == [(1, 1)]
     assert invoice(state, "acme", "2026-04")[0].charge_micros == 2_490_000
     assert invoice(state, "acme", "2026-03") == [] and invoice(state, "globex", "2026-04") == []
+
+
+def test_ledger_ranges_are_exact_runs_of_a_lines_ticks() -> None:
+    log = Log(LEDGER)
+    interval = iter(range(APRIL_MS, APRIL_MS + 10**9, 10_000))
+
+    def usage(work: str) -> None:
+        start = next(interval)
+        _meter(log, work_id=work, assignment_id=f"{work}-s0", start_ms=start, end_ms=start + 10_000)
+
+    for work in ["j1", "j1", "j1", "j2", "j1", "j2", "j2", "j1", "j1"]:
+        usage(work)
+    _meter(log, work_id="j1", assignment_id="j1-s0", start_ms=APRIL_MS, end_ms=APRIL_MS + 1)  # a retry
+    usage("j1")
+    lines = log.state.lines
+    assert lines["acme/2026-04/j1/H100/shared/v1"].source_ranges == [(1, 3), (5, 5), (8, 9), (11, 11)]
+    assert lines["acme/2026-04/j2/H100/shared/v1"].source_ranges == [(4, 4), (6, 7)]
+    assert lines["acme/2026-04/j1/H100/shared/v1"].ticks == 7
+
+
+def _nearest_first(ranges: list[tuple[int, int]], seq: int) -> list[tuple[int, int]]:
+    """The rule, step by step: extend or open a run; past the cap, merge the two nearest ranges (the
+    earliest pair among equally near ones) until RANGES_KEPT are left."""
+    ranges = list(ranges)
+    if ranges and ranges[-1][1] == seq - 1:
+        ranges[-1] = (ranges[-1][0], seq)
+        return ranges
+    ranges.append((seq, seq))
+    if len(ranges) > RANGE_CAP:
+        while len(ranges) > RANGES_KEPT:
+            holes = [b[0] - a[1] for a, b in itertools.pairwise(ranges)]
+            i = holes.index(min(holes))
+            ranges[i : i + 2] = [(ranges[i][0], ranges[i + 1][1])]
+    return ranges
+
+
+def test_ledger_caps_a_lines_ranges_by_merging_the_nearest() -> None:
+    rng = random.Random(11)
+    log = Log(LEDGER)
+    expected: list[tuple[int, int]] = []
+    mine: list[int] = []
+    start = APRIL_MS
+    for _ in range(1_000):
+        # other lines' ticks in between: gaps of 0 to 40 sequences, wide ones now and then
+        for _ in range(rng.choice([0, 0, 1, 2, 3, 5, 8, 40])):
+            _meter(log, work_id="other", assignment_id=f"o{log.seq}")
+        start += 10_000
+        record = _meter(log, start_ms=start, end_ms=start + 10_000)
+        mine.append(record.seq)
+        expected = _nearest_first(expected, record.seq)
+        line = log.state.lines["acme/2026-04/j1/H100/shared/v1"]
+        assert line.source_ranges == expected
+    assert len(expected) <= RANGE_CAP
+    # the rule an auditor checks: the line's ticks are the ticks of its key within its ranges
+    within = set(_seqs(line.source_ranges))
+    assert set(mine) <= within and line.ticks == len(mine) == 1_000
+    ours = [seq for seq in sorted(within) if log.records[seq - 1].event.work_id == "j1"]
+    assert ours == mine
+
+
+def test_compact_ranges_keeps_the_widest_holes_and_the_later_of_equal_ones() -> None:
+    ranges = [(1, 1), (3, 4), (10, 10), (12, 12), (20, 21), (23, 23)]
+    # holes (sequences in between): 1, 5, 1, 7, 1
+    assert compact_ranges(ranges, 3) == [(1, 4), (10, 12), (20, 23)]
+    assert compact_ranges(ranges, 4) == [(1, 4), (10, 12), (20, 21), (23, 23)]  # the later 1 is kept
+    assert compact_ranges(ranges, 1) == [(1, 23)]
+    assert compact_ranges(ranges, 6) == ranges and compact_ranges(ranges, 6) is not ranges
+
+
+def test_ledger_marks_are_dropped_after_their_retention(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger, "PRUNE_EVERY", 4)
+    day = 24 * 3600
+    log = Log(LEDGER)
+    _meter(log, t_s=0, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000)  # seq 1: pruning is due at 5
+    assert log.state.next_prune_seq == 5
+    _meter(log, t_s=day - 1, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000)  # a retry within the day
+    for i in range(3):  # other assignments, a day later: the pruning at seq 5 keeps a1 (touched at seq 2)
+        _meter(log, t_s=day + 10 * i, assignment_id=f"b{i}")
+    state: LedgerState = log.state
+    assert (state.duplicates, "acme.w1.a1" in state.marks, state.next_prune_seq) == (1, True, 9)
+    for i in range(4):  # two days after a1's last tick: the pruning at seq 9 drops a1
+        _meter(log, t_s=2 * day + i, assignment_id=f"c{i}")
+    assert "acme.w1.a1" not in state.marks
+    # b0, touched a day and 3 s before that pruning, went with it; c3 came after it
+    assert sorted(state.marks) == ["acme.w1.b1", "acme.w1.b2", "acme.w1.c0", "acme.w1.c1", "acme.w1.c2",
+                                   "acme.w1.c3"]  # fmt: skip
+    # a retry later than the retention is counted again: the intake's sequence check is what stops it
+    _meter(log, t_s=2 * day + 9, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000)
+    assert state.lines["acme/2026-04/j1/H100/shared/v1"].ticks == 9 and state.duplicates == 1
+
+
+def _churn(ticks: int, start_s: float = 0.0) -> list[tuple[str, Event, float]]:
+    """20 endpoints of 2 replicas metered every minute; each replica moves to a new assignment every
+    hour. Token counts for a fifth of them, and a retried tick now and then."""
+    out: list[tuple[str, Event, float]] = []
+    for i in range(ticks):
+        round_, slot = divmod(i, 40)
+        t_s = start_s + 60 * round_
+        epoch = round_ // 60
+        work = f"e{slot // 2}"
+        assignment = f"{work}-s{slot % 2}-e{epoch}"
+        begin = APRIL_MS + 60_000 * round_
+        if i % 5 == 4:
+            served = TokensServed(work_id=work, assignment_id=assignment, epoch=epoch, provider="p1",
+                                  gpu_type="H100", start_ms=begin, end_ms=begin + 60_000, tokens=7,
+                                  source=f"gateway-{round_ % 2}")  # fmt: skip
+            out.append((metering_subject("acme", f"w{slot}", assignment, TokensServed), served, t_s))
+            continue
+        if i % 97 == 0 and round_:
+            begin -= 60_000  # a retry of the interval before
+        usage = _tick(work_id=work, work_kind="endpoint", assignment_id=assignment, epoch=epoch,
+                      start_ms=begin, end_ms=begin + 60_000, gpu_ms=60_000)  # fmt: skip
+        out.append((metering_subject("acme", f"w{slot}", assignment, UsageTick), usage, t_s))
+    return out
+
+
+def test_ledger_state_stays_bounded_over_a_long_run_of_many_assignments() -> None:
+    log = Log(LEDGER)
+    history = _churn(200_000)  # 5,000 minutes (3.5 days), 3,360 assignments
+    sizes, marks = [], []
+    for i, (subject, event, t_s) in enumerate(history, 1):
+        log(subject, event, t_s)
+        if i % 50_000 == 0:
+            sizes.append(len(canonical_json(log.state)))
+            marks.append(len(log.state.marks))
+    state: LedgerState = log.state
+    assert len(state.lines) == 20 and state.duplicates > 1_000
+    assert all(len(line.source_ranges) <= RANGE_CAP for line in state.lines.values())
+    # 48 marks an hour (32 assignments metered, 8 counted by two gateways): a day's worth at least,
+    # a day, a pruning interval (10,000 ticks: 4 h) and the current hour at most, not all 3.5 days
+    assert 48 * 24 <= max(marks) <= 48 * 30
+    assert sizes[-1] < 1.2 * sizes[1], sizes
+
+
+def test_ledger_fold_is_the_same_however_it_is_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snapshots cut the fold anywhere (and a snapshot decodes its dicts in sorted order): the state
+    hash is the same for every chunking, and for every record applied twice."""
+    monkeypatch.setattr(ledger, "PRUNE_EVERY", 500)
+    log = Log(LEDGER)
+    for subject, event, t_s in _churn(6_000):
+        log(subject, event, 300 * t_s)  # minutes stored 5 hours apart: marks expire on the way
+    legacy = _tick(assignment_id="old", start_ms=APRIL_MS, end_ms=APRIL_MS + 60_000)
+    log("meter.acme.w9", legacy, 10**7)
+    log("meter.acme.w9", legacy, 10**7)
+    log("meter.acme.w9.tokens", msgspec.structs.replace(legacy, tokens=3, source="gateway-a"), 10**7)
+    log("meter.acme.w9", _tick(gpu_ms=-5), 10**7)
+    expected = state_hash(log.state)
+    assert log.state.duplicates > 0 and log.state.invalid == 1
+    assert len(log.state.marks) < 100  # the marks of the older assignments were pruned on the way
+    for chunk in (1, 7, 500, 2_048):
+        state = LEDGER.initial()
+        for first in range(0, len(log.records), chunk):
+            state = copy_state(LEDGER, LEDGER.fold(log.records[first : first + chunk], state))
+        assert state_hash(state) == expected, chunk
+    twice = LEDGER.fold(r for record in log.records for r in (record, record))
+    assert state_hash(twice) == expected
+    assert state_hash(LEDGER.fold(log.records)) == expected
 
 
 def test_period_of_is_the_utc_month() -> None:
@@ -815,7 +1087,7 @@ def test_every_reducer_ignores_foreign_events_and_keeps_its_sequence(projection:
         "HEARTBEATS": heartbeat_subject("w1"),
         "JOBS": job_subject("acme", "j1", JobQueued),
         "ENDPOINTS": endpoint_subject("acme", "e1", EndpointScaled),
-        "METERING": metering_subject("acme", "w1"),
+        "METERING": metering_subject("acme", "w1", "a1", UsageTick),
         "TENANTS": tenant_subject("acme", QuotaSet),
         "PROVIDERS": provider_subject("gpuco", ProviderKeyRevoked),
     }[projection.stream]

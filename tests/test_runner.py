@@ -35,6 +35,12 @@ def tick(i: int, tenant_ms: int = 1_795_000_000_000) -> UsageTick:
     )
 
 
+def metered(i: int) -> tuple[str, UsageTick]:
+    """Tick ``i`` on its assignment's subject."""
+    usage = tick(i)
+    return metering_subject("acme", "w1", usage.assignment_id, UsageTick), usage
+
+
 async def append_jobs(log: EventLog, count: int, prefix: str = "j") -> None:
     await log.append_many(
         (
@@ -80,7 +86,7 @@ async def test_snapshot_of_another_version_or_with_a_bad_hash_is_ignored(log: Ev
 
 
 async def test_time_travel_by_sequence_and_by_time(log: EventLog) -> None:
-    await log.append_many((metering_subject("acme", "w1"), tick(i)) for i in range(30))
+    await log.append_many(metered(i) for i in range(30))
     records = [r async for r in log.replay("METERING")]
     at_ten, seq = await rebuild(log, LEDGER, until_seq=10)
     assert seq == 10
@@ -117,7 +123,7 @@ async def test_live_run_follows_new_events_and_snapshots_on_stop(log: EventLog) 
 
 async def test_replay_reports_match_and_finds_a_difference(log: EventLog) -> None:
     await append_jobs(log, 10)
-    await log.append_many((metering_subject("acme", "w1"), tick(i)) for i in range(10))
+    await log.append_many(metered(i) for i in range(10))
     for projection in (SCHEDULE, LEDGER):
         runner = ProjectionRunner(log, projection)
         await runner.catch_up()

@@ -1,8 +1,8 @@
 """Billing: a tenant's usage and invoices, a provider's payouts, all read off the live ledger.
 
 The ledger (:mod:`projections.ledger`) has already priced every metering tick into invoice lines
-(``tenant/period/work/gpu type/pool/price version``, each naming the METERING sequences it sums) and
-payout lines (``provider/period/tier``). These routes group them; they compute no price.
+(``tenant/period/work/gpu type/pool/price version``, each naming the ranges of METERING sequences it
+sums) and payout lines (``provider/period/tier``). These routes group them; they compute no price.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ async def list_invoices(call: Call[None, TenantQuery]) -> list[InvoiceSummary]:
 
 @router.get("/v1/billing/invoices/{period}", query=TenantQuery, response=Invoice)
 async def get_invoice(call: Call[None, TenantQuery]) -> Invoice:
-    """One period's invoice (``YYYY-MM``): every line with the METERING sequences it was derived from."""
+    """One period's invoice (``YYYY-MM``): every line with the ranges of METERING sequences it was
+    derived from."""
     tenant = scoped_tenant(call, call.query.tenant)
     period = call.params["period"]
     if not _PERIOD.match(period):
@@ -147,7 +148,7 @@ async def get_invoice(call: Call[None, TenantQuery]) -> Invoice:
             tokens=line.tokens,
             ticks=line.ticks,
             charge=money(line.charge_micros),
-            source_seqs=line.source_seqs,
+            source_ranges=line.source_ranges,
         )
         for line in lines
     ]

@@ -61,7 +61,17 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 class InvoiceLineView(msgspec.Struct, frozen=True, kw_only=True):
     """One invoice line: the usage of one piece of work on one GPU type and pool at one price
-    version, and ``source_seqs``, the METERING sequences it was summed from (the audit trail)."""
+    version, and where in METERING it was summed from (the audit trail).
+
+    Attributes:
+        ticks: how many metering ticks the line sums (GPU/CPU time and token counts).
+        source_ranges: inclusive ``[first, last]`` runs of METERING sequences, ascending and
+            disjoint, at most 64: the line's ticks are the counted ticks of its key (tenant, period,
+            work, GPU type, pool, price version) within them, neither duplicates nor invalid, and
+            there are ``ticks`` of them. A line's ticks interleave with other lines' in the stream,
+            so runs are merged, nearest first, to keep a line's size fixed: a range may hold other
+            lines' sequences too, and the widest gaps between the line's ticks stay out of it.
+    """
 
     work_id: str
     work_kind: str
@@ -73,7 +83,7 @@ class InvoiceLineView(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int
     ticks: int
     charge: Money
-    source_seqs: list[int]
+    source_ranges: list[tuple[int, int]]
 
 
 class InvoiceSummary(msgspec.Struct, frozen=True, kw_only=True):

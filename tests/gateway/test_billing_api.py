@@ -1,5 +1,5 @@
-"""The billing API: a tenant's usage and invoices (lines naming their METERING sequences), a
-provider's payouts; money as integer micro-USD plus a decimal string; scoping."""
+"""The billing API: a tenant's usage and invoices (lines naming the ranges of METERING sequences
+they sum), a provider's payouts; money as integer micro-USD plus a decimal string; scoping."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def tick(work_id: str, start_ms: int, *, gpu_ms: int = 0, cpu_ms: int = 0, **fie
 
 
 async def meter(api: Api, tenant: str, usage: UsageTick, worker_id: str = "w-bill") -> int:
-    position = await api.kernel.append(metering_subject(tenant, worker_id), usage, visible_in=LEDGER)
+    subject = metering_subject(tenant, worker_id, usage.assignment_id, UsageTick)
+    position = await api.kernel.append(subject, usage, visible_in=LEDGER)
     return position.seq
 
 
@@ -42,7 +43,7 @@ def test_money_is_exact() -> None:
     assert money(-2_500_001).usd == "-2.500001"
 
 
-async def test_usage_and_invoices_with_their_source_sequences(api: Api) -> None:
+async def test_usage_and_invoices_with_their_source_ranges(api: Api) -> None:
     a, a_key = await api.tenant()
     b, b_key = await api.tenant()
     march = [tick("train", MARCH_MS + i * 10_000, gpu_ms=10_000) for i in range(3)]
@@ -74,11 +75,15 @@ async def test_usage_and_invoices_with_their_source_sequences(api: Api) -> None:
     assert [(i["period"], i["lines"]) for i in invoices] == [("2026-04", 2), ("2026-03", 1)]
     march_invoice = (await api.request("GET", "/v1/billing/invoices/2026-03", a_key)).json()
     [line] = march_invoice["lines"]
-    assert line["source_seqs"] == march_seqs and line["ticks"] == 3 and line["work_id"] == "train"
+    assert march_seqs == list(range(march_seqs[0], march_seqs[0] + 3))
+    assert line["source_ranges"] == [[march_seqs[0], march_seqs[-1]]]  # one run of its three ticks
+    assert line["ticks"] == 3 and line["work_id"] == "train"
     assert march_invoice["total"]["micros"] == sum(price(t)[0] for t in march)
     assert march_invoice["total"]["usd"] == money(march_invoice["total"]["micros"]).usd
     april_invoice = (await api.request("GET", "/v1/billing/invoices/2026-04", a_key)).json()
-    assert sorted(s for line in april_invoice["lines"] for s in line["source_seqs"]) == april_seqs
+    assert sorted(r for line in april_invoice["lines"] for r in line["source_ranges"]) == [
+        [seq, seq] for seq in april_seqs
+    ]
 
     # scoping: B's invoice month is not found for A, and B sees only its own lines
     assert (await api.request("GET", "/v1/billing/invoices/2026-02", a_key)).status_code == 404

@@ -96,7 +96,7 @@ export const billing = {
         h('td', {class: 'num'}, l.price_version), h('td', {class: 'num'}, fmt.hours(l.gpu_seconds)),
         h('td', {class: 'num'}, fmt.hours(l.cpu_seconds)), h('td', {class: 'num'}, fmt.int(l.tokens)),
         h('td', {class: 'num'}, fmt.int(l.ticks)), h('td', {class: 'num'}, fmt.money(l.charge)),
-        h('td', {class: 'mono', title: l.source_seqs.join(', ')}, seqRange(l.source_seqs)))));
+        h('td', {class: 'mono', title: seqRanges(l.source_ranges)}, seqRange(l.source_ranges)))));
       $('invoice-detail').hidden = false;
     } catch (error) {
       if (generation === this.generation) report(error);
@@ -104,8 +104,13 @@ export const billing = {
   },
 };
 
-/** Metering sequences, shortened: "12, 15, 19" or "12 \u2026 480 (47)". */
-function seqRange(seqs) {
-  if (seqs.length <= 4) return seqs.join(', ');
-  return `${seqs[0]} \u2026 ${seqs[seqs.length - 1]} (${seqs.length})`;
+/** An invoice line's ranges of metering sequences (inclusive runs): "12\u201315, 19". */
+function seqRanges(ranges) {
+  return ranges.map(([first, last]) => (first === last ? `${first}` : `${first}\u2013${last}`)).join(', ');
+}
+
+/** The same, shortened: "12\u201315, 19" or "12 \u2026 480 (7 ranges)". */
+function seqRange(ranges) {
+  if (ranges.length <= 3) return seqRanges(ranges);
+  return `${ranges[0][0]} \u2026 ${ranges[ranges.length - 1][1]} (${ranges.length} ranges)`;
 }
