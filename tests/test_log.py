@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import time
 from datetime import UTC, datetime, timedelta
 
 import nats
 import nats.js.api
 import pytest
+from nats.protocol.parser import Parser
 
+import core.log
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import NO_RESPONDERS_RETRY_S, EventLog, new_event_id
 from core.settings import Settings
 from core.streams import heartbeat_subject, job_filter, job_subject
-from schemas import Heartbeat, JobProgress, JobQueued, JobSubmitted
+from schemas import Heartbeat, JobProgress, JobQueued, JobSubmitted, encode
 
 
 def submitted(name: str = "train") -> JobSubmitted:
@@ -23,6 +27,15 @@ def submitted(name: str = "train") -> JobSubmitted:
 
 async def all_records(log: EventLog, stream: str, **bounds: object) -> list:
     return [r async for r in log.replay(stream, **bounds)]  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["pulled", "ordered"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a read test through both of ``scan``'s paths: the pull consumer whose messages the tap
+    takes off the connection, and nats-py's ordered push consumer (where the tap cannot attach)."""
+    if request.param == "ordered":
+        monkeypatch.setattr(core.log._RawTap, "attach", staticmethod(lambda nc: None))
+    return str(request.param)
 
 
 async def test_append_returns_position_and_replay_decodes(log: EventLog) -> None:
@@ -191,7 +204,7 @@ async def test_unacknowledged_append_times_out(nats_server: object, log: EventLo
         await silent.close()
 
 
-async def test_replay_bounds_by_sequence_and_time(log: EventLog) -> None:
+async def test_replay_bounds_by_sequence_and_time(log: EventLog, read_path: str) -> None:
     for i in range(10):
         await log.append(job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i))
     middle = [r.seq for r in await all_records(log, "JOBS", start_seq=3, until_seq=6)]
@@ -209,7 +222,7 @@ async def test_replay_bounds_by_sequence_and_time(log: EventLog) -> None:
     assert [r.seq for r in records] == list(range(1, 11))
 
 
-async def test_replay_with_a_filter_that_matches_nothing_ends(log: EventLog) -> None:
+async def test_replay_with_a_filter_that_matches_nothing_ends(log: EventLog, read_path: str) -> None:
     await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
     assert await asyncio.wait_for(all_records(log, "JOBS", subjects="job.nobody.>"), timeout=5) == []
     assert await all_records(log, "ENDPOINTS") == []
@@ -262,7 +275,9 @@ async def test_snapshots_round_trip(log: EventLog) -> None:
     assert await log.get_snapshot("projection.x") == blob
 
 
-async def test_a_failing_scan_callback_raises_instead_of_being_swallowed(log: EventLog) -> None:
+async def test_a_failing_scan_callback_raises_instead_of_being_swallowed(
+    log: EventLog, read_path: str
+) -> None:
     for i in range(3):
         await log.append(job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i))
 
@@ -272,6 +287,163 @@ async def test_a_failing_scan_callback_raises_instead_of_being_swallowed(log: Ev
 
     with pytest.raises(RuntimeError, match="reducer bug"):
         await asyncio.wait_for(log.scan("JOBS", explode), timeout=10)
+
+
+async def test_scan_delivers_every_stored_message_once_in_order_up_to_its_start(
+    log: EventLog, read_path: str
+) -> None:
+    """Several pull requests' worth of messages, a subject filter, bounds, an awaitable callback that
+    appends while the scan runs (so that acknowledgements share the connection with the scan's
+    messages): every message stored when the scan began, once, in order, and nothing after."""
+    total = 9_000
+    ids = [f"id-{i}" for i in range(total)]
+    await log.append_many(
+        (job_subject("acme", f"j{i % 5}", JobProgress), JobProgress(epoch=1, step=i), ids[i])
+        for i in range(total)
+    )
+    seen: list[tuple[str, int, int, str, bytes]] = []
+
+    async def collect_and_append(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
+        seen.append((subject, seq, time_ns, msg_id, data))
+        if seq % 1_000 == 0:  # stored after the scan began: not delivered
+            await log.append(job_subject("acme", "late", JobQueued), JobQueued(reason=f"after {seq}"))
+
+    assert await log.scan("JOBS", collect_and_append) == total
+    assert [s[1] for s in seen] == list(range(1, total + 1))
+    assert [s[3] for s in seen] == ids
+    assert [s[0] for s in seen[:6]] == [f"job.acme.j{i % 5}.progress" for i in range(6)]
+    assert seen[0][4] == encode(JobProgress(epoch=1, step=0))
+    assert all(a[2] <= b[2] for a, b in itertools.pairwise(seen)) and seen[0][2] > 0
+    assert await log.last_seq("JOBS") == total + 9
+
+    some: list[int] = []
+    delivered = await log.scan(
+        "JOBS", lambda *m: some.append(m[1]), start_seq=4_000, until_seq=8_500, subjects="job.acme.j2.>"
+    )
+    assert some == [seq for seq in range(4_000, 8_501) if (seq - 1) % 5 == 2] and delivered == len(some)
+    late: list[str] = []
+    await log.scan("JOBS", lambda *m: late.append(m[3]), start_seq=total + 1)
+    assert len(late) == 9
+
+
+async def test_a_scan_whose_consumer_disappears_goes_on_after_its_last_message(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pull consumer deleted under a running scan (an operator, a server restart): the scan makes
+    a new one after the last message it delivered, and delivers the rest once."""
+    monkeypatch.setattr(core.log, "_SCAN_STALL_S", 0.5)
+    total = 10_000
+    await log.append_many(
+        (job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i)) for i in range(total)
+    )
+    other = await nats.connect(log.settings.nats_url)
+    deleted: list[str] = []
+    seqs: list[int] = []
+
+    async def deliver(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
+        seqs.append(seq)
+        if seq in (3_000, 9_000):  # in the first consumer's second batch, in the next consumer's
+            js = other.jetstream()
+            for info in await js.consumers_info("JOBS"):
+                await js.delete_consumer("JOBS", info.name)
+                deleted.append(info.name)
+
+    try:
+        assert await asyncio.wait_for(log.scan("JOBS", deliver), timeout=30) == total
+    finally:
+        await other.close()
+    assert len(deleted) == 2 and deleted[0] != deleted[1]
+    assert seqs == list(range(1, total + 1))
+    assert await other_consumers(log) == []
+
+
+async def other_consumers(log: EventLog) -> list[str]:
+    """The consumers left on JOBS (a finished scan deletes its own)."""
+    return [info.name for info in await log._js.consumers_info("JOBS")]
+
+
+class _Connection:
+    """What nats-py's protocol parser calls on its connection, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        self._ps = Parser(self)
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        self.calls.append(("msg", sid, subject, reply, data, headers))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_info(self, info: dict[str, object]) -> None:
+        self.calls.append(("info", info))
+
+    async def _process_err(self, err: str) -> None:
+        self.calls.append(("err", err))
+
+
+def _hmsg(subject: str, sid: int, reply: str, headers: bytes, data: bytes) -> bytes:
+    size = f"{len(headers)} {len(headers) + len(data)}"
+    return f"HMSG {subject} {sid} {reply} {size}\r\n".replace("  ", " ").encode() + headers + data + b"\r\n"
+
+
+def _msg(subject: str, sid: int, reply: str, data: bytes) -> bytes:
+    return f"MSG {subject} {sid} {reply} {len(data)}\r\n".replace("  ", " ").encode() + data + b"\r\n"
+
+
+async def test_the_tap_takes_its_frames_and_leaves_every_other_one_to_nats_py() -> None:
+    """Frames of tapped and other subscriptions and control lines, cut at every possible place:
+    the tap's sink gets its messages, nats-py's parser everything else, each once and in order, even
+    when the tap is installed in the middle of a frame."""
+    headers = b"NATS/1.0\r\nNats-Msg-Id: e1\r\n\r\n"
+    frames = [
+        (_hmsg("meter.a.w.x.tick", 7, "$JS.ACK.M.c.1.1.1.5.9", headers, b'{"n":1}'), 7),
+        (_msg("_INBOX.ack.1", 3, "", b'{"stream":"JOBS","seq":1}'), 3),
+        (b"PING\r\n", 0),
+        (_msg("meter.a.w.x.tick", 7, "$JS.ACK.M.c.1.2.2.6.8", b"{}"), 7),
+        (_hmsg("_INBOX.x", 7, "", b"NATS/1.0 408 Request Timeout\r\n\r\n", b""), 7),
+        (b"+OK\r\n", 0),
+        (_hmsg("job.a.j.queued", 3, "reply.1", headers, b"x" * 3_000), 3),
+        (b'INFO {"server_id":"s"}\r\n', 0),
+        (_hmsg("meter.a.w.y.tick", 7, "$JS.ACK.M.c.1.3.3.7.7", headers, b"y" * 5_000), 7),
+        (b"PONG\r\n", 0),
+    ]
+    stream = b"".join(frame for frame, _ in frames)
+    expected = _Connection()
+    for frame, _ in frames:
+        await expected._ps.parse(frame)
+    ours = [call for call in expected.calls if call[:2] == ("msg", 7)]
+    theirs = [call for call in expected.calls if call[:2] != ("msg", 7)]
+    assert len(ours) == 4 and len(theirs) == 5  # +OK calls nothing
+
+    rng = random.Random(5)
+    for case in range(300):
+        connection = _Connection()
+        tap = core.log._RawTap.attach(connection)  # type: ignore[arg-type]
+        assert tap is not None
+        sink = core.log._Sink()
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 40)))
+        chunks = [stream[a:b] for a, b in itertools.pairwise([0, *cuts, len(stream)])]
+        installed_after = rng.randrange(len(chunks)) if case % 2 else 0
+        for i, chunk in enumerate(chunks):
+            if i == installed_after:
+                tap.add(7, sink)
+            await connection._ps.parse(chunk)
+        tapped = [("msg", 7, *frame) for frame in sink.frames]
+        # frames of sid 7 completed before the tap was installed went to nats-py: fine, in order
+        early = [call for call in connection.calls if call[:2] == ("msg", 7)]
+        assert early + tapped == ours, case
+        assert [call for call in connection.calls if call[:2] != ("msg", 7)] == theirs, case
+        assert sink.arrived.is_set() == bool(tapped)
+        tap.remove(7)
+        assert "parse" not in vars(connection._ps)  # nats-py's own parser again
+        await connection._ps.parse(_msg("after", 7, "", b"z"))
+        assert connection.calls[-1] == ("msg", 7, b"after", b"", b"z", None)
 
 
 async def test_work_queue_stream_is_read_without_consuming_it(log: EventLog) -> None:

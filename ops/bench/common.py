@@ -43,6 +43,16 @@ def self_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def reset_peak_rss() -> bool:
+    """Start this process's peak RSS (``VmHWM``) afresh, so that :func:`process_peak_rss_mb` of our
+    own pid measures one phase; ``False`` where the kernel does not allow it (``clear_refs``)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def process_peak_rss_mb(pid: int) -> float:
     """Peak resident set size of another process (``VmHWM``), in MB; 0 if unreadable."""
     try:

@@ -4,12 +4,19 @@ Appends: raw ``js.publish_async`` with pre-encoded payloads and pre-generated ``
 headers (the client's ceiling for the same messages) against :meth:`EventLog.append_many` given
 event objects (it encodes them, generates ids, tracks every acknowledgement with a deadline).
 
-Rebuild: a raw ordered push consumer with a callback that only counts (the client's ceiling for
-reading the stream) against :func:`projections.runner.rebuild`, which decodes every event, wraps it
-in its envelope and folds it. Two projections: ``liveness`` over HEARTBEATS (the highest-volume
-stream: 10,000 workers at 1 Hz) is the headline ``replay_ratio``; the billing ``ledger`` over
-METERING (the heaviest reducer: it prices every tick with integer arithmetic, dedupes it and
-records its sequence on an invoice line) is reported beside it.
+Rebuild: a raw ordered push consumer with a callback that only counts (what nats-py's own consumer
+costs to read the stream) against :func:`projections.runner.rebuild`, which reads through
+:meth:`EventLog.scan`, decodes every event, wraps it in its envelope and folds it. Two projections:
+``liveness`` over HEARTBEATS (the highest-volume stream: 10,000 workers at 1 Hz) is the headline
+``replay_ratio``; the billing ``ledger`` over METERING (the heaviest reducer: it prices every tick
+with integer arithmetic, checks it against its assignment's duplicate mark and records its sequence
+in its invoice line's ranges) is rebuilt from 1,000,000 ticks, the audit target (``ledger_rebuild_s``,
+< 15 s), with its peak RSS; ``EventLog.scan`` with a callback that only counts is measured on the
+same ticks, so that the read path and the fold can be told apart.
+
+The ticks are those of 5,000 assignments metered every 10 s on their own subjects (a tenth of them
+an endpoint's replica, whose tokens a gateway counts as well), with a retried tick now and then, over
+a month boundary.
 
 Appends are compared on a server without per-write fsync (so the client, not the disk, is the
 bottleneck: that is what the ratio is about), and again on the shipped configuration
@@ -22,49 +29,89 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from typing import Any
 
 import nats
 import uvloop
+from nats.aio.client import Client as NATS
 
 from core.log import EventLog, new_event_id
 from core.settings import Settings
 from core.streams import heartbeat_subject, metering_subject
-from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, self_peak_rss_mb, table
+from ops.bench.common import (
+    emit,
+    machine,
+    median,
+    private_nats,
+    process_peak_rss_mb,
+    reset_peak_rss,
+    self_peak_rss_mb,
+    table,
+)
 from projections import LEDGER, LIVENESS
-from projections.base import Projection
+from projections.base import Projection, canonical_json
 from projections.runner import rebuild
-from schemas import GpuTelemetry, Heartbeat, UsageTick, encode
+from schemas import Event, GpuTelemetry, Heartbeat, TokensServed, UsageTick, encode
 
-T0_MS = 1_795_000_000_000
+T0_MS = 1_780_272_000_000 - 1_000_000  # 1,000 s before 2026-06-01T00:00Z: billing spans two months
+ASSIGNMENTS = 5_000
+TICK_MS = 10_000
+LEDGER_TICKS = 1_000_000
+QUICK_LEDGER_TICKS = 150_000
 
 
-def tick(i: int) -> UsageTick:
-    """A usage tick, unique per ``i`` (the ledger dedupes on assignment and interval start)."""
-    start = T0_MS + i * 10
-    return UsageTick(
-        work_id=f"job-{i % 997}",
-        work_kind="job",
-        assignment_id=f"job-{i % 997}-a{i % 4}",
-        epoch=1,
-        provider=f"prov-{i % 50}",
-        gpu_type=("A100", "H100", "RTX4090")[i % 3],
+def metered(i: int) -> tuple[str, Event]:
+    """Message ``i`` of METERING: round ``i // 5,000`` of assignment ``i % 5,000``.
+
+    Assignments come in pairs (the two shards of a job, or two replicas of an endpoint); every
+    fifth pair is an endpoint, and the second of its slots carries a gateway's count of the tokens
+    the first served (two gateways, taking turns). About one tick in a thousand is a retry of the
+    assignment's previous interval instead of its next, which the ledger counts as a duplicate.
+    """
+    slot, round_ = i % ASSIGNMENTS, i // ASSIGNMENTS
+    tenant, worker = f"tenant{slot % 20}", f"w{slot % 500}"
+    start = T0_MS + round_ * TICK_MS
+    endpoint = slot % 10 >= 8
+    work = f"{'ep' if endpoint else 'job'}-{slot // 2}"
+    facts: dict[str, Any] = {
+        "work_id": work,
+        "epoch": 1,
+        "provider": f"prov-{slot % 50}",
+        "gpu_type": ("A100", "H100", "RTX4090")[(slot // 2) % 3],
+        "tier": "gold",
+    }
+    if slot % 10 == 9:
+        replica = f"{work}-s0-e1"
+        served = TokensServed(
+            assignment_id=replica,
+            start_ms=start,
+            end_ms=start + TICK_MS,
+            tokens=100 + i % 50,
+            source=f"gateway-{round_ % 2}",
+            **facts,
+        )
+        return metering_subject(tenant, worker, replica, TokensServed), served
+    if i % 997 == 0 and round_:
+        start -= TICK_MS  # an agent's retry of the interval before
+    assignment = f"{work}-s{slot % 2}-e1"
+    usage = UsageTick(
+        work_kind="endpoint" if endpoint else "job",
+        assignment_id=assignment,
         pool="shared",
         start_ms=start,
-        end_ms=start + 10_000,
-        gpu_ms=10_000,
-        tier="gold",
+        end_ms=start + TICK_MS,
+        gpu_ms=TICK_MS,
+        **facts,
     )
-
-
-def subject(i: int) -> str:
-    return metering_subject(f"tenant{i % 20}", f"w{i % 500}")
+    return metering_subject(tenant, worker, assignment, UsageTick), usage
 
 
 async def raw_append(js: object, first: int, count: int) -> float:
     payloads = [
-        (subject(i), encode(tick(i)), {"Nats-Msg-Id": new_event_id()}) for i in range(first, first + count)
+        (subject, encode(event), {"Nats-Msg-Id": new_event_id()})
+        for subject, event in map(metered, range(first, first + count))
     ]
     started = time.perf_counter()
     for subj, data, headers in payloads:
@@ -74,7 +121,7 @@ async def raw_append(js: object, first: int, count: int) -> float:
 
 
 async def our_append(log: EventLog, first: int, count: int) -> float:
-    events = [(subject(i), tick(i)) for i in range(first, first + count)]
+    events = [metered(i) for i in range(first, first + count)]
     started = time.perf_counter()
     await log.append_many(events)
     return count / (time.perf_counter() - started)
@@ -86,7 +133,7 @@ def heartbeat(i: int) -> Heartbeat:
     return Heartbeat(gpus=[gpu], cpu_pct=12.5, memory_used_mb=64_000, running=[f"job-{i % 997}-a0"])
 
 
-async def raw_replay(nc: nats.NATS, stream: str, subjects: str, total: int) -> float:
+async def raw_replay(nc: NATS, stream: str, subjects: str, total: int) -> float:
     js = nc.jetstream()
     done = asyncio.Event()
     seen = 0
@@ -107,9 +154,26 @@ async def raw_replay(nc: nats.NATS, stream: str, subjects: str, total: int) -> f
 
 async def our_rebuild(log: EventLog, projection: Projection[Any], total: int) -> float:
     started = time.perf_counter()
-    _, last = await rebuild(log, projection)
+    state, last = await rebuild(log, projection)
     elapsed = time.perf_counter() - started
     assert last == total, (last, total)
+    if projection is LEDGER:
+        assert sum(line.ticks for line in state.lines.values()) + state.duplicates == total
+    return total / elapsed
+
+
+async def our_scan(log: EventLog, stream: str, total: int) -> float:
+    """The read path alone: :meth:`EventLog.scan` with a callback that only counts."""
+    seen = 0
+
+    def count(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
+        nonlocal seen
+        seen += 1
+
+    started = time.perf_counter()
+    await log.scan(stream, count)
+    elapsed = time.perf_counter() - started
+    assert seen == total, (seen, total)
     return total / elapsed
 
 
@@ -148,21 +212,50 @@ async def compare_replays(
     return raw_rates, our_rates
 
 
+async def ledger_figures(url: str, ticks: int, reps: int) -> dict[str, Any]:
+    """The ledger's rebuild from ``ticks`` ticks: raw ordered consumer, our scan alone and our
+    rebuild, alternating; the rebuild's peak RSS and the size of the state it folds to."""
+    raw, ours = await compare_replays(url, LEDGER, "meter.>", ticks, reps)
+    async with await EventLog.connect(Settings(nats_url=url), name="bench-ours") as log:
+        scans = []
+        for rep in range(reps):
+            scans.append(await our_scan(log, "METERING", ticks))
+            print(f"  METERING scan only rep {rep + 1}: {scans[-1]:,.0f}/s", flush=True)
+        measured = reset_peak_rss()
+        state, _ = await rebuild(log, LEDGER)
+        rebuild_rss = process_peak_rss_mb(os.getpid()) if measured else 0.0
+    return {
+        "ledger_replay_eps": round(median(ours)),
+        "ledger_raw_replay_eps": round(median(raw)),
+        "ledger_replay_ratio": round(median(ours) / median(raw), 2),
+        "ledger_replay_events": ticks,
+        "ledger_rebuild_s": round(ticks / median(ours), 2),
+        "ledger_raw_replay_s": round(ticks / median(raw), 2),
+        "ledger_scan_eps": round(median(scans)),
+        "ledger_scan_ratio": round(median(scans) / median(raw), 2),
+        "ledger_rebuild_peak_rss_mb": round(rebuild_rss),
+        "ledger_state_mb": round(len(canonical_json(state)) / 1e6, 1),
+        "ledger_lines": len(state.lines),
+        "ledger_marks": len(state.marks),
+        "ledger_duplicates": state.duplicates,
+    }
+
+
 async def run(quick: bool) -> dict[str, object]:
     reps = 3
     batch = 20_000 if quick else 100_000
     target = 100_000 if quick else 500_000
+    ticks = QUICK_LEDGER_TICKS if quick else LEDGER_TICKS
     print("client path (server without per-write fsync, so the client is the bottleneck):", flush=True)
     with private_nats(sync_always=False) as server:
         raw_appends, our_appends = await compare_appends(server.url, batch, reps)
-        ticks = 2 * reps * batch
+        appended = 2 * reps * batch
         async with await EventLog.connect(Settings(nats_url=server.url, ack_timeout_s=60.0)) as log:
-            if ticks < target:  # each rebuild is measured over at least `target` events
-                await log.append_many((subject(i), tick(i)) for i in range(ticks, target))
-                ticks = target
+            for first in range(appended, ticks, 100_000):  # the ledger's ticks: the appended ones and more
+                await log.append_many(metered(i) for i in range(first, min(ticks, first + 100_000)))
             await log.append_many((heartbeat_subject(f"w{i % 10_000}"), heartbeat(i)) for i in range(target))
         raw_beats, our_beats = await compare_replays(server.url, LIVENESS, "hb.>", target, reps)
-        raw_ledger, our_ledger = await compare_replays(server.url, LEDGER, "meter.>", ticks, reps)
+        ledger = await ledger_figures(server.url, max(ticks, appended), reps)
         server_rss = process_peak_rss_mb(server.pid or 0)
     durable_batch = 2_000 if quick else 5_000
     print(
@@ -173,7 +266,6 @@ async def run(quick: bool) -> dict[str, object]:
         durable_raw, durable_ours = await compare_appends(server.url, durable_batch, reps)
     append_eps, raw_append_eps = median(our_appends), median(raw_appends)
     replay_eps, raw_replay_eps = median(our_beats), median(raw_beats)
-    ledger_eps, raw_ledger_eps = median(our_ledger), median(raw_ledger)
     return {
         "bench": "log",
         "quick": quick,
@@ -185,10 +277,7 @@ async def run(quick: bool) -> dict[str, object]:
         "replay_ratio": round(replay_eps / raw_replay_eps, 2),
         "replay_projection": LIVENESS.name,
         "replay_events": target,
-        "ledger_replay_eps": round(ledger_eps),
-        "ledger_raw_replay_eps": round(raw_ledger_eps),
-        "ledger_replay_ratio": round(ledger_eps / raw_ledger_eps, 2),
-        "ledger_replay_events": ticks,
+        **ledger,
         "durable_append_eps": round(median(durable_ours)),
         "durable_raw_append_eps": round(median(durable_raw)),
         "durable_append_ratio": round(median(durable_ours) / median(durable_raw), 2),
@@ -203,6 +292,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
     args = parser.parse_args()
     figures = uvloop.run(run(args.quick))
+    ticks = figures["ledger_replay_events"]
     print()
     print(
         table(
@@ -230,6 +320,20 @@ def main() -> None:
                     "-",
                 ),
                 (
+                    f"ledger rebuild of {ticks:,} ticks (s)",
+                    f"{figures['ledger_rebuild_s']}",
+                    f"{figures['ledger_raw_replay_s']}",
+                    "-",
+                    "< 15 (1,000,000)",
+                ),
+                (
+                    "METERING scan, counting only (events/s)",
+                    f"{figures['ledger_scan_eps']:,}",
+                    f"{figures['ledger_raw_replay_eps']:,}",
+                    f"{figures['ledger_scan_ratio']}",
+                    "-",
+                ),
+                (
                     "durable append (events/s)",
                     f"{figures['durable_append_eps']:,}",
                     f"{figures['durable_raw_append_eps']:,}",
@@ -241,8 +345,11 @@ def main() -> None:
     )
     print(
         f"rebuilds over {figures['replay_events']:,} heartbeats of 10,000 workers (liveness) and "
-        f"{figures['ledger_replay_events']:,} usage ticks (ledger); "
-        f"peak RSS: bench {figures['peak_rss_mb']} MB, nats-server {figures['nats_server_peak_rss_mb']} MB"
+        f"{ticks:,} metering ticks of 5,000 assignments (ledger: {figures['ledger_lines']:,} invoice lines, "
+        f"{figures['ledger_marks']:,} duplicate marks, {figures['ledger_duplicates']:,} duplicates, state "
+        f"{figures['ledger_state_mb']} MB as JSON); peak RSS: bench {figures['peak_rss_mb']} MB, during the "
+        f"ledger rebuild {figures['ledger_rebuild_peak_rss_mb']} MB, "
+        f"nats-server {figures['nats_server_peak_rss_mb']} MB"
     )
     emit(figures)
 
