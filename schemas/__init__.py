@@ -2,7 +2,7 @@
 
 from schemas._base import Event, Value, upcast, upcaster
 from schemas.catalog import BY_TAG, EVENT_TYPES, FAMILIES, decode, encode, export_json_schemas
-from schemas.commands import Rendezvous, StartWork, StopWork, WorkSpec
+from schemas.commands import RegistrationRefused, Rendezvous, StartWork, StopWork, VerifyWorker, WorkSpec
 from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
@@ -35,7 +35,7 @@ from schemas.jobs import (
     JobStarted,
     JobSubmitted,
 )
-from schemas.metering import UsageTick
+from schemas.metering import TokensServed, UsageTick
 from schemas.tenants import ApiKeyIssued, ApiKeyRevoked, QuotaSet, TenantCreated
 from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance, ScoreCard
 from schemas.workers import (
@@ -49,6 +49,10 @@ from schemas.workers import (
     WorkerRecovered,
     WorkerRegistered,
     WorkerUncordoned,
+    WorkerVerificationFailed,
+    WorkerVerificationReported,
+    WorkerVerificationRequested,
+    WorkerVerified,
 )
 
 __all__ = [
@@ -93,13 +97,16 @@ __all__ = [
     "MaintenanceWindow",
     "Provenance",
     "QuotaSet",
+    "RegistrationRefused",
     "Rendezvous",
     "ScoreCard",
     "StartWork",
     "StopWork",
     "TenantCreated",
+    "TokensServed",
     "UsageTick",
     "Value",
+    "VerifyWorker",
     "WorkSpec",
     "WorkerCordoned",
     "WorkerDeregistered",
@@ -109,6 +116,10 @@ __all__ = [
     "WorkerRecovered",
     "WorkerRegistered",
     "WorkerUncordoned",
+    "WorkerVerificationFailed",
+    "WorkerVerificationReported",
+    "WorkerVerificationRequested",
+    "WorkerVerified",
     "decode",
     "encode",
     "export_json_schemas",

@@ -95,4 +95,20 @@ class StopWork(Event, tag="cmd.stop_work", frozen=True, kw_only=True):
     checkpoint: bool = False
 
 
-CommandEvent = StartWork | StopWork
+class VerifyWorker(Event, tag="cmd.verify", frozen=True, kw_only=True):
+    """Run the verification job of ``worker.verification_requested`` and report the answer."""
+
+    challenge_id: str
+    seed: str
+    size: int
+    rounds: int
+    deadline_s: float
+
+
+class RegistrationRefused(Event, tag="cmd.registration_refused", frozen=True, kw_only=True):
+    """The kernel refused the agent's registration (it says ``reason``): the agent stops."""
+
+    reason: str
+
+
+CommandEvent = StartWork | StopWork | VerifyWorker | RegistrationRefused

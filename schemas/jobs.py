@@ -134,10 +134,16 @@ class JobStarted(Event, tag="job.started", frozen=True, kw_only=True):
 
 
 class JobProgress(Event, tag="job.progress", frozen=True, kw_only=True):
-    """Training progress of one shard (or of the whole job when ``slot`` is ``None``)."""
+    """Training progress of one shard (or of the whole job when ``slot`` is ``None``).
+
+    Attributes:
+        assignment_id: the assignment that reports it (a shard's agent); empty for the kernel's own
+            job-wide progress (a federated round's).
+    """
 
     epoch: int
     slot: int | None = None
+    assignment_id: str = ""
     round: int | None = None
     train_epoch: int | None = None
     step: int | None = None
@@ -147,13 +153,20 @@ class JobProgress(Event, tag="job.progress", frozen=True, kw_only=True):
 
 
 class JobCheckpointed(Event, tag="job.checkpointed", frozen=True, kw_only=True):
-    """A checkpoint was written to the tenant's workspace; recovery resumes from the latest one."""
+    """A checkpoint was written to the tenant's workspace; recovery resumes from the latest one.
+
+    Attributes:
+        object_key: where; an agent's checkpoint lies under the job's own checkpoint prefix
+            (``jobs/<name>/checkpoints/<job_id>/``): the kernel refuses any other key.
+        assignment_id: the assignment that reports it; empty for the kernel's own.
+    """
 
     epoch: int
     object_key: str
     round: int | None = None
     slot: int | None = None
     step: int | None = None
+    assignment_id: str = ""
 
 
 class JobRoundCompleted(Event, tag="job.round_completed", frozen=True, kw_only=True):
@@ -179,13 +192,19 @@ class JobCompleted(Event, tag="job.completed", frozen=True, kw_only=True):
 
 
 class JobFailed(Event, tag="job.failed", frozen=True, kw_only=True):
-    """A shard or the whole job failed. ``log_tail`` is the end of the workload's log."""
+    """A shard or the whole job failed. ``log_tail`` is the end of the workload's log.
+
+    Attributes:
+        assignment_id: the assignment whose shard failed (its agent's report); empty for the
+            kernel's job-wide failure.
+    """
 
     reason: str
     epoch: int | None = None
     slot: int | None = None
     log_tail: str = ""
     retryable: bool = False
+    assignment_id: str = ""
 
 
 class JobFederationReady(Event, tag="job.federation_ready", frozen=True, kw_only=True):

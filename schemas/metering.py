@@ -1,4 +1,11 @@
-"""Events of the METERING stream: ``meter.<tenant>.<worker_id>``."""
+"""Events of the METERING stream: ``meter.<tenant>.<worker_id>.<assignment_id>.<event>``.
+
+Only the kernel writes here. An agent claims its usage on the INTAKE stream (a :class:`UsageTick`
+with its own view of the work's identity); the intake service checks the claim against the
+assignment the kernel made and stores the tick with the kernel's facts: tenant, provider, pool,
+GPU type and tier come from the assignment and the registry, never from the agent. Tokens are
+counted by the gateways, which see the traffic (:class:`TokensServed`).
+"""
 
 from __future__ import annotations
 
@@ -14,24 +21,21 @@ class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
 
     Attributes:
         work_id: the job or endpoint id; ``work_kind`` says which.
-        provider: the provider that owns the worker (who gets paid).
-        gpu_type: the GPU model family billed (``cpu`` for CPU work).
+        provider: the provider that owns the worker (who gets paid): the kernel's record.
+        gpu_type: the GPU model family billed (``cpu`` for CPU work): the kernel's record.
         gpu_ms: GPU-milliseconds used (GPUs x wall milliseconds); ``cpu_ms`` likewise for CPU work.
-        tier: the provider's tier when the work was assigned (``platinum``... ``unverified``).
-        tokens: tokens served, for inference (prompt plus completion tokens). Counted by the
-            gateways, which append them as ticks of their own with no GPU or CPU time on
-            ``meter.<tenant>.<worker_id>.tokens``; the ledger ignores tokens anywhere else.
-        source: the gateway process that counted a token tick (``gateway-<id>``); empty for an
-            agent's tick.
+        tier: the provider's tier when the tick was accepted (``platinum``... ``unverified``).
+        tokens / source: legacy: how gateways counted tokens before :class:`TokensServed` (on the
+            legacy subject ``meter.<tenant>.<worker_id>.tokens`` only; ignored anywhere else).
     """
 
     work_id: str
     work_kind: WorkKind
     assignment_id: str
     epoch: int
-    provider: str
-    gpu_type: str
-    pool: Pool
+    provider: str = ""
+    gpu_type: str = ""
+    pool: Pool = "shared"
     start_ms: int
     end_ms: int
     gpu_ms: int = 0
@@ -41,4 +45,28 @@ class UsageTick(Event, tag="meter.tick", frozen=True, kw_only=True):
     source: str = ""
 
 
-MeteringEvent = UsageTick
+class TokensServed(Event, tag="meter.tokens", frozen=True, kw_only=True):
+    """Tokens one inference replica served over one interval, as one gateway process counted them
+    (prompt plus completion tokens of each response's ``usage``).
+
+    Attributes:
+        source: the gateway process that counted (``gateway-<id>``): each counts its own traffic.
+        provider / gpu_type / pool / tier: of the replica's worker and endpoint, as the kernel knows
+            them, so that tokens land on the same invoice line as the replica's GPU time.
+    """
+
+    work_id: str
+    work_kind: WorkKind = "endpoint"
+    assignment_id: str
+    epoch: int
+    provider: str = ""
+    gpu_type: str = ""
+    pool: Pool = "shared"
+    start_ms: int
+    end_ms: int
+    tokens: int
+    tier: str = "unverified"
+    source: str
+
+
+MeteringEvent = UsageTick | TokensServed

@@ -10,7 +10,7 @@ Pool = Literal["shared", "managed", "private"]
 """The three GPU runtime pools of seed 001: multi-tenant, reserved for one organisation, the owner's own."""
 
 WorkKind = Literal["job", "endpoint"]
-WorkerState = Literal["available", "cordoned", "lost", "deregistered"]
+WorkerState = Literal["available", "unverified", "cordoned", "lost", "deregistered"]
 """A worker's state in the registry: only ``available`` workers take new work."""
 """What a piece of placed work belongs to."""
 

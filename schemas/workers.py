@@ -91,6 +91,72 @@ class WorkerDeregistered(Event, tag="worker.deregistered", frozen=True, kw_only=
     reason: str = ""
 
 
+class WorkerVerificationRequested(Event, tag="worker.verification_requested", frozen=True, kw_only=True):
+    """The kernel gave a new (or changed) worker its verification job: a short compute benchmark
+    seeded with ``seed``, and on GPU hosts an NVML cross-check of the GPUs it registered. Until it
+    passes, the worker takes no tenant work (:mod:`core.verification`).
+
+    Attributes:
+        challenge_id: names the challenge; the report must name it.
+        seed: hex; the benchmark's input is derived from it, so that no answer can be prepared.
+        size / rounds: the benchmark's matrix size and how many products it chains.
+        deadline_s: seconds the worker has to report; after them the challenge failed.
+        requested_by: the kernel instance that asked.
+    """
+
+    challenge_id: str
+    seed: str
+    size: int
+    rounds: int
+    deadline_s: float
+    requested_by: str = ""
+
+
+class WorkerVerificationReported(Event, tag="worker.verification_reported", frozen=True, kw_only=True):
+    """An agent's answer to its verification job. A claim, never stored on WORKERS: the intake
+    checks it against the challenge and the registration and appends ``verified`` or
+    ``verification_failed``.
+
+    Attributes:
+        checksum: the benchmark's result (hex).
+        elapsed_ms: how long the benchmark took on the worker.
+        gpus: the GPUs NVML showed the verification workload.
+        gpu_tflops: the measured matrix-multiply throughput of GPU 0, on GPU hosts.
+        error: why the workload could not answer, if it could not.
+    """
+
+    challenge_id: str
+    checksum: str = ""
+    elapsed_ms: int = 0
+    gpus: list[Gpu] = []
+    gpu_tflops: float | None = None
+    error: str = ""
+
+
+class WorkerVerified(Event, tag="worker.verified", frozen=True, kw_only=True):
+    """The worker passed its verification job (or an operator vouched for it: ``by``); it takes
+    tenant work from now on.
+
+    Attributes:
+        elapsed_ms / gpu_tflops: what the benchmark measured.
+    """
+
+    challenge_id: str = ""
+    elapsed_ms: int = 0
+    gpu_tflops: float | None = None
+    by: str = ""
+
+
+class WorkerVerificationFailed(Event, tag="worker.verification_failed", frozen=True, kw_only=True):
+    """The worker's verification job failed: its answer was wrong, its GPUs are not the ones it
+    registered, or it did not answer in time. It stays unverified (no tenant work) with ``reason``;
+    the kernel tries again later."""
+
+    reason: str
+    challenge_id: str = ""
+    by: str = ""
+
+
 WorkerEvent = (
     WorkerRegistered
     | WorkerPolicySet
@@ -99,6 +165,10 @@ WorkerEvent = (
     | WorkerLost
     | WorkerRecovered
     | WorkerDeregistered
+    | WorkerVerificationRequested
+    | WorkerVerificationReported
+    | WorkerVerified
+    | WorkerVerificationFailed
 )
 
 
