@@ -11,12 +11,16 @@ Appends use the log's own reply inbox and :class:`core.wire.AckTracker` rather t
 
 Reads that rebuild projections (:meth:`EventLog.scan`) do not go through nats-py's per-message
 machinery either, which cost about 30 us a message here: an acknowledgement-free pull consumer is
-read in batches, and :class:`_RawTap` takes its messages off the connection's parser as bytes
-(about 3 us a message, ~250k/s), falling back to nats-py's ordered push consumer where it cannot.
+read in batches, and :class:`core.wire.RawTap` takes its messages off the connection's parser as
+bytes (about 3 us a message, ~250k/s), falling back to nats-py's ordered push consumer where it
+cannot. Agents' claims are read off the INTAKE work queue with :meth:`EventLog.pull`; QUARANTINE is
+written with its reasons (:meth:`EventLog.quarantine_now`) and read with them
+(:meth:`EventLog.quarantined`).
 
-The module is longer than most (~1,200 lines): it is the one place that speaks JetStream, and
-splitting its append and read halves would spread one protocol over two files that must change
-together; the scan's read path (the last ~300 lines) is private to it.
+The module is longer than most (~1,100 lines): it is the one place that speaks JetStream (the frame
+parsing that does not talk to the server lives in :mod:`core.wire`), and splitting its append and
+read halves would spread one protocol, and the connection state both use, over files that must
+change together.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import inspect
 import itertools
+import typing
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,9 +43,8 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.protocol.parser import AWAITING_CONTROL_LINE
 
-from core.errors import LogUnavailable, NoResponders
+from core.errors import InvalidInput, LogUnavailable, NoResponders
 from core.settings import Settings
 from core.streams import (
     BY_NAME,
@@ -51,24 +54,31 @@ from core.streams import (
     command_consumer,
     command_subject,
     quarantine_subject,
+    stream_for_subject,
+    subject_mismatch,
 )
 from core.wire import (
     EXPECTED_LAST_SUBJECT_SEQ,
     EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
     MSG_ID,
     QUARANTINE_REASON,
+    QUARANTINE_SENDER,
     QUARANTINE_SEQ,
     QUARANTINE_STREAM,
     QUARANTINE_SUBJECT,
     AckTracker,
+    Frame,
     Position,
+    Quarantined,
     RawRecord,
+    RawTap,
+    Sink,
     new_event_id,
     parse_reply,
 )
 from schemas import Event
 from schemas._base import UPCASTERS, upcast
-from schemas.catalog import decode, decoder, encode
+from schemas.catalog import FAMILIES, decoder, encode
 from schemas.envelope import Recorded
 
 NO_RESPONDERS_RETRY_S = 1.0
@@ -76,8 +86,10 @@ NO_RESPONDERS_RETRY_S = 1.0
 configuration (``resontech nats-auth`` adding an agent's user) leaves JetStream silent for ~50 ms;
 an append in that gap is retried rather than failed. A subject no stream captures fails after it."""
 NO_RESPONDERS_FIRST_DELAY_S = 0.025
+WATCH_RETRY_S = 5.0
+"""How long :meth:`EventLog.watch` retries creating its consumer while the JetStream API is silent."""
 
-__all__ = ["EventLog", "Position", "RawRecord", "Watch", "new_event_id"]
+__all__ = ["EventLog", "Position", "Pulled", "Quarantined", "RawRecord", "Watch", "new_event_id"]
 
 SNAPSHOT_BUCKET = "snapshots"
 DEFAULT_MAX_IN_FLIGHT = 8192
@@ -112,7 +124,7 @@ class EventLog:
         self._inbox = ""
         self._tokens = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
-        self._raw_tap: _RawTap | None = None
+        self._raw_tap: RawTap | None = None
 
     @classmethod
     async def connect(cls, settings: Settings, *, name: str = "resontech") -> EventLog:
@@ -211,16 +223,14 @@ class EventLog:
         except nats.js.errors.NotFoundError:
             return None
         headers = raw.headers or {}
-        time_ns = int(raw.time.timestamp()) * 1_000_000_000 + raw.time.microsecond * 1000 if raw.time else 0
-        family = BY_NAME[stream].family or ""
-        return Recorded(
-            stream=stream,
-            seq=int(raw.seq or 0),
-            subject=raw.subject or subject,
-            time_ns=time_ns,
-            msg_id=headers.get(MSG_ID, ""),
-            event=decode(family, raw.data or b""),
+        record = self.record_decoder(stream)(
+            raw.subject or subject,
+            int(raw.seq or 0),
+            _store_ns(raw.time),
+            headers.get(MSG_ID, ""),
+            raw.data or b"",
         )
+        return record
 
     # -- appends -------------------------------------------------------------------------------
 
@@ -278,6 +288,7 @@ class EventLog:
                 headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_filter
         elif expected_filter is not None:
             raise ValueError("expected_filter needs expected_seq")
+        _check_subject(subject, event)
         data = encode(event)
         delay = NO_RESPONDERS_FIRST_DELAY_S
         deadline = asyncio.get_running_loop().time() + NO_RESPONDERS_RETRY_S
@@ -291,6 +302,19 @@ class EventLog:
                     raise
             await asyncio.sleep(delay)
             delay *= 2
+
+    async def submit(
+        self, subject: str, event: Event, *, event_id: str, expected_seq: int | None = None
+    ) -> asyncio.Future[Position]:
+        """Publish one event and return the future of its acknowledgement, without waiting for it:
+        appends submitted one after another are stored in that order (one connection), and their
+        acknowledgements overlap. The future fails as :meth:`append` would raise.
+        """
+        _check_subject(subject, event)
+        headers = {MSG_ID: event_id}
+        if expected_seq is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
+        return await self._publish(subject, encode(event), headers, expected_seq)
 
     async def append_many(
         self,
@@ -313,6 +337,7 @@ class EventLog:
         try:
             for item in items:
                 event_id = item[2] if len(item) == 3 else new_event_id()
+                _check_subject(item[0], item[1])
                 future = await publish(item[0], encode(item[1]), {MSG_ID: event_id})
                 futures.append(future)
                 window.append(future)
@@ -350,7 +375,7 @@ class EventLog:
         Stops at the end of the stream as it was when the scan began (or at ``until_seq`` /
         ``until_time``); every message is delivered once. This is the fast path projections rebuild
         with: an acknowledgement-free pull consumer read in large batches, each message taken off
-        the connection before nats-py's per-message work (see :class:`_RawTap`); where that is not
+        the connection before nats-py's per-message work (see :class:`RawTap`); where that is not
         possible, nats-py's ordered push consumer. ``on_message`` may return an awaitable: it is
         awaited before the next message. Returns the number of messages delivered.
         """
@@ -369,7 +394,7 @@ class EventLog:
             subjects=subjects,
         )
         if self._raw_tap is None:
-            self._raw_tap = _RawTap.attach(self._nc)
+            self._raw_tap = RawTap.attach(self._nc)
         tap = self._raw_tap
         if tap is None:
             return await self._scan_ordered(read, on_message)
@@ -377,13 +402,13 @@ class EventLog:
 
     async def _scan_pulled(
         self,
-        tap: _RawTap,
+        tap: RawTap,
         read: _Read,
         on_message: Callable[[str, int, int, str, bytes], Awaitable[None] | None],
     ) -> int:
         """:meth:`scan` through an acknowledgement-free pull consumer, batches requested ahead.
 
-        The tap only queues each message's raw parts (:class:`_Sink`); this loop parses the delivery
+        The tap only queues each message's raw parts (:class:`Sink`); this loop parses the delivery
         reply subject (stream sequence, store time, pending), skips what was already delivered and calls
         ``on_message``. At most :data:`_SCAN_AHEAD` batches are requested beyond what was delivered,
         which bounds the queue. A consumer that falls silent for :data:`_SCAN_STALL_S` (a lost
@@ -391,7 +416,7 @@ class EventLog:
         twice) or answers with a status is replaced by one starting after the last message
         delivered.
         """
-        sink = _Sink()
+        sink = Sink()
         frames = sink.frames
         last = 0  # the sequence of the last message delivered
         count = 0
@@ -430,7 +455,7 @@ class EventLog:
         read: _Read,
         on_message: Callable[[str, int, int, str, bytes], Awaitable[None] | None],
     ) -> int:
-        """:meth:`scan` through nats-py's ordered push consumer (where :class:`_RawTap` cannot attach)."""
+        """:meth:`scan` through nats-py's ordered push consumer (where :class:`RawTap` cannot attach)."""
         done = asyncio.get_running_loop().create_future()
         count = 0
         end, until_ns = read.end, read.until_ns
@@ -496,9 +521,7 @@ class EventLog:
                 raw = await self._js.get_msg(stream, seq=seq, direct=True)
             except nats.js.errors.NotFoundError:
                 continue  # acknowledged by its worker and removed
-            time_ns = (
-                int(raw.time.timestamp()) * 1_000_000_000 + raw.time.microsecond * 1000 if raw.time else 0
-            )
+            time_ns = _store_ns(raw.time)
             result = on_message(
                 raw.subject or "", seq, time_ns, (raw.headers or {}).get(MSG_ID, ""), raw.data or b""
             )
@@ -573,6 +596,34 @@ class EventLog:
 
         await self.scan(stream, collect, start_seq=start_seq)
         return out
+
+    async def pull(
+        self, stream: str, durable: str, *, batch: int = 256, wait_s: float = 1.0
+    ) -> AsyncIterator[list[Pulled]]:
+        """Yield batches of undecoded messages from the durable pull consumer ``durable`` on a
+        work-queue ``stream`` (created if missing), forever; an empty batch after ``wait_s`` without
+        any. Each message leaves the stream once acknowledged (:meth:`Pulled.ack`); one not
+        acknowledged within 60 s is delivered again, to this consumer or another instance sharing it.
+        """
+        sub = await self._js.pull_subscribe(
+            _all_subjects(stream),
+            durable=durable,
+            stream=stream,
+            config=api.ConsumerConfig(ack_wait=60.0, max_ack_pending=20_000),
+        )
+        try:
+            while True:
+                try:
+                    messages = await sub.fetch(batch, timeout=wait_s)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    messages = []
+                except nats.errors.Error:
+                    await asyncio.sleep(wait_s)  # disconnected: nats-py reconnects by itself
+                    messages = []
+                yield [Pulled(msg) for msg in messages]
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def commands(
         self, worker_id: str, *, batch: int = 16, wait_s: float = 1.0
@@ -649,10 +700,24 @@ class EventLog:
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
         )
-        sub = await self._js.subscribe(
-            subjects or _all_subjects(stream), stream=stream, cb=deliver, ordered_consumer=True, config=config
-        )
-        return Watch(sub)
+        delay = NO_RESPONDERS_FIRST_DELAY_S
+        deadline = asyncio.get_running_loop().time() + WATCH_RETRY_S
+        while True:
+            try:
+                sub = await self._js.subscribe(
+                    subjects or _all_subjects(stream),
+                    stream=stream,
+                    cb=deliver,
+                    ordered_consumer=True,
+                    config=config,
+                )
+                return Watch(sub)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
+                # the JetStream API is briefly silent while the server reloads its accounts
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
 
     async def follow(
         self, stream: str, *, after_seq: int = 0, subjects: str | None = None
@@ -672,8 +737,11 @@ class EventLog:
         if family is None:
             raise ValueError(f"stream {stream} holds raw records; use replay_raw")
 
-        # The hot path of every rebuild: the family's decoder bound once, upcasting only if needed.
+        # The hot path of every rebuild: the family's decoder bound once, upcasting only if needed,
+        # and the subject check reduced to one dictionary lookup and one comparison.
+        spec = BY_NAME[stream]
         decode_event = decoder(family).decode
+        names = {cls: cls.event_name() for cls in _members(FAMILIES[family])} if spec.named else {}
 
         def decode_record(
             subject: str, seq: int, time_ns: int, msg_id: str, data: bytes
@@ -683,6 +751,11 @@ class EventLog:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self.quarantine(stream, seq, subject, data, str(exc))
                 return None
+            if names and subject[subject.rfind(".") + 1 :] != names[type(event)]:
+                mismatch = subject_mismatch(spec, subject, event)
+                if mismatch is not None:
+                    self.quarantine(stream, seq, subject, data, mismatch)
+                    return None
             if UPCASTERS:
                 event = upcast(event)
             return Recorded(
@@ -692,25 +765,67 @@ class EventLog:
         return decode_record
 
     def quarantine(self, stream: str, seq: int, subject: str, data: bytes, reason: str) -> None:
-        """Copy a stored message that fails to decode to ``quarantine.<stream>``, once per message.
+        """Copy a stored message that fails to decode (or to match its subject) to
+        ``quarantine.<stream>``, once per message.
 
-        Readers skip it and carry on; an operator finds it with ``resontech tail 'quarantine.>'``.
+        Readers skip it and carry on; an operator finds it with ``resontech quarantine``.
         """
-        headers = {
-            MSG_ID: f"quarantine-{stream}-{seq}",
-            QUARANTINE_REASON: reason[:500].replace("\r", " ").replace("\n", " "),
-            QUARANTINE_STREAM: stream,
-            QUARANTINE_SEQ: str(seq),
-            QUARANTINE_SUBJECT: subject,
-        }
 
         async def store() -> None:
             with contextlib.suppress(Exception):
-                await (await self._publish(quarantine_subject(stream), data, headers))
+                await self.quarantine_now(stream, seq, subject, data, reason)
 
         task = asyncio.get_running_loop().create_task(store())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def quarantine_now(
+        self, stream: str, seq: int, subject: str, data: bytes, reason: str, *, sender: str = ""
+    ) -> Position:
+        """Store a refused message in QUARANTINE with its reason (and the worker that sent it, for
+        a claim the intake refused), once per origin message; returns where it landed.
+
+        Raises:
+            AppendTimeout / AppendRejected / LogUnavailable: as :meth:`append`.
+        """
+        headers = {
+            MSG_ID: f"quarantine-{stream}-{seq}",
+            QUARANTINE_REASON: _header_value(reason),
+            QUARANTINE_STREAM: stream,
+            QUARANTINE_SEQ: str(seq),
+            QUARANTINE_SUBJECT: subject,
+        }
+        if sender:
+            headers[QUARANTINE_SENDER] = sender
+        return await (await self._publish(quarantine_subject(stream), data, headers))
+
+    async def quarantined(self, *, after_seq: int = 0, limit: int = 100) -> list[Quarantined]:
+        """Up to ``limit`` messages of QUARANTINE after ``after_seq``, oldest first, with their
+        reasons and senders (the operator's view: ``resontech quarantine``, ``GET /v1/quarantine``)."""
+        info = await self._js.stream_info("QUARANTINE")
+        out: list[Quarantined] = []
+        seq = max(after_seq + 1, info.state.first_seq)
+        while seq <= info.state.last_seq and len(out) < limit:
+            try:
+                raw = await self._js.get_msg("QUARANTINE", seq=seq, direct=True)
+            except nats.js.errors.NotFoundError:
+                seq += 1
+                continue
+            headers = raw.headers or {}
+            out.append(
+                Quarantined(
+                    seq=seq,
+                    time_ns=_store_ns(raw.time),
+                    stream=headers.get(QUARANTINE_STREAM, ""),
+                    origin_seq=int(headers.get(QUARANTINE_SEQ, "0") or 0),
+                    subject=headers.get(QUARANTINE_SUBJECT, ""),
+                    reason=headers.get(QUARANTINE_REASON, ""),
+                    sender=headers.get(QUARANTINE_SENDER, ""),
+                    data=raw.data or b"",
+                )
+            )
+            seq += 1
+        return out
 
     async def publish_raw(self, subject: str, data: bytes, event_id: str | None = None) -> Position:
         """Store bytes as they are (no encoding): for tools and tests that write foreign messages."""
@@ -733,9 +848,56 @@ class EventLog:
         return bytes(result.data or b"")
 
 
+def _check_subject(subject: str, event: Event) -> None:
+    """Refuse an event whose type is not the one its subject names (see :func:`subject_mismatch`).
+    A subject no stream of ours captures is left to the server (no responders)."""
+    try:
+        spec = stream_for_subject(subject)
+    except InvalidInput:
+        return
+    mismatch = subject_mismatch(spec, subject, event)
+    if mismatch is not None:
+        raise InvalidInput(f"refused: {mismatch}")
+
+
+def _members(union: Any) -> tuple[type[Event], ...]:
+    return typing.get_args(union) or (union,)
+
+
+def _store_ns(when: datetime | None) -> int:
+    """A direct get's store time in Unix nanoseconds (microseconds are all it carries)."""
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000 if when else 0
+
+
+def _header_value(text: str) -> str:
+    return text[:500].replace("\r", " ").replace("\n", " ")
+
+
 def _consume(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+class Pulled:
+    """One message handed out by :meth:`EventLog.pull`: where and when it was stored, by whom (its
+    subject), its bytes, and its acknowledgement."""
+
+    __slots__ = ("_msg", "data", "delivered", "msg_id", "seq", "subject", "time_ns")
+
+    def __init__(self, msg: Msg) -> None:
+        meta = msg.metadata
+        self._msg = msg
+        self.subject: str = msg.subject
+        self.seq: int = meta.sequence.stream
+        self.time_ns: int = int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
+        self.msg_id: str = (msg.headers or {}).get(MSG_ID, "")
+        self.data: bytes = msg.data
+        self.delivered: int = meta.num_delivered or 1
+
+    async def ack(self) -> None:
+        """Done with it: it leaves the stream."""
+        with contextlib.suppress(Exception):
+            await self._msg.ack()
 
 
 class Watch:
@@ -785,139 +947,6 @@ async def _consumer_drained(sub: Any, delivered: int) -> bool:
 
 # -- the scan's read path ------------------------------------------------------------------------
 
-_Frame = tuple[bytes, bytes, bytes, "bytes | None"]
-"""A message as the tap takes it: ``(subject, reply, data, headers)``."""
-
-
-class _Sink:
-    """Where a tap puts the raw messages of one subscription: ``(subject, reply, data, headers)``
-    frames in arrival order, and an event set when some arrived."""
-
-    __slots__ = ("arrived", "frames")
-
-    def __init__(self) -> None:
-        self.frames: list[_Frame] = []
-        self.arrived = asyncio.Event()
-
-
-_PARSER_FIELDS = (("buf", bytearray), ("state", int), ("needed", int))
-"""What :class:`_RawTap` reads of nats-py's protocol parser (``nats.protocol.parser.Parser``)."""
-
-
-class _RawTap:
-    """Takes the messages of chosen subscriptions off a nats-py connection as raw bytes.
-
-    nats-py turns every message into a ``Msg`` with parsed headers, queues it and runs the callback
-    as a coroutine of its own: about 30 us a message here, most of a rebuild, and several times what
-    the server spends on it. While at least one subscription is tapped, the tap replaces the
-    ``parse`` method of the connection's protocol parser (and puts it back after): ``MSG`` and
-    ``HMSG`` frames of tapped subscriptions are cut out of its buffer with ``find`` and slices and
-    appended to their :class:`_Sink` as ``(subject, reply, data, headers)`` bytes. Any other frame
-    (another subscription's message, ``PING``, ``INFO``, ``-ERR``...) is handed to nats-py's own
-    parser alone, complete, with the rest of the buffer held back, so that nats-py's parser always
-    ends between frames and the tap can go on after it. A frame not yet complete stays in the buffer
-    until the next read. Nothing here may raise: the connection's read loop would end with it.
-    """
-
-    def __init__(self, nc: NATS) -> None:
-        self._parser: Any = nc._ps
-        self._sinks: dict[int, _Sink] = {}
-
-    @staticmethod
-    def attach(nc: NATS) -> _RawTap | None:
-        """A tap for ``nc``, or ``None`` if its nats-py's parser is not the one the tap works with."""
-        parser = getattr(nc, "_ps", None)
-        if not inspect.iscoroutinefunction(getattr(type(parser), "parse", None)):
-            return None
-        if not all(isinstance(getattr(parser, name, None), kind) for name, kind in _PARSER_FIELDS):
-            return None
-        return _RawTap(nc)
-
-    def add(self, sid: int, sink: _Sink) -> None:
-        """Put the messages of subscription ``sid`` in ``sink`` from now on."""
-        if not self._sinks:
-            self._install()
-        self._sinks[sid] = sink
-
-    def remove(self, sid: int) -> None:
-        """Stop tapping ``sid`` (nats-py drops its messages once it is unsubscribed)."""
-        self._sinks.pop(sid, None)
-        if not self._sinks:
-            with contextlib.suppress(AttributeError):
-                del self._parser.parse
-
-    def _install(self) -> None:
-        parser, sinks = self._parser, self._sinks
-        original = type(parser).parse.__get__(parser)
-
-        async def alone(size: int) -> None:
-            """nats-py's parser on the first ``size`` bytes of the buffer (one whole frame)."""
-            buf = parser.buf
-            rest = buf[size:]
-            del buf[size:]
-            await original()
-            if parser.buf is buf:  # not reset by a reconnection meanwhile
-                buf.extend(rest)
-
-        async def parse(data: bytes = b"") -> None:
-            parser.buf.extend(data)
-            woken: list[_Sink] = []
-            while parser.buf:
-                if parser.state != AWAITING_CONTROL_LINE:  # inside a frame since before the tap
-                    if len(parser.buf) < parser.needed + 2:
-                        break
-                    await alone(parser.needed + 2)
-                    continue
-                buf = parser.buf
-                data = bytes(buf)  # one copy, so that each frame's parts are sliced once
-                at = 0  # the frames before `at` are in their sinks
-                foreign = 0  # the end of a run of frames for nats-py, from `at`
-                while True:
-                    frame = _frame(data, foreign or at)
-                    if frame is None:
-                        break
-                    end, sid, parts = frame
-                    sink = sinks.get(sid)
-                    if parts is None or sink is None:
-                        foreign = end
-                        continue
-                    if foreign:
-                        break  # the run for nats-py first
-                    sink.frames.append(parts)
-                    if not woken or woken[-1] is not sink:
-                        woken.append(sink)
-                    at = end
-                del buf[:at]
-                if not foreign:
-                    break
-                await alone(foreign - at)
-            for sink in woken:
-                sink.arrived.set()
-
-        parser.parse = parse
-
-
-def _frame(data: bytes, at: int) -> tuple[int, int, _Frame | None] | None:
-    """The frame starting at ``at``: where it ends, its subscription id and its parts (``None`` for
-    a frame other than a message, with sid 0); ``None`` if it is not all in ``data`` yet."""
-    eol = data.find(b"\r\n", at)
-    if eol < 0:
-        return None
-    if not (data.startswith(b"HMSG ", at) or data.startswith(b"MSG ", at)):
-        return eol + 2, 0, None
-    # HMSG <subject> <sid> [reply] <header bytes> <total bytes>
-    # MSG <subject> <sid> [reply] <total bytes>
-    args = data[at:eol].split()
-    with_headers = args[0] == b"HMSG"
-    start = eol + 2
-    stop = start + int(args[-1])
-    if len(data) < stop + 2:
-        return None
-    header_size = int(args[-2]) if with_headers else 0
-    reply = args[3] if len(args) == (6 if with_headers else 5) else b""
-    headers = data[start : start + header_size] if header_size else None
-    return stop + 2, int(args[2]), (args[1], reply, data[start + header_size : stop], headers)
-
 
 @dataclass(frozen=True, slots=True)
 class _Read:
@@ -955,7 +984,7 @@ class _PullConsumer:
     """
 
     def __init__(
-        self, log: EventLog, tap: _RawTap, sub: Any, inbox: str, stream: str, name: str, target: int
+        self, log: EventLog, tap: RawTap, sub: Any, inbox: str, stream: str, name: str, target: int
     ) -> None:
         self._log, self._tap, self._sub, self._inbox = log, tap, sub, inbox
         self._stream, self.name = stream, name
@@ -966,7 +995,7 @@ class _PullConsumer:
         self.delivered = 0
 
     @classmethod
-    async def open(cls, log: EventLog, tap: _RawTap, read: _Read, after: int, sink: _Sink) -> _PullConsumer:
+    async def open(cls, log: EventLog, tap: RawTap, read: _Read, after: int, sink: Sink) -> _PullConsumer:
         """Create the consumer, starting after sequence ``after`` (0: where the scan starts), its
         inbox tapped into ``sink``."""
         nc = log._nc
@@ -1017,7 +1046,7 @@ class _Outcome(enum.Enum):
 
 
 async def _deliver_pulled(
-    chunk: list[_Frame],
+    chunk: list[Frame],
     read: _Read,
     last: int,
     on_message: Callable[[str, int, int, str, bytes], Awaitable[None] | None],

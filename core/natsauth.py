@@ -21,35 +21,36 @@ Across a service import the server replaces the reply subject with its own, so a
 back to the agent's account, where no stream listens.
 
 Why user/password and not decentralised JWTs: nats-py signs the server's nonce with the ``nkeys``
-package for JWT or nkey users, and neither ``nkeys`` nor an ed25519 library is installed. Passwords are
-256-bit random, shown to the agent once, and stored only as bcrypt hashes (in the ``AgentEnrolled``
-event, from which :mod:`ops.natsauth` renders the server's agent users and reloads the server).
+package for JWT or nkey users; passwords need no second signing path in every client. Passwords are
+256-bit random, shown to the agent once, and stored only as bcrypt hashes (the ``bcrypt`` package;
+in the ``AgentEnrolled`` event, from which :mod:`ops.natsauth` renders the server's agent users and
+reloads the server).
 
-Limits of subject permissions (the kernel must still check what an event says): an agent may publish
-the job and endpoint events agents emit for *any* tenant and job (the subject carries no worker id),
-and may create its own consumer with other options than the kernel's (never with another filter: the
-server refuses a filter that differs from the one in the create subject).
+What an agent may publish: its own heartbeats (``hb.<worker_id>``), and claims on the INTAKE stream
+under its own worker id (``intake.<worker_id>.<subject>``): its registration, its reports about
+assignments, its usage. It cannot publish on any stream the projections fold. The intake service
+(:mod:`ops.intake`) checks each claim against the kernel's facts and appends the kernel's own event,
+or quarantines the claim with its reason and sender: the worker id in the subject is what NATS lets
+that user publish, so the sender of a claim is known, and what the claim says is not believed.
+An agent may still create its own consumer with other options than the kernel's (never with another
+filter: the server refuses a filter that differs from the one in the create subject).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+import bcrypt
 
 from core.streams import command_consumer, command_subject, token
 from schemas import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
-from schemas.workers import WorkerPolicySet, WorkerRegistered
-
-with warnings.catch_warnings():
-    # crypt is the standard library's bcrypt (through libxcrypt) on 3.11 and 3.12; it is removed in
-    # 3.13, where the ``bcrypt`` package would take its place in :func:`bcrypt_hash`.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import crypt
+from schemas.metering import UsageTick
+from schemas.workers import WorkerPolicySet, WorkerRegistered, WorkerVerificationReported
 
 KERNEL_ACCOUNT = "KERNEL"
 AGENTS_ACCOUNT = "AGENTS"
@@ -61,9 +62,9 @@ BCRYPT_COST = 8
 """bcrypt cost of agent passwords: each is 256 random bits, so its strength is its entropy, and the
 server checks the hash at every connect."""
 
-AGENT_WORKER_EVENTS: tuple[type[Event], ...] = (WorkerRegistered, WorkerPolicySet)
-"""What an agent says about its worker (``agent.service``). Not cordoned/uncordoned/lost/recovered:
-those are the kernel's to say, and an agent must not uncordon itself."""
+AGENT_WORKER_EVENTS: tuple[type[Event], ...] = (WorkerRegistered, WorkerPolicySet, WorkerVerificationReported)
+"""What an agent claims about its worker (``agent.service``). Not cordoned/uncordoned/lost/recovered/
+verified: those are the kernel's to say, and an agent must not uncordon or verify itself."""
 AGENT_JOB_EVENTS: tuple[type[Event], ...] = (
     JobStarted,
     JobRejected,
@@ -79,6 +80,8 @@ AGENT_ENDPOINT_EVENTS: tuple[type[Event], ...] = (
     EndpointReplicaLost,
 )
 """What an agent reports about an endpoint replica (``agent.reports``)."""
+AGENT_USAGE_EVENTS: tuple[type[Event], ...] = (UsageTick,)
+"""What an agent claims it used (``agent.reports.Meter``): GPU and CPU time, never tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +118,15 @@ def inbox_prefix(worker_id: str) -> str:
 
 
 def _agent_event_patterns(worker: str) -> tuple[str, ...]:
-    """The event subjects an agent publishes to; ``worker`` is its id, or ``*`` for any."""
-    return (
-        f"hb.{worker}",
+    """The subjects an agent publishes events to; ``worker`` is its id, or ``*`` for any: its
+    heartbeats, and its claims on the intake under its own id (``intake.<worker>.<subject>``)."""
+    claims = (
         *(f"worker.{worker}.{e.event_name()}" for e in AGENT_WORKER_EVENTS),
-        f"meter.*.{worker}",
         *(f"job.*.*.{e.event_name()}" for e in AGENT_JOB_EVENTS),
         *(f"endpoint.*.*.{e.event_name()}" for e in AGENT_ENDPOINT_EVENTS),
+        *(f"meter.*.{worker}.*.{e.event_name()}" for e in AGENT_USAGE_EVENTS),
     )
+    return (f"hb.{worker}", *(f"intake.{worker}.{claim}" for claim in claims))
 
 
 def agent_permissions(worker_id: str) -> Permissions:
@@ -221,14 +225,5 @@ def new_password() -> str:
 
 
 def bcrypt_hash(password: str, cost: int = BCRYPT_COST) -> str:
-    """The bcrypt hash of ``password`` in the ``$2b$`` form nats-server accepts.
-
-    Raises:
-        RuntimeError: this system's crypt has no bcrypt.
-    """
-    if crypt.METHOD_BLOWFISH not in crypt.methods:
-        raise RuntimeError("this system's crypt(3) has no bcrypt; NATS agent passwords need it")
-    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=1 << cost))
-    if not hashed or not hashed.startswith("$2"):
-        raise RuntimeError("crypt(3) did not return a bcrypt hash")
-    return hashed
+    """The bcrypt hash of ``password`` in the ``$2b$`` form nats-server accepts."""
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()

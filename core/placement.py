@@ -17,7 +17,7 @@ Filters, in order; a rejected worker is counted under the first reason it fails:
   private workers. A managed or private worker without an owner takes no managed or private work.
 * ``gpu_type``: GPU work with a ``gpu_type`` needs a worker of that family
   (:func:`core.pricing.gpu_family`); CPU work (``gpus == 0``) ignores ``gpu_type`` and fits any host.
-* ``state`` (cordoned, lost, deregistered), ``silent`` (no heartbeat, or the latest is older than
+* ``state`` (cordoned, lost, deregistered, unverified), ``silent`` (no heartbeat, or the latest is older than
   3 of its intervals), ``excluded`` (the request's ``exclude_workers``).
 * ``policy_tenant``, ``policy_pool``, ``policy_price`` (GPU work only: the tenant's price per
   GPU-hour, by default the list price of the worker's GPU family in the request's pool, is below the
@@ -469,6 +469,7 @@ def gang(
 
 _PREDICATES: dict[str, tuple[str, str]] = {
     "cordoned": ("is cordoned", "are cordoned"),
+    "unverified": ("is not verified yet", "are not verified yet"),
     "lost": ("is lost", "are lost"),
     "silent": ("is silent", "are silent"),
     "excluded": ("is excluded", "are excluded"),
@@ -571,7 +572,7 @@ def unplaceable(
 REASONS: dict[str, str] = {
     "pool": "not in the pool (or not the tenant's)",
     "gpu_type": "another GPU type",
-    "state": "cordoned, lost or deregistered",
+    "state": "cordoned, lost, deregistered or not verified yet",
     "silent": "no recent heartbeat",
     "excluded": "excluded (just lost, or rejected this work)",
     "policy_tenant": "provider policy: tenant not allowed",

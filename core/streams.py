@@ -33,6 +33,9 @@ class StreamSpec:
             async``, R1 streams only; a replicated stream is made durable by its quorum instead).
             For heartbeats alone: each is superseded a second later, a crash loses at most the last
             moment of telemetry, and fsyncing 10,000 beats a second is what this disk cannot do.
+        named: the last token of every subject is the name of the event stored on it
+            (``job.<tenant>.<job_id>.<event>``): readers quarantine an event whose type is not the
+            one its subject names, and appends refuse it (:func:`subject_names`).
     """
 
     name: str
@@ -45,6 +48,7 @@ class StreamSpec:
     max_msgs_per_subject: int = -1
     sources: tuple[str, ...] = field(default=())
     persist_async: bool = False
+    named: bool = False
 
 
 STREAMS: tuple[StreamSpec, ...] = (
@@ -54,13 +58,16 @@ STREAMS: tuple[StreamSpec, ...] = (
         "tenant",
         "tenant.<tenant>.<event>",
         "created, api_key_issued, api_key_revoked, quota_set",
+        named=True,
     ),
     StreamSpec(
         "WORKERS",
         ("worker.>",),
         "worker",
         "worker.<worker_id>.<event>",
-        "registered, policy_set, cordoned, uncordoned, lost, recovered, deregistered",
+        "registered, policy_set, cordoned, uncordoned, lost, recovered, deregistered, "
+        "verification_requested, verified, verification_failed",
+        named=True,
     ),
     StreamSpec(
         "HEARTBEATS",
@@ -88,6 +95,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "job.<tenant>.<job_id>.<event>",
         "submitted, queued, placed, assignment_revoked, rejected, started, progress, "
         "checkpointed, round_completed, completed, failed, cancelled",
+        named=True,
     ),
     StreamSpec(
         "ENDPOINTS",
@@ -96,14 +104,16 @@ STREAMS: tuple[StreamSpec, ...] = (
         "endpoint.<tenant>.<endpoint_id>.<event>",
         "deployed, scaled, replica_placed, replica_revoked, replica_starting, replica_ready, "
         "replica_lost, scaled_to_zero, failed, deleted",
+        named=True,
     ),
     StreamSpec(
         "METERING",
         ("meter.>",),
         "meter",
-        "meter.<tenant>.<worker_id>[.tokens]",
-        "usage ticks (GPU- and CPU-milliseconds per assignment per interval; a gateway's token "
-        "counts per replica on .tokens)",
+        "meter.<tenant>.<worker_id>.<assignment_id>.<event>",
+        "tick: GPU- and CPU-milliseconds of one assignment over one interval, as the kernel accepted "
+        "them from its agent; tokens: a gateway's count of the tokens a replica served",
+        named=True,
     ),
     StreamSpec(
         "COMMANDS",
@@ -120,6 +130,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "provider.<provider>.<event>",
         "created, api_key_issued, api_key_revoked, enrollment_token_issued, enrollment_token_revoked, "
         "agent_enrolled, agent_credentials_revoked",
+        named=True,
     ),
     StreamSpec(
         "AUDIT",
@@ -129,11 +140,21 @@ STREAMS: tuple[StreamSpec, ...] = (
         "request: every accepted mutating API request (who, what, when)",
     ),
     StreamSpec(
+        "INTAKE",
+        ("intake.>",),
+        None,
+        "intake.<worker_id>.<the subject the claim is for>",
+        "what agents claim (reports, usage, registrations), for the intake service to check and turn "
+        "into the kernel's own events (work queue)",
+        retention="workqueue",
+    ),
+    StreamSpec(
         "QUARANTINE",
         ("quarantine.>",),
         None,
         "quarantine.<stream>",
-        "stored messages that failed to decode, with the reason in headers",
+        "stored messages that failed to decode or to match their subject, and claims the kernel "
+        "refused, with the reason (and the sender of a claim) in headers",
     ),
 )
 
@@ -143,6 +164,11 @@ DUPLICATE_WINDOW_S = 300
 
 _FAMILY_STREAM: dict[str, str] = {s.family: s.name for s in STREAMS if s.family and s.subjects}
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+_LEGACY_METER_TOKENS = 4
+"""``meter.<tenant>.<worker_id>.tokens``: where gateways counted tokens before METERING had one
+subject per assignment (``meter.<tenant>.<worker_id>`` held the agents' ticks). Old logs keep them;
+readers still accept both shapes, for ``meter.tick`` only."""
 
 
 def stream_for_family(family: str) -> StreamSpec:
@@ -153,8 +179,8 @@ def stream_for_family(family: str) -> StreamSpec:
 def stream_for_subject(subject: str) -> StreamSpec:
     """The stream that captures ``subject`` (by its first token)."""
     family = subject.split(".", 1)[0]
-    if family == "quarantine":
-        return BY_NAME["QUARANTINE"]
+    if family in ("quarantine", "intake"):
+        return BY_NAME[family.upper()]
     try:
         return stream_for_family(family)
     except KeyError:
@@ -166,6 +192,59 @@ def token(value: str, what: str = "id") -> str:
     if not _TOKEN.match(value):
         raise InvalidInput(f"{what} {value!r} must be 1-64 letters, digits, '-' or '_'")
     return value
+
+
+def assignment_token(value: str) -> str:
+    """Check an assignment id as one subject token (``<work_id>-s<slot>-e<epoch>``: up to 96 chars)."""
+    if not _ASSIGNMENT.match(value):
+        raise InvalidInput(f"assignment id {value!r} must be 1-96 letters, digits, '-' or '_'")
+    return value
+
+
+def subject_mismatch(spec: StreamSpec, subject: str, event: type[Event] | Event) -> str | None:
+    """Why ``event`` may not be stored on ``subject`` of ``spec``'s stream, or ``None`` if it may.
+
+    The event's family must be the stream's, and on a stream whose subjects end in the event name
+    (``named``) the last token must be this event's name: ``job.completed`` stored on
+    ``job.<t>.<j>.progress`` is refused on append and quarantined by every reader.
+    """
+    if spec.name == "INTAKE":  # a claim: its event must fit the subject it claims
+        try:
+            _, claimed = split_intake(subject)
+            return subject_mismatch(stream_for_subject(claimed), claimed, event)
+        except InvalidInput as exc:
+            return exc.message
+    family = event.event_family()
+    tokens = subject.split(".")
+    if tokens[0] != family or spec.family != family:
+        return f"a {event.event_tag()} event does not belong on {subject}"
+    if not spec.named or tokens[-1] == event.event_name():
+        return None
+    if family == "meter" and event.event_name() == "tick" and _legacy_meter(tokens):
+        return None
+    return f"subject {subject} names a {tokens[-1]} event, not {event.event_tag()}"
+
+
+def _legacy_meter(tokens: list[str]) -> bool:
+    return len(tokens) == 3 or (len(tokens) == _LEGACY_METER_TOKENS and tokens[-1] == "tokens")
+
+
+def intake_subject(worker_id: str, subject: str) -> str:
+    """``intake.<worker_id>.<subject>``: a claim by the agent of ``worker_id`` about ``subject``
+    (a job, endpoint or worker event, or a usage tick), for the intake service to check."""
+    return f"intake.{token(worker_id, 'worker id')}.{subject}"
+
+
+def split_intake(subject: str) -> tuple[str, str]:
+    """``(worker_id, claimed subject)`` of an :func:`intake_subject`.
+
+    Raises:
+        InvalidInput: ``subject`` is not ``intake.<worker_id>.<family>.<...>``.
+    """
+    parts = subject.split(".", 2)
+    if len(parts) != 3 or parts[0] != "intake" or not _TOKEN.match(parts[1]) or "." not in parts[2]:
+        raise InvalidInput(f"{subject!r} is not intake.<worker_id>.<subject>")
+    return parts[1], parts[2]
 
 
 def job_subject(tenant: str, job_id: str, event: type[Event] | Event) -> str:
@@ -203,19 +282,23 @@ def heartbeat_subject(worker_id: str) -> str:
     return f"hb.{token(worker_id, 'worker id')}"
 
 
-def metering_subject(tenant: str, worker_id: str) -> str:
-    """``meter.<tenant>.<worker_id>``."""
-    return f"meter.{token(tenant, 'tenant')}.{token(worker_id, 'worker id')}"
+def metering_subject(tenant: str, worker_id: str, assignment_id: str, event: type[Event] | Event) -> str:
+    """``meter.<tenant>.<worker_id>.<assignment_id>.<event>``: one subject per assignment and meter.
 
-
-def token_metering_subject(tenant: str, worker_id: str) -> str:
-    """``meter.<tenant>.<worker_id>.tokens``: a gateway's token counts for a replica on that worker.
-
-    Only the kernel's services publish here (an agent may publish on ``meter.<tenant>.<its id>``
-    alone, :mod:`core.natsauth`), so the ledger takes tokens from these ticks only: a provider's agent
-    never counts what the tenant is billed for.
+    ``tick`` holds the GPU and CPU time of the assignment as the kernel accepted it from the agent
+    (the intake appends each with the expected last sequence of this subject, so that two intake
+    instances never bill one interval twice); ``tokens`` a gateway's count of the tokens a replica
+    served. Only the kernel publishes on METERING.
     """
-    return f"{metering_subject(tenant, worker_id)}.tokens"
+    return (
+        f"meter.{token(tenant, 'tenant')}.{token(worker_id, 'worker id')}."
+        f"{assignment_token(assignment_id)}.{event.event_name()}"
+    )
+
+
+def metering_filter(tenant: str = "*", worker_id: str = "*") -> str:
+    """Every METERING subject of a tenant and worker (``*`` for any), legacy layouts included."""
+    return f"meter.{tenant}.{worker_id}.>"
 
 
 def command_subject(worker_id: str) -> str:
