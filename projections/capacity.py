@@ -66,9 +66,9 @@ def tier_of(
     Args:
         window_s: the uptime window, seconds (default 30 days).
         min_observation_s: a worker first registered less than this many seconds ago is
-            ``unverified`` (default 24 h).
+            ``unverified`` (default 24 h), as is one that has not passed its verification job.
     """
-    if now_ns - record.since_ns < min_observation_s * NS_PER_S:
+    if not record.verified or now_ns - record.since_ns < min_observation_s * NS_PER_S:
         return "unverified"
     models = [g.model for g in record.gpus]
     return tier_for(uptime_30d(record, now_ns, window_s=window_s), models)

@@ -20,6 +20,9 @@ Rules (fencing as in :mod:`projections.schedule`):
 * State is derived: ``deleted`` (terminal, sticky) > ``failed`` > ``serving`` (a replica is ready) >
   ``scaled_to_zero`` (wants none and has none) > ``deploying``.
 * ``last_seq`` is the ENDPOINTS sequence of the endpoint's latest event, ignored events included.
+* Tenure (:mod:`projections.tenure`): each replica keeps when it was placed; a replica revoked,
+  superseded or scaled away moves to ``retired`` for a while (its agent's last usage ticks arrive
+  after it stopped); a deleted endpoint's replicas end with it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Literal
 import msgspec
 
 from projections.base import Projection
+from projections.tenure import Tenure, forget_old, retire
 from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
@@ -59,6 +63,7 @@ class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
         address: where it serves (``http://host:port``) while ``ready``, else empty.
         reason / log_tail: why it was lost.
         changed_seq: ENDPOINTS sequence of its latest accepted change.
+        placed_ns: envelope time of its placement.
     """
 
     assignment_id: str
@@ -71,6 +76,7 @@ class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""
     log_tail: str = ""
     changed_seq: int = 0
+    placed_ns: int = 0
 
 
 class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +92,7 @@ class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
         epoch: the highest replica epoch placed.
         deployed_seq / deployed_ns: ENDPOINTS sequence and envelope time (Unix ns) of the deployment.
         deleted_ns: envelope time of the deletion.
+        retired: replicas that ended recently (see :mod:`projections.tenure`).
         last_seq: ENDPOINTS sequence of the endpoint's latest event.
     """
 
@@ -116,6 +123,7 @@ class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
     deployed_ns: int = 0
     deleted_by: str = ""
     deleted_ns: int | None = None
+    retired: list[Tenure] = []
     last_seq: int = 0
 
 
@@ -169,12 +177,18 @@ def _derive(endpoint: EndpointRecord) -> EndpointRecord:
     return endpoint if endpoint.state == state else _replace(endpoint, state=state)
 
 
-def _placed(endpoint: EndpointRecord, event: EndpointReplicaPlaced, seq: int) -> EndpointRecord | None:
+def _placed(
+    endpoint: EndpointRecord, event: EndpointReplicaPlaced, seq: int, t: int
+) -> EndpointRecord | None:
     replicas = dict(endpoint.replicas)
+    superseded = []
     epoch = endpoint.epoch
     for a in event.assignments:
         if a.epoch <= endpoint.epoch or a.slot < 0:
             continue
+        old = replicas.get(str(a.slot))
+        if old is not None:
+            superseded.append(_tenure(endpoint, old))
         replicas[str(a.slot)] = ReplicaRecord(
             assignment_id=a.assignment_id,
             worker_id=a.worker_id,
@@ -182,9 +196,34 @@ def _placed(endpoint: EndpointRecord, event: EndpointReplicaPlaced, seq: int) ->
             epoch=a.epoch,
             gpus=a.gpus,
             changed_seq=seq,
+            placed_ns=t,
         )
         epoch = max(epoch, a.epoch)
-    return None if epoch == endpoint.epoch else _replace(endpoint, replicas=replicas, epoch=epoch)
+    if epoch == endpoint.epoch:
+        return None
+    retired = retire(endpoint.retired, superseded, t) if superseded else endpoint.retired
+    return _replace(endpoint, replicas=replicas, epoch=epoch, retired=retired)
+
+
+def _tenure(endpoint: EndpointRecord, replica: ReplicaRecord) -> Tenure:
+    """The tenure of a current replica (``ended_ns``: the endpoint's deletion, if deleted)."""
+    return Tenure(
+        assignment_id=replica.assignment_id,
+        worker_id=replica.worker_id,
+        slot=replica.slot,
+        epoch=replica.epoch,
+        gpus=replica.gpus,
+        placed_ns=replica.placed_ns,
+        ended_ns=endpoint.deleted_ns,
+    )
+
+
+def _retired(endpoint: EndpointRecord, gone: list[ReplicaRecord], t: int, **changes: Any) -> EndpointRecord:
+    """``endpoint`` without the replicas ``gone`` (remembered in ``retired``), and ``changes``."""
+    keys = {str(r.slot) for r in gone}
+    replicas = {k: r for k, r in endpoint.replicas.items() if k not in keys}
+    retired = retire(endpoint.retired, [_tenure(endpoint, r) for r in gone], t)
+    return _replace(endpoint, replicas=replicas, retired=retired, **changes)
 
 
 def _replica(endpoint: EndpointRecord, assignment_id: str, epoch: int) -> ReplicaRecord | None:
@@ -251,18 +290,19 @@ def _changed(endpoint: EndpointRecord, event: Any, seq: int, t: int) -> Endpoint
                 last_failure_log_tail=log_tail or endpoint.last_failure_log_tail,
             )
         case EndpointReplicaPlaced():
-            return _placed(endpoint, event, seq)
+            return _placed(endpoint, event, seq, t)
         case EndpointReplicaRevoked(assignment_id=assignment_id, slot=slot):
             current = endpoint.replicas.get(str(slot))
             if current is None or current.assignment_id != assignment_id:
                 return None
-            return _replace(endpoint, replicas={k: r for k, r in endpoint.replicas.items() if k != str(slot)})
+            return _retired(endpoint, [current], t)
         case EndpointReplicaStarting() | EndpointReplicaReady() | EndpointReplicaLost():
             return _replica_changed(endpoint, event, seq)
         case EndpointScaledToZero(idle_s=idle_s):
             if endpoint.failed:
                 return None
-            return _replace(endpoint, replicas={}, desired_replicas=0, scale_reason=f"idle {idle_s:g}s")
+            gone = list(endpoint.replicas.values())
+            return _retired(endpoint, gone, t, desired_replicas=0, scale_reason=f"idle {idle_s:g}s")
         case EndpointDeleted(by=by):
             return _replace(endpoint, state="deleted", deleted_by=by, deleted_ns=t)
     return None
@@ -284,18 +324,32 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
             state.endpoints[key] = _deployed(tenant, endpoint_id, event, seq, recorded.time_ns)
         return state
     changed = None if endpoint.state == "deleted" else _changed(endpoint, event, seq, recorded.time_ns)
-    state.endpoints[key] = _replace(endpoint if changed is None else _derive(changed), last_seq=seq)
+    endpoint = endpoint if changed is None else _derive(changed)
+    kept = forget_old(endpoint.retired, recorded.time_ns)
+    changes = {"last_seq": seq} if kept is None else {"last_seq": seq, "retired": kept}
+    state.endpoints[key] = _replace(endpoint, **changes)
     return state
 
 
 ENDPOINTS: Projection[EndpointsState] = Projection(
     name="endpoints",
     stream="ENDPOINTS",
-    version=3,
+    version=4,
     state_type=EndpointsState,
     initial=EndpointsState,
     evolve=evolve,
 )
+
+
+def find_tenure(endpoint: EndpointRecord, assignment_id: str) -> Tenure | None:
+    """The tenure of ``assignment_id`` in ``endpoint``: a current replica or a recently retired one."""
+    for replica in endpoint.replicas.values():
+        if replica.assignment_id == assignment_id:
+            return _tenure(endpoint, replica)
+    for retired in endpoint.retired:
+        if retired.assignment_id == assignment_id:
+            return retired
+    return None
 
 
 def ready_replicas(endpoint: EndpointRecord) -> list[ReplicaRecord]:

@@ -1,11 +1,17 @@
 """The worker registry: the WORKERS stream folded into one record per worker.
 
-A worker's ``state`` is derived from three independent facts, strongest first: deregistered, lost
+A worker's ``state`` is derived from four independent facts, strongest first: deregistered, lost
 (no heartbeat; set and cleared by the coordinator's ``lost`` / ``recovered`` events), cordoned (an
-operator or the health controller). So a cordoned worker that is lost and then recovers is cordoned
-again, and a re-registration (an agent restart with the same id) refreshes the hardware but keeps the
-cordon and the lost flag: only ``recovered`` clears lost. A registration after ``deregistered``
-brings the worker back.
+operator or the health controller), unverified (it has not passed its verification job yet). So a
+cordoned worker that is lost and then recovers is cordoned again, and a re-registration (an agent
+restart with the same id) refreshes the hardware but keeps the cordon and the lost flag: only
+``recovered`` clears lost. A registration after ``deregistered`` brings the worker back.
+
+Verification (:mod:`core.verification`): a worker is ``unverified`` from its first registration
+until a ``verified`` event; ``verification_requested`` opens a challenge, ``verification_failed``
+closes it with the reason (the worker stays unverified and is tried again later). A re-registration
+that changes the GPUs (count, models, VRAM) makes a verified worker unverified again. An agent's
+``verification_reported`` claim never reaches WORKERS; the registry ignores it.
 
 Uptime bookkeeping, all from envelope times: ``since_ns`` (first registration) starts the observed
 window; ``downtime_ns`` sums closed lost intervals and ``lost_since_ns`` holds the open one;
@@ -31,14 +37,34 @@ from schemas.workers import (
     WorkerRecovered,
     WorkerRegistered,
     WorkerUncordoned,
+    WorkerVerificationFailed,
+    WorkerVerificationRequested,
+    WorkerVerified,
 )
+
+
+class Challenge(msgspec.Struct, frozen=True, kw_only=True):
+    """An open verification challenge (from ``worker.verification_requested``; ``requested_ns`` is
+    its envelope time)."""
+
+    challenge_id: str
+    seed: str
+    size: int
+    rounds: int
+    deadline_s: float
+    requested_ns: int
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One worker as the registry knows it. Times are envelope times in Unix nanoseconds.
 
     Attributes:
-        state: derived: ``deregistered`` > ``lost`` > ``cordoned`` > ``available``.
+        state: derived: ``deregistered`` > ``lost`` > ``cordoned`` > ``unverified`` > ``available``.
+        verified: passed its verification job (for its current GPUs).
+        verification_reason: why it is not verified (awaiting, failed with what, hardware changed).
+        challenge: the open verification challenge, if any.
+        verification_failures / verification_failed_ns: failed challenges and when the last failed.
+        verified_ns: when it was last verified.
         cordoned / cordon_reason / cordoned_by: the cordon, independent of lost.
         lost: no heartbeat, per the coordinator; ``lost_since_ns`` is when it was declared lost.
         registered_ns: the latest (re-)registration; ``since_ns`` the first one.
@@ -77,6 +103,12 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     lost_count: int = 0
     deregistered_ns: int | None = None
     excluded_ns: int = 0
+    verified: bool = False
+    verification_reason: str = "awaiting its verification job"
+    challenge: Challenge | None = None
+    verification_failures: int = 0
+    verification_failed_ns: int | None = None
+    verified_ns: int | None = None
     last_change_seq: int = 0
     last_seq: int = 0
 
@@ -96,6 +128,8 @@ def _derive(record: WorkerRecord) -> WorkerRecord:
         state = "lost"
     elif record.cordoned:
         state = "cordoned"
+    elif not record.verified:
+        state = "unverified"
     else:
         state = "available"
     return record if record.state == state else msgspec.structs.replace(record, state=state)
@@ -121,7 +155,9 @@ def _registered(
         "last_change_seq": seq,
     }
     if old is None:
-        return WorkerRecord(worker_id=worker_id, since_ns=t, **hardware)
+        return _derive(WorkerRecord(worker_id=worker_id, since_ns=t, **hardware))
+    if old.verified and gpu_signature(old.gpus) != gpu_signature(e.gpus):
+        hardware.update(verified=False, verification_reason="its GPUs changed: awaiting verification")
     if old.deregistered_ns is not None:
         hardware["excluded_ns"] = old.excluded_ns + (t - old.deregistered_ns)
         hardware["deregistered_ns"] = None
@@ -151,6 +187,30 @@ def _changed(old: WorkerRecord, event: Any, seq: int, t: int) -> WorkerRecord | 
                 return None
             down = old.downtime_ns + max(0, t - old.lost_since_ns)
             return replace(old, lost=False, lost_since_ns=None, downtime_ns=down, last_change_seq=seq)
+        case WorkerVerificationRequested():
+            challenge = Challenge(
+                challenge_id=event.challenge_id,
+                seed=event.seed,
+                size=event.size,
+                rounds=event.rounds,
+                deadline_s=event.deadline_s,
+                requested_ns=t,
+            )
+            return replace(old, challenge=challenge, last_change_seq=seq)
+        case WorkerVerified():
+            return replace(
+                old, verified=True, verification_reason="", challenge=None, verified_ns=t, last_change_seq=seq
+            )
+        case WorkerVerificationFailed(reason=reason):
+            return replace(
+                old,
+                verified=False,
+                verification_reason=f"verification failed: {reason}",
+                challenge=None,
+                verification_failures=old.verification_failures + 1,
+                verification_failed_ns=t,
+                last_change_seq=seq,
+            )
         case WorkerDeregistered():
             if old.deregistered_ns is not None:
                 return None
@@ -190,11 +250,16 @@ def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
 REGISTRY: Projection[RegistryState] = Projection(
     name="registry",
     stream="WORKERS",
-    version=3,
+    version=4,
     state_type=RegistryState,
     initial=RegistryState,
     evolve=evolve,
 )
+
+
+def gpu_signature(gpus: list[Gpu]) -> list[tuple[str, int]]:
+    """What verification vouches for: the model and VRAM total of each GPU, in index order."""
+    return [(g.model, g.vram_total_mb) for g in sorted(gpus, key=lambda g: g.index)]
 
 
 def available(state: RegistryState) -> list[WorkerRecord]:

@@ -94,7 +94,8 @@ class ProjectionRunner(Generic[S]):
 
     Attributes:
         listeners: called with every record applied (after the state changed), on the event loop.
-        caught_up: set once :meth:`run` has applied everything stored when it started.
+        caught_up: set once :meth:`run` has applied everything stored when it started and follows
+            the stream live.
     """
 
     def __init__(
@@ -174,10 +175,10 @@ class ProjectionRunner(Generic[S]):
             return
         catching_up.result()
         await self.snapshot_if_due(force=not loaded or self.seq > self.snapshot_seq)
-        self.caught_up.set()
         watch = await self.log.watch(
             self.projection.stream, self.apply, after_seq=self.seq, subjects=self.projection.subjects
         )
+        self.caught_up.set()  # and following: nothing stored from now on is missed
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):

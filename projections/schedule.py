@@ -26,6 +26,9 @@ Rules, in the order the coordinator relies on them:
   clears it until then (the coordinator starts no client without one).
 * ``last_seq`` is the JOBS sequence of the job's latest event, ignored events included: it is the
   expected last sequence of ``job.<tenant>.<job_id>.>`` for the coordinator's next append.
+* Tenure (:mod:`projections.tenure`): ``placed_ns`` keeps when each slot's current assignment was
+  placed; an assignment that is revoked or superseded moves to ``retired`` for a while, so that the
+  intake can still accept the usage its agent meters until the workload exits.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Literal
 import msgspec
 
 from projections.base import Projection
+from projections.tenure import Tenure, forget_old, retire
 from schemas.envelope import Recorded
 from schemas.jobs import (
     FederatedTraining,
@@ -127,6 +131,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         ended_ns: envelope time of the terminal event.
         federation: a federated job's provisioned federation while its FL server serves (``None``
             until it is ready and while it is stopped: the coordinator starts no client then).
+        placed_ns: ``str(slot) -> envelope time`` of the placement of the slot's current assignment.
+        retired: assignments that ended recently (revoked or superseded), see :mod:`projections.tenure`.
         last_seq: JOBS sequence of the job's latest event (the expected sequence for its subjects).
     """
 
@@ -171,6 +177,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     cancel_reason: str = ""
     ended_ns: int | None = None
     federation: Federation | None = None
+    placed_ns: dict[str, int] = {}
+    retired: list[Tenure] = []
     last_seq: int = 0
 
 
@@ -244,16 +252,22 @@ def _derive(job: JobRecord) -> JobRecord:
     return _replace(job, state=state, queue_reason=job.queue_reason if state == "queued" else "")
 
 
-def _placed(job: JobRecord, event: JobPlaced) -> JobRecord | None:
+def _placed(job: JobRecord, event: JobPlaced, t: int) -> JobRecord | None:
     assignments = dict(job.assignments)
     started = dict(job.started)
     done = dict(job.done)
     failed = dict(job.failed_slots)
+    placed_ns = dict(job.placed_ns)
+    superseded = []
     epoch = job.epoch
     for a in event.assignments:
         if a.epoch <= job.epoch or not 0 <= a.slot < job.shards:
             continue
+        old = assignments.get(str(a.slot))
+        if old is not None:
+            superseded.append(_tenure(job, old))
         assignments[str(a.slot)] = a
+        placed_ns[str(a.slot)] = t
         started.pop(str(a.slot), None)
         done.pop(str(a.slot), None)
         failed.pop(str(a.slot), None)
@@ -261,11 +275,18 @@ def _placed(job: JobRecord, event: JobPlaced) -> JobRecord | None:
     if epoch == job.epoch:
         return None
     return _replace(
-        job, assignments=assignments, started=started, done=done, failed_slots=failed, epoch=epoch
+        job,
+        assignments=assignments,
+        started=started,
+        done=done,
+        failed_slots=failed,
+        epoch=epoch,
+        placed_ns=placed_ns,
+        retired=retire(job.retired, superseded, t) if superseded else job.retired,
     )
 
 
-def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
+def _revoked(job: JobRecord, event: JobAssignmentRevoked, t: int) -> JobRecord | None:
     slot = str(event.slot)
     current = job.assignments.get(slot)
     if current is None or current.assignment_id != event.assignment_id:
@@ -274,12 +295,15 @@ def _revoked(job: JobRecord, event: JobAssignmentRevoked) -> JobRecord | None:
     started = {k: e for k, e in job.started.items() if k != slot}
     done = {k: e for k, e in job.done.items() if k != slot}
     failed = {k: r for k, r in job.failed_slots.items() if k != slot}
+    placed_ns = {k: n for k, n in job.placed_ns.items() if k != slot}
     return _replace(
         job,
         assignments=assignments,
         started=started,
         done=done,
         failed_slots=failed,
+        placed_ns=placed_ns,
+        retired=retire(job.retired, [_tenure(job, current)], t),
         revocations=job.revocations + 1,
         queue_reason=event.reason,
     )
@@ -336,9 +360,9 @@ def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
         case JobQueued(reason=reason):
             return _replace(job, queue_reason=reason)
         case JobPlaced():
-            return _placed(job, event)
+            return _placed(job, event, t)
         case JobAssignmentRevoked():
-            return _revoked(job, event)
+            return _revoked(job, event, t)
         case JobRejected():
             return _rejected(job, event)
         case JobStarted(assignment_id=assignment_id, slot=slot, epoch=epoch):
@@ -390,18 +414,46 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
             state.jobs[key] = _submitted(tenant, job_id, event, seq, recorded.time_ns)
         return state
     changed = None if job.state in TERMINAL else _changed(job, event, seq, recorded.time_ns)
-    state.jobs[key] = _replace(job if changed is None else _derive(changed), last_seq=seq)
+    job = job if changed is None else _derive(changed)
+    kept = forget_old(job.retired, recorded.time_ns)
+    state.jobs[key] = (
+        _replace(job, last_seq=seq) if kept is None else _replace(job, last_seq=seq, retired=kept)
+    )
     return state
 
 
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=7,
+    version=8,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,
 )
+
+
+def _tenure(job: JobRecord, assignment: Assignment) -> Tenure:
+    """The tenure of a current assignment of ``job`` (``ended_ns``: the job's end, if it ended)."""
+    return Tenure(
+        assignment_id=assignment.assignment_id,
+        worker_id=assignment.worker_id,
+        slot=assignment.slot,
+        epoch=assignment.epoch,
+        gpus=assignment.gpus,
+        placed_ns=job.placed_ns.get(str(assignment.slot), job.submitted_ns),
+        ended_ns=job.ended_ns,
+    )
+
+
+def find_tenure(job: JobRecord, assignment_id: str) -> Tenure | None:
+    """The tenure of ``assignment_id`` in ``job``: a current assignment or a recently retired one."""
+    for a in job.assignments.values():
+        if a.assignment_id == assignment_id:
+            return _tenure(job, a)
+    for retired in job.retired:
+        if retired.assignment_id == assignment_id:
+            return retired
+    return None
 
 
 def pending(state: ScheduleState) -> list[JobRecord]:

@@ -1,0 +1,401 @@
+"""What the kernel believes of an agent: pure judgements of one claim against the kernel's own facts.
+
+An agent says things on the INTAKE stream, under its own worker id (``intake.<worker_id>.<subject>``:
+NATS lets its user publish there and nowhere else, so the sender is known). Each claim is judged
+here against the schedule, the endpoint table, the registry and the enrollments; the intake service
+(:mod:`ops.intake`) appends what is :class:`Accepted` (the kernel's own event, on the canonical
+subject) and quarantines what is :class:`Refused`, with the reason and the sender. Nothing an agent
+says reaches a projection any other way.
+
+The rules, by what is claimed:
+
+* **A report about a job or an endpoint** (started, rejected, progress, checkpointed, shard
+  completed, failed; replica starting, ready, lost) names a *current* assignment of the sender: the
+  tenant and work id of the subject, the slot, the epoch and the assignment id all match the
+  schedule's (or the endpoint table's) current assignment, whose worker is the sender. A report about
+  a finished job or a deleted endpoint is refused. A checkpoint key lies under the job's own
+  checkpoint prefix; a replica's address is the sender's registered host, never one of the kernel's
+  own services.
+* **Usage** (``meter.<tenant>.<worker>.<assignment>.tick``) is accepted only for an assignment of the
+  sender that is current or ended within :data:`END_GRACE_MS`, of the tenant and work it names; its
+  interval lies within the assignment's life (placement to end, give or take :data:`CLOCK_SKEW_MS`)
+  and not in the future, does not overlap what was already billed for the assignment, and its GPU
+  (or CPU) time is at most the interval times what the assignment holds. Over-claims are refused,
+  never clipped. The tick the kernel stores takes tenant, provider, pool, GPU type and tier from the
+  assignment and the registry, never from the claim.
+* **A registration** is refused unless the worker is enrolled, and its provider, pool, owner tenant
+  and region are those of its enrollment token; a policy only for a registered worker.
+
+A refusal whose reason may be the kernel's own lag (a job, an assignment, a worker or an enrollment
+it does not know yet) is marked ``unknown``: the service judges it again once its projections have
+caught up with their streams.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from core.errors import InvalidInput
+from core.pricing import CPU_GPU_TYPE, gpu_family
+from core.streams import split_intake
+from projections.capacity import tier_of
+from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key
+from projections.endpoints import find_tenure as replica_tenure
+from projections.providers import ProvidersState, enrollment_of
+from projections.registry import RegistryState, WorkerRecord
+from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
+from projections.schedule import find_tenure as shard_tenure
+from projections.tenure import Tenure
+from schemas import Event
+from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
+from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
+from schemas.metering import UsageTick
+from schemas.workers import WorkerPolicySet, WorkerRegistered
+
+CLOCK_SKEW_MS = 5_000
+"""How far an agent's clock may be from the server's when it dates its usage."""
+END_GRACE_MS = 60_000
+"""How long after its assignment ended a usage interval may still end: the revocation comes first,
+then the stop (SIGTERM, the checkpoint grace, SIGKILL), then the final tick."""
+MAX_TEXT = 1_000
+"""Longest reason or name an agent may put in a report."""
+MAX_LOG_TAIL = 64 * 1024
+"""Longest log tail a failure report may carry (the agent sends its last 40 lines, capped)."""
+MAX_METRICS = 64
+"""Most metrics one progress report may carry."""
+_HOST = re.compile(r"^[A-Za-z0-9.:_-]{1,253}$")
+_KEY = re.compile(r"^[A-Za-z0-9._/=+-]{1,1024}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the kernel knows when it judges a claim.
+
+    Attributes:
+        now_ns: the claim's store time on the INTAKE stream (the server's clock).
+        kernel_addresses: ``host:port`` of the kernel's own services (NATS, the object store, the
+            gateway): a replica may never claim to serve at one of them.
+    """
+
+    schedule: ScheduleState
+    endpoints: EndpointsState
+    registry: RegistryState
+    providers: ProvidersState
+    now_ns: int
+    kernel_addresses: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The claim holds: append ``event`` (the kernel's version of it) on ``subject``."""
+
+    subject: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The claim does not hold, for ``reason``. ``unknown``: it names something the kernel does not
+    know (yet); judge it again once the projections have caught up."""
+
+    reason: str
+    unknown: bool = False
+
+
+Verdict = Accepted | Refused
+
+
+def judge(
+    sender: str, intake_subject: str, claim: Event, facts: Facts, *, billed_until_ms: int = 0
+) -> Verdict:
+    """Judge one claim stored on ``intake_subject`` (``intake.<sender>.<subject>``).
+
+    Args:
+        sender: the worker id the claim was published under.
+        claim: the decoded claim (an event of the family its subject names).
+        billed_until_ms: for a usage tick, where the usage already billed for its assignment ends
+            (0: none yet).
+    """
+    try:
+        worker, subject = split_intake(intake_subject)
+    except InvalidInput as exc:
+        return Refused(exc.message)
+    if worker != sender:
+        return Refused(f"claim published under {worker}, not its sender {sender}")
+    tokens = subject.split(".")
+    if tokens[-1] != claim.event_name() or tokens[0] != claim.event_family():
+        return Refused(f"a {claim.event_tag()} claim on {subject}")
+    match claim:
+        case WorkerRegistered() | WorkerPolicySet():
+            return _worker_claim(sender, tokens, subject, claim, facts)
+        case (
+            JobStarted()
+            | JobRejected()
+            | JobProgress()
+            | JobCheckpointed()
+            | JobShardCompleted()
+            | JobFailed()
+        ):
+            return _job_report(sender, tokens, subject, claim, facts)
+        case EndpointReplicaStarting() | EndpointReplicaReady() | EndpointReplicaLost():
+            return _replica_report(sender, tokens, subject, claim, facts)
+        case UsageTick():
+            return _usage(sender, tokens, subject, claim, facts, billed_until_ms)
+    return Refused(f"agents may not say {claim.event_tag()}")
+
+
+# -- workers -------------------------------------------------------------------------------------
+
+
+def _worker_claim(sender: str, tokens: list[str], subject: str, claim: Event, facts: Facts) -> Verdict:
+    if len(tokens) != 3 or tokens[1] != sender:
+        return Refused(f"a worker speaks only for itself: {subject}")
+    if isinstance(claim, WorkerPolicySet):
+        if sender not in facts.registry.workers:
+            return Refused(f"worker {sender} is not registered", unknown=True)
+        return Accepted(subject, claim)
+    assert isinstance(claim, WorkerRegistered)
+    return _registration(sender, subject, claim, facts)
+
+
+def _registration(sender: str, subject: str, claim: WorkerRegistered, facts: Facts) -> Verdict:
+    enrolled = enrollment_of(facts.providers, sender)
+    if enrolled is None:
+        return Refused(f"worker {sender} is not enrolled (or its credentials were revoked)", unknown=True)
+    said: dict[str, Any] = {
+        "provider": claim.provider,
+        "pool": claim.pool,
+        "owner_tenant": claim.owner_tenant,
+        "region": claim.region,
+    }
+    recorded: dict[str, Any] = {
+        "provider": enrolled.provider,
+        "pool": enrolled.pool,
+        "owner_tenant": enrolled.owner_tenant,
+        "region": enrolled.region,
+    }
+    for name, value in said.items():
+        if value != recorded[name]:
+            return Refused(f"registers {name} {value!r}, but its enrollment says {recorded[name]!r}")
+    if claim.address and not _HOST.match(claim.address):
+        return Refused(f"address {claim.address[:80]!r} is not a host name or IP address")
+    if len(claim.hostname) > MAX_TEXT or len(claim.gpus) > 64 or len(claim.labels) > 64:
+        return Refused("registration too large")
+    return Accepted(subject, claim)
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+
+def _job_report(sender: str, tokens: list[str], subject: str, claim: Any, facts: Facts) -> Verdict:
+    if len(tokens) != 4:
+        return Refused(f"{subject} is not job.<tenant>.<job_id>.<event>")
+    job = facts.schedule.jobs.get(job_key(tokens[1], tokens[2]))
+    if job is None:
+        return Refused(f"no job {tokens[1]}/{tokens[2]}", unknown=True)
+    if job.state in TERMINAL:
+        return Refused(f"job {job.job_id} is {job.state}")
+    slot: int | None = getattr(claim, "slot", None)
+    if not claim.assignment_id or (slot is None and not isinstance(claim, JobRejected)):
+        return Refused(f"a {claim.event_tag()} report must name its slot and assignment")
+    held = _current_shard(job, claim.assignment_id)
+    if held is None:
+        return Refused(
+            f"assignment {claim.assignment_id} is not a current assignment of job {job.job_id}", unknown=True
+        )
+    mismatch = _mismatch(
+        sender, held, slot=slot, epoch=claim.epoch, worker=getattr(claim, "worker_id", sender)
+    )
+    if mismatch is not None:
+        return Refused(mismatch)
+    match claim:
+        case JobProgress(metrics=metrics) if len(metrics) > MAX_METRICS:
+            return Refused(f"progress with {len(metrics)} metrics (at most {MAX_METRICS})")
+        case JobCheckpointed(object_key=key):
+            prefix = checkpoint_prefix(job)
+            if not key.startswith(prefix) or not _KEY.match(key) or ".." in key.split("/"):
+                return Refused(f"checkpoint {key[:200]!r} is not under the job's own {prefix}")
+        case JobFailed(reason=reason, log_tail=tail) if len(reason) > MAX_TEXT or len(tail) > MAX_LOG_TAIL:
+            return Refused("failure report too large")
+        case JobRejected(reason=reason) if len(reason) > MAX_TEXT:
+            return Refused("rejection reason too long")
+    return Accepted(subject, claim)
+
+
+def checkpoint_prefix(job: JobRecord) -> str:
+    """Where an agent may report ``job``'s checkpoints (:func:`ops.workspecs.checkpoint_keys`)."""
+    return f"jobs/{job.name}/checkpoints/{job.job_id}/"
+
+
+def _current_shard(job: JobRecord, assignment_id: str) -> Tenure | None:
+    found = shard_tenure(job, assignment_id)
+    return found if found is not None and found.ended_ns is None else None
+
+
+def _mismatch(sender: str, held: Tenure, *, slot: int | None, epoch: int | None, worker: str) -> str | None:
+    """Why a report does not come from the assignment ``held``, or ``None``."""
+    if held.worker_id != sender:
+        return f"assignment {held.assignment_id} belongs to worker {held.worker_id}, not {sender}"
+    if worker != sender:
+        return f"worker {sender} reports as worker {worker}"
+    if slot is not None and slot != held.slot:
+        return f"assignment {held.assignment_id} holds slot {held.slot}, not {slot}"
+    if epoch is not None and epoch != held.epoch:
+        return f"assignment {held.assignment_id} is of epoch {held.epoch}, not {epoch}"
+    return None
+
+
+# -- endpoints -----------------------------------------------------------------------------------
+
+
+def _replica_report(sender: str, tokens: list[str], subject: str, claim: Any, facts: Facts) -> Verdict:
+    if len(tokens) != 4:
+        return Refused(f"{subject} is not endpoint.<tenant>.<endpoint_id>.<event>")
+    endpoint = facts.endpoints.endpoints.get(endpoint_key(tokens[1], tokens[2]))
+    if endpoint is None:
+        return Refused(f"no endpoint {tokens[1]}/{tokens[2]}", unknown=True)
+    if endpoint.state == "deleted":
+        return Refused(f"endpoint {endpoint.endpoint_id} is deleted")
+    held = replica_tenure(endpoint, claim.assignment_id)
+    if held is None or held.ended_ns is not None:
+        return Refused(
+            f"{claim.assignment_id} is not a current replica of {endpoint.endpoint_id}", unknown=True
+        )
+    mismatch = _mismatch(
+        sender, held, slot=None, epoch=claim.epoch, worker=getattr(claim, "worker_id", sender)
+    )
+    if mismatch is not None:
+        return Refused(mismatch)
+    match claim:
+        case EndpointReplicaReady(address=address):
+            refusal = _address_refusal(address, facts.registry.workers.get(sender), facts.kernel_addresses)
+            if refusal is not None:
+                return Refused(refusal)
+        case EndpointReplicaLost(reason=reason, log_tail=tail) if (
+            len(reason) > MAX_TEXT or len(tail) > MAX_LOG_TAIL
+        ):
+            return Refused("loss report too large")
+    return Accepted(subject, claim)
+
+
+def _address_refusal(address: str, worker: WorkerRecord | None, kernel: frozenset[str]) -> str | None:
+    """Why a replica may not claim to serve at ``address``, or ``None``: it must be
+    ``http(s)://<its worker's registered host>:<port>`` and none of the kernel's own services."""
+    if worker is None:
+        return "the worker is not registered"
+    try:
+        url = urlsplit(address)
+        port = url.port
+    except ValueError:
+        return f"address {address[:100]!r} is not a URL"
+    if url.scheme not in ("http", "https") or url.hostname is None or port is None:
+        return f"address {address[:100]!r} is not http(s)://host:port"
+    if url.path not in ("", "/") or url.query or url.fragment or url.username or url.password:
+        return f"address {address[:100]!r} has more than a scheme, host and port"
+    hosts = {h.lower() for h in (worker.address, worker.hostname) if h}
+    if url.hostname.lower() not in hosts:
+        return (
+            f"address {address[:100]!r} is not on the worker's registered host ({', '.join(sorted(hosts))})"
+        )
+    if f"{url.hostname}:{port}" in kernel:
+        return f"address {address[:100]!r} is one of the kernel's own services"
+    return None
+
+
+# -- usage ---------------------------------------------------------------------------------------
+
+
+def _usage(
+    sender: str, tokens: list[str], subject: str, tick: UsageTick, facts: Facts, billed_until_ms: int
+) -> Verdict:
+    if len(tokens) != 5:
+        return Refused(f"{subject} is not meter.<tenant>.<worker_id>.<assignment_id>.tick")
+    tenant, worker_id, assignment_id = tokens[1:4]
+    if worker_id != sender or tick.assignment_id != assignment_id:
+        return Refused(f"usage of {tick.assignment_id} claimed on {subject} by {sender}")
+    found = _work(facts, tenant, tick)
+    if isinstance(found, Refused):
+        return found
+    work, held, cpus = found
+    if held.worker_id != sender:
+        return Refused(f"assignment {assignment_id} belongs to worker {held.worker_id}, not {sender}")
+    if held.epoch != tick.epoch:
+        return Refused(f"assignment {assignment_id} is of epoch {held.epoch}, not {tick.epoch}")
+    worker = facts.registry.workers.get(sender)
+    if worker is None:
+        return Refused(f"worker {sender} is not registered", unknown=True)
+    refusal = _interval_refusal(tick, held, cpus, facts.now_ns // 1_000_000, billed_until_ms)
+    if refusal is not None:
+        return Refused(refusal)
+    gpu_type = gpu_family(worker.gpus[0].model) if held.gpus and worker.gpus else CPU_GPU_TYPE
+    canonical = UsageTick(
+        work_id=tick.work_id,
+        work_kind=tick.work_kind,
+        assignment_id=assignment_id,
+        epoch=held.epoch,
+        provider=worker.provider,
+        gpu_type=gpu_type,
+        pool=work.pool,
+        start_ms=tick.start_ms,
+        end_ms=tick.end_ms,
+        gpu_ms=tick.gpu_ms,
+        cpu_ms=tick.cpu_ms,
+        tier=tier_of(worker, facts.now_ns),
+    )
+    return Accepted(subject, canonical)
+
+
+def _work(
+    facts: Facts, tenant: str, tick: UsageTick
+) -> tuple[JobRecord | EndpointRecord, Tenure, float] | Refused:
+    """The job or endpoint a tick is about, the tenure of its assignment and the CPUs it holds."""
+    if tick.work_kind == "job":
+        job = facts.schedule.jobs.get(job_key(tenant, tick.work_id))
+        held = None if job is None else shard_tenure(job, tick.assignment_id)
+        if job is None or held is None:
+            return Refused(f"no assignment {tick.assignment_id} of job {tenant}/{tick.work_id}", unknown=True)
+        return job, held, job.resources.cpus if job.resources.cpus > 0 else 1.0
+    endpoint = facts.endpoints.endpoints.get(endpoint_key(tenant, tick.work_id))
+    held = None if endpoint is None else replica_tenure(endpoint, tick.assignment_id)
+    if endpoint is None or held is None:
+        return Refused(f"no replica {tick.assignment_id} of endpoint {tenant}/{tick.work_id}", unknown=True)
+    return endpoint, held, 1.0
+
+
+def _interval_refusal(
+    tick: UsageTick, held: Tenure, cpus: float, now_ms: int, billed_until_ms: int
+) -> str | None:
+    """Why the tick's interval or usage does not fit the assignment, or ``None``."""
+    start, end = tick.start_ms, tick.end_ms
+    if end <= start:
+        return f"interval [{start}, {end}] ms is empty or reversed"
+    placed_ms = held.placed_ns // 1_000_000
+    if start < placed_ms - CLOCK_SKEW_MS:
+        return f"interval starts at {start} ms, before the assignment was placed ({placed_ms} ms)"
+    latest = now_ms if held.ended_ns is None else min(now_ms, held.ended_ns // 1_000_000 + END_GRACE_MS)
+    if end > latest + CLOCK_SKEW_MS:
+        what = "in the future" if held.ended_ns is None else "after the assignment ended"
+        return f"interval ends at {end} ms, {what} (latest {latest} ms)"
+    if start < billed_until_ms:
+        return f"interval [{start}, {end}] ms overlaps usage already billed up to {billed_until_ms} ms"
+    if tick.gpu_ms < 0 or tick.cpu_ms < 0:
+        return "negative usage"
+    span = end - start
+    if held.gpus:
+        if tick.cpu_ms:
+            return "CPU time claimed for GPU work"
+        if tick.gpu_ms > held.gpus * span:
+            return f"claims {tick.gpu_ms} GPU-ms over {span} ms of an assignment holding {held.gpus} GPU(s)"
+    else:
+        if tick.gpu_ms:
+            return "GPU time claimed for CPU work"
+        if tick.cpu_ms > math.ceil(cpus * span):
+            return f"claims {tick.cpu_ms} CPU-ms over {span} ms of an assignment holding {cpus:g} CPU(s)"
+    return None
+
+
+__all__ = ["Accepted", "Facts", "Refused", "Verdict", "checkpoint_prefix", "judge"]
