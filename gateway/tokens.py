@@ -1,19 +1,18 @@
-"""Token metering: the tokens each endpoint replica served, as usage ticks on the METERING stream.
+"""Token metering: the tokens each endpoint replica served, as ``meter.tokens`` events on METERING.
 
 The gateway counts them (:mod:`gateway.usage` reads them off every proxied response) because the
 tenant is billed for what the kernel measured, not for what the provider's agent reports. Tokens are
 summed per replica (assignment) and appended every :data:`INTERVAL_S` seconds, and once more when the
-gateway stops, as one :class:`~schemas.metering.UsageTick` per replica that served any: ``tokens=N``,
-no GPU or CPU time (the agent meters those), and the replica's provider, GPU family, pool and tier,
-so that its tokens land on the same invoice line as its GPU-seconds. The tick goes on
-``meter.<tenant>.<worker>.tokens`` of the replica's worker, a subject agents cannot publish on: the
-ledger takes tokens from there only.
+gateway stops, as one :class:`~schemas.metering.TokensServed` per replica that served any, with the
+replica's provider, GPU family, pool and tier, so that its tokens land on the same invoice line as
+its GPU-seconds. It goes on ``meter.<tenant>.<worker>.<assignment>.tokens``: only the kernel writes
+on METERING.
 
 Identity: every gateway process is its own ``source`` (``gateway-<random>``), and its ticks' event ids
 are ``<source>-<n>``: a retried append is stored once, and several gateway workers never collide
-(the ledger counts a tick once per ``(assignment, source, start_ms)``). A process's intervals of one
-assignment are contiguous. A tick whose append failed is kept and appended again, with the same id,
-at the next flush.
+(the ledger counts a source's ticks of one assignment once per interval). A process's intervals of
+one assignment are contiguous. A tick whose append failed is kept and appended again, with the same
+id, at the next flush.
 """
 
 from __future__ import annotations
@@ -27,17 +26,17 @@ from dataclasses import dataclass
 
 from core.errors import ResontechError
 from core.pricing import CPU_GPU_TYPE, gpu_family
-from core.streams import token_metering_subject
+from core.streams import metering_subject
 from gateway.kernel import Kernel
 from projections import REGISTRY
 from projections.capacity import tier_of
 from projections.endpoints import EndpointRecord, ReplicaRecord
 from projections.registry import WorkerRecord
-from schemas.metering import UsageTick
+from schemas.metering import TokensServed
 
 log = logging.getLogger("resontech.gateway")
 INTERVAL_S = 10.0
-Append = tuple[str, UsageTick, str]
+Append = tuple[str, TokensServed, str]
 
 
 @dataclass(slots=True)
@@ -57,13 +56,13 @@ class ReplicaTokens:
 
 def token_tick(
     counted: ReplicaTokens, worker: WorkerRecord | None, *, source: str, end_ms: int, now_ns: int
-) -> UsageTick:
+) -> TokensServed:
     """The tick of ``counted`` for ``[since_ms, end_ms]`` (at least one millisecond long, so that
     the next interval, which starts at its end, never starts where it did)."""
     gpu_type = CPU_GPU_TYPE
     if counted.gpus and worker is not None and worker.gpus:
         gpu_type = gpu_family(worker.gpus[0].model)
-    return UsageTick(
+    return TokensServed(
         work_id=counted.endpoint_id,
         work_kind="endpoint",
         assignment_id=counted.assignment_id,
@@ -121,7 +120,7 @@ class TokenMeter:
             tick = token_tick(counted, workers.get(counted.worker_id), source=self.source,
                               end_ms=end_ms, now_ns=now_ns)  # fmt: skip
             self.next_ms[assignment_id] = tick.end_ms
-            subject = token_metering_subject(counted.tenant, counted.worker_id)
+            subject = metering_subject(counted.tenant, counted.worker_id, assignment_id, TokensServed)
             self.pending.append((subject, tick, f"{self.source}-{self._n}"))
         self.counted.clear()
         return list(self.pending)

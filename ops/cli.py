@@ -192,6 +192,22 @@ def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_intake(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway.settings import load_gateway_settings
+    from ops import intake
+
+    gateway = load_gateway_settings()
+    kernel = intake.kernel_endpoints(settings, f"http://{gateway.host}:{gateway.port}")
+    _run(intake.serve(settings, name=args.name, kernel_addresses=kernel))
+    return 0
+
+
+def cmd_quarantine(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.quarantine import show
+
+    return int(_run(show(settings, after_seq=args.from_seq - 1, limit=args.limit, as_json=args.json)))
+
+
 def cmd_federation(args: argparse.Namespace, settings: Settings) -> int:
     from ops import federation
 
@@ -298,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     command("gateway", cmd_gateway, "serve the API gateway (RESONTECH_GATEWAY_HOST/PORT)")
     p = command("coordinator", cmd_coordinator, "run a coordinator (places work, detects lost workers)")
     p.add_argument("--name", default="coordinator", help="instance name, recorded on its events")
+    p = command("intake", cmd_intake, "run the intake (checks what agents claim, appends what holds)")
+    p.add_argument("--name", default="intake", help="instance name, recorded on its events")
+    p = command("quarantine", cmd_quarantine, "list what the kernel refused: forged claims, bad events")
+    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     command("federation", cmd_federation, "run the federation service (the FL servers of federated jobs)")
     p = command("cordon", cmd_cordon, "stop placing new work on a worker")
     p.add_argument("worker")

@@ -38,6 +38,7 @@ from schemas import (
     TenantCreated,
     UsageTick,
     WorkerRegistered,
+    WorkerVerified,
 )
 
 
@@ -64,6 +65,7 @@ async def append_demo(settings: Settings, *, tenant: str = "demo") -> dict[str, 
                 ),
             )
         )
+        events.append((worker_subject(w, WorkerVerified), WorkerVerified(by="demo")))
         events.append((heartbeat_subject(w), Heartbeat(cpu_pct=3.0)))
     assignments = [
         Assignment(assignment_id=f"{job}-a{i}", worker_id=w, slot=i, epoch=1, gpus=1)
@@ -98,7 +100,13 @@ async def append_demo(settings: Settings, *, tenant: str = "demo") -> dict[str, 
             events.append(
                 (
                     job_subject(tenant, job, JobProgress),
-                    JobProgress(epoch=1, slot=a.slot, round=rnd, loss=1.0 / (rnd + a.slot + 1)),
+                    JobProgress(
+                        epoch=1,
+                        slot=a.slot,
+                        assignment_id=a.assignment_id,
+                        round=rnd,
+                        loss=1.0 / (rnd + a.slot + 1),
+                    ),
                 )
             )
         events.append(
@@ -128,7 +136,7 @@ async def append_demo(settings: Settings, *, tenant: str = "demo") -> dict[str, 
                 gpu_ms=10_000,
                 tier="gold",
             )
-            events.append((metering_subject(tenant, a.worker_id), tick))
+            events.append((metering_subject(tenant, a.worker_id, a.assignment_id, UsageTick), tick))
     events.append(
         (job_subject(tenant, job, JobCompleted), JobCompleted(outputs=[f"jobs/{job}/model_out/final.pt"]))
     )

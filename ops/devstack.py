@@ -13,10 +13,13 @@ directory::
     dev.env               settings for clients: ``source .resontech/dev.env``
     stack.json            what runs (pids), for ``down`` and for refusing a second ``up``
 
-NATS runs with auth (:mod:`core.natsauth`): the services, the CLI and the stack's own two agents
-connect as the kernel user (``RESONTECH_NATS_USER`` / ``RESONTECH_NATS_PASSWORD`` in dev.env); an agent
-started with ``resontech agent --enroll-token ...`` gets its own confined credentials, which the
-``nats-auth`` service adds to the server as soon as the enrollment is in the log.
+NATS runs with auth (:mod:`core.natsauth`): the services and the CLI connect as the kernel user
+(``RESONTECH_NATS_USER`` / ``RESONTECH_NATS_PASSWORD`` in dev.env). The stack's own two agents are
+enrolled like any provider's: at the first ``up`` the operator creates the provider ``local`` and one
+enrollment token per agent through the gateway, each agent enrolls with its token and from then on
+runs with its own confined credentials (kept in its state dir), which the ``nats-auth`` service adds
+to the server as soon as the enrollment is in the log. What they claim goes through the intake like
+any agent's.
 
 Start-up is all or nothing: a failure prints one line and stops whatever had started. Stopping
 (Ctrl-C, SIGTERM, ``down``) goes services first, then the object store, then NATS, each with
@@ -26,6 +29,7 @@ SIGTERM so that nothing acknowledged is lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +45,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import httpx
+
+from agent.enroll import ENROLLMENT_FILE
 from core.errors import ResontechError
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
@@ -69,6 +76,12 @@ class ServiceSpec:
 
     name: str
     argv: list[str] = field(hash=False)
+    enroll: bool = False
+    """An agent: enrolled through the gateway (provider ``local``) before its first start."""
+
+    def agent_name(self) -> str:
+        """The ``--name`` of an agent's command line (it names the agent's state dir)."""
+        return self.argv[self.argv.index("--name") + 1]
 
 
 DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
@@ -77,13 +90,13 @@ DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("coordinator", [sys.executable, "-m", "ops.cli", "coordinator"]),
     ServiceSpec("federation", [sys.executable, "-m", "ops.cli", "federation"]),
     ServiceSpec("nats-auth", [sys.executable, "-m", "ops.cli", "nats-auth"]),
-    ServiceSpec(
-        "agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1", "--region", "local"]
-    ),
-    ServiceSpec(
-        "agent-2", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-2", "--region", "local"]
-    ),
+    ServiceSpec("intake", [sys.executable, "-m", "ops.cli", "intake"]),
+    ServiceSpec("agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1"], enroll=True),
+    ServiceSpec("agent-2", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-2"], enroll=True),
 )
+LOCAL_PROVIDER = "local"
+LOCAL_REGION = "local"
+GATEWAY_WAIT_S = 60.0
 
 
 class DevStackError(ResontechError):
@@ -262,8 +275,31 @@ class _Stack:
         }
         child_env = {**os.environ, **self.env, **gateway_env, "PYTHONUNBUFFERED": "1"}
         for spec in services:
-            self.services[spec.name] = spawn(spec.argv, self.logs / f"{spec.name}.log", child_env)
+            argv = spec.argv + self._enrollment(spec) if spec.enroll else spec.argv
+            self.services[spec.name] = spawn(argv, self.logs / f"{spec.name}.log", child_env)
             self._record()
+
+    def _enrollment(self, spec: ServiceSpec) -> list[str]:
+        """The flags an agent's first start enrolls with (none once its state dir holds an enrollment):
+        the operator creates provider ``local`` and a token for the agent through the gateway."""
+        if (self.data_dir / "agents" / spec.agent_name() / ENROLLMENT_FILE).exists():
+            return []
+        url, key = self.env["RESONTECH_GATEWAY_URL"], self.env["RESONTECH_API_KEY"]
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=10.0) as client:
+            _wait_for_gateway(client, self.services.get("gateway"))
+            created = client.post(
+                "/v1/providers", json={"provider": LOCAL_PROVIDER, "display_name": "This host"}
+            )
+            if created.status_code not in (201, 409):
+                raise DevStackError(f"could not create provider {LOCAL_PROVIDER}: {created.text[:200]}")
+            issued = client.post(
+                f"/v1/providers/{LOCAL_PROVIDER}/enrollment-tokens",
+                json={"region": LOCAL_REGION, "label": spec.agent_name()},
+            )
+            if issued.status_code != 201:
+                raise DevStackError(f"could not issue an enrollment token: {issued.text[:200]}")
+        return ["--enroll-token", issued.json()["token"], "--gateway", url]
 
     def mark_ready(self, supervised: bool) -> None:
         """Write dev.env and mark stack.json ready; unsupervised, ``down`` signals each process."""
@@ -363,6 +399,19 @@ class _Stack:
         secret = secrets.token_urlsafe(24)
         _write_private(path, secret + "\n")
         return secret
+
+
+def _wait_for_gateway(client: httpx.Client, process: subprocess.Popen[bytes] | None) -> None:
+    """Return once the gateway answers ``/v1/health``."""
+    deadline = time.monotonic() + GATEWAY_WAIT_S
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise DevStackError("the gateway exited during start-up; see logs/gateway.log")
+        with contextlib.suppress(httpx.HTTPError):
+            if client.get("/v1/health").status_code == 200:
+                return
+        time.sleep(0.2)
+    raise DevStackError(f"the gateway did not answer within {GATEWAY_WAIT_S:.0f}s; see logs/gateway.log")
 
 
 async def _ensure_streams(settings: Settings) -> None:

@@ -49,6 +49,8 @@ class AgentUsersSync:
         self.reload = reload
         self.synced_seq = 0
         self.synced = asyncio.Condition()
+        self.first_synced = asyncio.Event()
+        """Set once the file reflects the log as it was at start-up (and the server reloaded it)."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync once caught up, then at every enrollment or revocation, until ``stop`` is set."""
@@ -69,6 +71,7 @@ class AgentUsersSync:
                 follow.result()
                 return
             await self.sync(runner.state, runner.seq)
+            self.first_synced.set()
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), 1.0)

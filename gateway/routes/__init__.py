@@ -11,6 +11,7 @@ from gateway.routes import (
     feed,
     jobs,
     providers,
+    quarantine,
     system,
     tenants,
     workers,
@@ -28,6 +29,7 @@ ROUTERS: tuple[Router, ...] = (
     workers.router,
     billing.router,
     feed.router,
+    quarantine.router,
     metrics.router,
 )
 """Every router the app serves, in OpenAPI order."""
