@@ -2,7 +2,9 @@
 to the events to append, as ``(subject, event, event_id)``.
 
 Event ids are derived from the assignment id, so an append retried after a time-out, or repeated by
-an agent that restarted within the server's duplicate window, is stored once.
+an agent that restarted within the server's duplicate window, is stored once. The subjects are the
+canonical ones the events are about; the agent claims them on the intake
+(:func:`core.streams.intake_subject`), and the kernel decides what is stored there.
 
 Jobs and endpoints differ in where events go: a job's shard reports ``job.<tenant>.<job>.<event>``;
 an endpoint replica reports ``endpoint.<tenant>.<endpoint>.<event>`` (starting, ready, lost).
@@ -31,11 +33,13 @@ restarted after crash  restarted``), so the kernel re-places it at once instead 
 
 from __future__ import annotations
 
+import math
 import signal
 from typing import Literal
 
+import msgspec
+
 from agent.protocol import CheckpointLine, ProgressLine, ReadyLine
-from core.pricing import CPU_GPU_TYPE
 from core.streams import endpoint_subject, job_subject, metering_subject
 from schemas import Event
 from schemas.commands import StartWork
@@ -44,9 +48,14 @@ from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, J
 from schemas.metering import UsageTick
 
 Append = tuple[str, Event, str]
+PROGRESS_INTERVAL_S = 1.0
+"""An assignment's progress reports go out at most this often (:class:`ProgressCoalescer`)."""
+MAX_METRICS = 64
+"""Most metrics one progress report carries (the kernel refuses more)."""
 EndCause = Literal["exited", "stopped", "superseded", "agent_stopped", "agent_restarted"]
 LOG_TAIL_LINES = 40
-_POOLS = ("shared", "managed", "private")
+LOG_TAIL_BYTES = 16 * 1024
+"""A log tail is cut to its last this many bytes (a workload may print very long lines)."""
 
 
 def _subject(cmd: StartWork, event: Event) -> str:
@@ -101,12 +110,18 @@ def reported(cmd: StartWork, report: ProgressLine | CheckpointLine | ReadyLine, 
         if report.object_key is None:
             return None  # a file not uploaded yet (agent.checkpoints uploads it and reports the key)
         event: Event = JobCheckpointed(
-            epoch=cmd.epoch, object_key=report.object_key, round=report.round, slot=cmd.slot, step=report.step
+            epoch=cmd.epoch,
+            object_key=report.object_key,
+            round=report.round,
+            slot=cmd.slot,
+            step=report.step,
+            assignment_id=cmd.assignment_id,
         )
         return _one(cmd, event, f"checkpointed-{n}")
     event = JobProgress(
         epoch=cmd.epoch,
         slot=cmd.slot,
+        assignment_id=cmd.assignment_id,
         round=report.round,
         train_epoch=report.train_epoch,
         step=report.step,
@@ -154,6 +169,7 @@ def start_failed(cmd: StartWork, reason: str, *, retryable: bool = False) -> App
 
 
 def _failure(cmd: StartWork, reason: str, log_tail: str, *, retryable: bool) -> Append:
+    log_tail = cut_tail(log_tail)
     if cmd.work_kind == "endpoint":
         lost = EndpointReplicaLost(
             assignment_id=cmd.assignment_id,
@@ -163,35 +179,42 @@ def _failure(cmd: StartWork, reason: str, log_tail: str, *, retryable: bool) -> 
             retryable=retryable,
         )
         return _one(cmd, lost, "lost")
-    failed = JobFailed(reason=reason, epoch=cmd.epoch, slot=cmd.slot, log_tail=log_tail, retryable=retryable)
+    failed = JobFailed(
+        reason=reason,
+        epoch=cmd.epoch,
+        slot=cmd.slot,
+        log_tail=log_tail,
+        retryable=retryable,
+        assignment_id=cmd.assignment_id,
+    )
     return _one(cmd, failed, "failed")
 
 
+def cut_tail(text: str, limit: int = LOG_TAIL_BYTES) -> str:
+    """The end of ``text``, at most ``limit`` bytes of UTF-8 (marked when cut)."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return "[...]\n" + data[-limit:].decode(errors="ignore")
+
+
 class Meter:
-    """Usage of one assignment, interval after contiguous interval, as ``meter.<tenant>.<worker>``
-    ticks. GPU work is metered in GPU-milliseconds (GPUs x wall time) at ``gpu_type``; CPU work in
-    CPU-milliseconds (``spec.cpus`` x wall time) at ``cpu``.
+    """Usage of one assignment, interval after contiguous interval, as the agent claims it on
+    ``meter.<tenant>.<worker>.<assignment>.tick``: GPU work in GPU-milliseconds (GPUs x wall time),
+    CPU work in CPU-milliseconds (``spec.cpus`` x wall time). Who is billed, at which price and who is
+    paid are the kernel's to say: the claim carries none of it.
 
     Args:
         cmd: the assignment.
-        worker_id / provider / worker_pool: the worker; the tick's pool is ``spec.pool`` when
-            valid, else the worker's.
-        gpu_type: the GPU family billed (``core.pricing.gpu_family`` of the model), ignored for CPU work.
+        worker_id: this worker.
         start_ms: when the workload started, Unix milliseconds.
     """
 
-    def __init__(
-        self, cmd: StartWork, *, worker_id: str, provider: str, worker_pool: str, gpu_type: str, start_ms: int
-    ) -> None:
+    def __init__(self, cmd: StartWork, *, worker_id: str, start_ms: int) -> None:
         self.cmd = cmd
-        self.subject = metering_subject(cmd.tenant, worker_id)
-        self.provider = provider
-        pool = cmd.spec.pool or worker_pool
-        self.pool = pool if pool in _POOLS else worker_pool
+        self.subject = metering_subject(cmd.tenant, worker_id, cmd.assignment_id, UsageTick)
         self.gpus = cmd.spec.gpus
-        self.gpu_type = gpu_type if self.gpus > 0 else CPU_GPU_TYPE
         self.cpus = cmd.spec.cpus if cmd.spec.cpus > 0 else 1.0
-        self.tier = cmd.spec.tier
         self.last_ms = start_ms
         self.count = 0
 
@@ -206,15 +229,53 @@ class Meter:
             work_kind=cmd.work_kind,
             assignment_id=cmd.assignment_id,
             epoch=cmd.epoch,
-            provider=self.provider,
-            gpu_type=self.gpu_type,
-            pool=self.pool,  # type: ignore[arg-type]
             start_ms=self.last_ms,
             end_ms=now_ms,
             gpu_ms=self.gpus * elapsed,
             cpu_ms=0 if self.gpus else round(self.cpus * elapsed),
-            tier=self.tier,
         )
         self.last_ms = now_ms
         self.count += 1
         return self.subject, tick, f"{cmd.assignment_id}-tick-{self.count}"
+
+
+class ProgressCoalescer:
+    """At most one progress report per :data:`PROGRESS_INTERVAL_S` for one assignment: a workload
+    printing a line per step would otherwise append an event per step. Reports in between are merged
+    into the latest (a value a later line leaves out keeps the earlier one; metrics merge, at most
+    :data:`MAX_METRICS`), and the merged report goes out when the interval has passed, before any
+    other report of the assignment, and at its end.
+    """
+
+    def __init__(self, interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.pending: ProgressLine | None = None
+        self.sent_at = -math.inf
+
+    def offer(self, line: ProgressLine, now: float) -> ProgressLine | None:
+        """Take one line; the report to send now, if the interval has passed."""
+        self.pending = line if self.pending is None else merge_progress(self.pending, line)
+        return self.take(now) if now - self.sent_at >= self.interval_s else None
+
+    def take(self, now: float) -> ProgressLine | None:
+        """The pending report, if any (it counts as sent now)."""
+        line, self.pending = self.pending, None
+        if line is not None:
+            self.sent_at = now
+        return line
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the pending report is due (0 when none is pending or it is due)."""
+        return 0.0 if self.pending is None else max(0.0, self.sent_at + self.interval_s - now)
+
+
+def merge_progress(old: ProgressLine, new: ProgressLine) -> ProgressLine:
+    """``new`` over ``old``: ``None`` in ``new`` keeps ``old``'s value; metrics merge (capped)."""
+    fields = {
+        name: getattr(new, name) if getattr(new, name) is not None else getattr(old, name)
+        for name in ("round", "train_epoch", "step", "loss", "gpu_util_pct")
+    }
+    metrics = {**old.metrics, **new.metrics}
+    if len(metrics) > MAX_METRICS:
+        metrics = dict(list(metrics.items())[-MAX_METRICS:])
+    return msgspec.structs.replace(new, metrics=metrics, **fields)

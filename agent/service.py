@@ -5,6 +5,11 @@ Life of an agent:
 1. It locks its state dir, reads (or creates) its worker id, kills workloads a crashed previous run
    left behind and reports those assignments failed (retryable), then registers
    (``worker.<id>.registered``, and ``worker.<id>.policy_set`` when it has a policy file).
+   Everything the agent says about its worker and its work is a *claim* on the intake
+   (``intake.<id>.<subject>``, :mod:`ops.intake`): the kernel checks it and stores its own event, or
+   refuses it. A refused registration comes back as a ``registration_refused`` command: the agent
+   logs the reason and stops. A ``verify`` command runs the verification job
+   (``python -m agent.verify``) and claims its answer.
 2. It heartbeats (``hb.<id>``) every ``heartbeat_interval_s`` with GPU and host telemetry and the
    ids of the assignments it runs (:mod:`agent.heartbeat`: a slow server never slows the cadence,
    and a failed beat is logged, not fatal).
@@ -25,7 +30,8 @@ Life of an agent:
    ``RESONTECH_CHECKPOINT``), at most :data:`QUICK_STOP_S` without. A ``StartWork`` refused while
    other work is being stopped is judged again once that work has ended: the coordinator places
    preempting work on capacity it has just revoked.
-4. Each assignment's output lines become progress / checkpoint / ready events (:mod:`agent.protocol`);
+4. Each assignment's output lines become progress / checkpoint / ready events (:mod:`agent.protocol`;
+   progress at most once a second per assignment, :class:`agent.reports.ProgressCoalescer`);
    usage ticks every ``metering_interval_s`` and a final one at the exit, then the end events of
    :mod:`agent.reports`.
 5. On SIGTERM or SIGINT it stops taking commands, stops every workload (SIGTERM, then SIGKILL after
@@ -40,6 +46,7 @@ import contextlib
 import logging
 import socket
 import time
+from collections.abc import Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -47,25 +54,24 @@ from typing import Any
 import msgspec
 
 from agent import host, reports
-from agent.checkpoints import CheckpointUploads
 from agent.devices import DeviceSource
 from agent.downloads import fetch_all
+from agent.forwarding import forward_reports
 from agent.heartbeat import Heartbeats, append_reliably
 from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, requested_vram_mb
-from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, parse_line
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
 from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
 from agent.runtimes.process import reap_orphans
 from agent.settings import AgentSettings
 from agent.state import CommandState
+from agent.verify import run_verification
 from core.errors import AppendRejected, LogUnavailable, ResontechError
 from core.log import EventLog
-from core.pricing import gpu_family
 from core.settings import Settings
-from core.streams import worker_subject
-from schemas.commands import StartWork, StopWork
+from core.streams import intake_subject, worker_subject
+from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker, WorkSpec
 from schemas.envelope import Recorded
 from schemas.workers import WorkerPolicy, WorkerPolicySet, WorkerRegistered
 
@@ -104,7 +110,10 @@ class Agent:
         self.state_dir = Path(settings.state_dir)
         self.work_dir = Path(settings.work_dir)
         self.worker_id = ""
+        self.address = ""
         self.registered = asyncio.Event()
+        self.refused: str | None = None
+        self._stop_event: asyncio.Event | None = None
         self._log: EventLog | None = None
         self._state = CommandState(self.state_dir)
         self._assignments = Assignments([])
@@ -138,6 +147,7 @@ class Agent:
             lock.release()
 
     async def _serve(self, stop: asyncio.Event) -> None:
+        self._stop_event = stop
         await self._recover()
         await self.register()
         beats = Heartbeats(
@@ -182,18 +192,19 @@ class Agent:
             address=s.address or host.route_address(self.core.nats_url),
         )
         try:
-            await self.log.append(worker_subject(self.worker_id, event), event)
+            await self.log.append(self._claim(worker_subject(self.worker_id, event)), event)
             if self.policy is not None:
                 policy_set = WorkerPolicySet(policy=self.policy)
-                await self.log.append(worker_subject(self.worker_id, policy_set), policy_set)
+                await self.log.append(self._claim(worker_subject(self.worker_id, policy_set)), policy_set)
         except (AppendRejected, LogUnavailable) as exc:
             raise LogUnavailable(f"cannot register: {exc.message} (are the streams created?)") from None
         except ResontechError as exc:
             raise LogUnavailable(f"cannot register: {exc.message}") from None
         log.info(
-            "registered worker %s (%s): %d GPUs, %d CPUs, %d MiB, pool %s",
+            "registration of worker %s (%s) claimed: %d GPUs, %d CPUs, %d MiB, pool %s",
             self.worker_id, s.name, len(gpus), event.cpus, event.memory_mb, s.pool,
         )  # fmt: skip
+        self.address = event.address
         self.registered.set()
 
     async def _recover(self) -> None:
@@ -216,7 +227,11 @@ class Agent:
             await self._emit(ticks)
 
     async def _emit(self, items: list[Append]) -> bool:
-        return await append_reliably(self.log, items)
+        """Claim ``items`` (canonical subject, event, id) on the intake."""
+        return await append_reliably(self.log, [(self._claim(subject), e, i) for subject, e, i in items])
+
+    def _claim(self, subject: str) -> str:
+        return intake_subject(self.worker_id, subject)
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -239,6 +254,18 @@ class Agent:
     async def _handle(self, record: Recorded[Any]) -> None:
         cmd = record.event
         command_id = record.msg_id or f"seq-{record.seq}"
+        if isinstance(cmd, RegistrationRefused):
+            self.refused = cmd.reason
+            log.error("the kernel refused this worker's registration: %s; stopping", cmd.reason)
+            if self._stop_event is not None:
+                self._stop_event.set()
+            return
+        if isinstance(cmd, VerifyWorker):
+            if not self._state.handled(command_id):
+                self._state.mark_handled(command_id)
+                self._state.save()
+                self._spawn(self._verify(cmd))
+            return
         if not isinstance(cmd, StartWork | StopWork):
             log.warning("command %s of unknown kind %s ignored", command_id, type(cmd).__name__)
             return
@@ -298,17 +325,13 @@ class Agent:
                 return
             prep.fetch.result()
             env = workload_env(cmd, workdir, gpu_indices=prep.gpu_indices)
-            workload = await RUNTIMES[cmd.spec.runtime]().start(cmd.spec, workdir, env)
+            workload = await RUNTIMES[cmd.spec.runtime]().start(self._spec_here(cmd), workdir, env)
         except StartFailed as exc:
             self._forget(cmd)
             log.info("%s could not start: %s", cmd.assignment_id, exc.message)
             await self._emit([reports.start_failed(cmd, exc.message, retryable=exc.retryable)])
             return
-        gpu_type = gpu_family(self._assignments.model_of(prep.gpu_indices))
-        meter = Meter(
-            cmd, worker_id=self.worker_id, provider=self.settings.provider,
-            worker_pool=self.settings.pool, gpu_type=gpu_type, start_ms=_now_ms(),
-        )  # fmt: skip
+        meter = Meter(cmd, worker_id=self.worker_id, start_ms=_now_ms())
         running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=prep.gpu_indices,
                           vram_mb=prep.vram_mb, cause=prep.cause)  # fmt: skip
         self._assignments.preparing.pop(cmd.assignment_id, None)
@@ -319,6 +342,14 @@ class Agent:
         else:  # dropped while the runtime was starting it
             self._cancel(running, running.cause, QUICK_STOP_S)
         running.task = asyncio.create_task(self._supervise(running))
+
+    def _spec_here(self, cmd: StartWork) -> WorkSpec:
+        """The spec as this host runs it: an engine serves on the address this worker registered
+        (the kernel accepts a replica only at its worker's registered host)."""
+        options = cmd.spec.options
+        if not self.address or "advertise_host" in options:
+            return cmd.spec
+        return msgspec.structs.replace(cmd.spec, options={**options, "advertise_host": self.address})
 
     def _forget(self, cmd: StartWork) -> None:
         """An assignment that never started: it holds nothing and a crash has nothing to report."""
@@ -404,24 +435,23 @@ class Agent:
         await self._finish(running, code)
 
     async def _forward_reports(self, running: Running) -> None:
-        cmd, n = running.cmd, 0
-        folder = checkpoint_dir(self.work_dir / cmd.assignment_id)
-        uploads = CheckpointUploads(folder, cmd.spec.checkpoint_urls, cmd.assignment_id)
-        async for line in running.workload.lines():
-            try:
-                report = parse_line(line)
-            except ProtocolError as exc:
-                log.warning("%s: ignored a malformed line: %s", cmd.assignment_id, exc)
-                continue
-            if isinstance(report, CheckpointLine):
-                report = await uploads.resolve(report)
-            elif isinstance(report, ProgressLine) and report.gpu_util_pct is None and running.gpu_indices:
-                report = msgspec.structs.replace(report, gpu_util_pct=self._gpu_util(running.gpu_indices))
-            if report is not None:
-                n += 1
-                item = reports.reported(cmd, report, n)
-                if item is not None:
-                    await self._emit([item])
+        def gpu_util() -> float | None:
+            return self._gpu_util(running.gpu_indices) if running.gpu_indices else None
+
+        folder = checkpoint_dir(self.work_dir / running.cmd.assignment_id)
+        await forward_reports(running.cmd, running.workload.lines(), folder, self._emit, gpu_util)
+
+    async def _verify(self, cmd: VerifyWorker) -> None:
+        """Run the verification job and claim its answer (an error is an answer too: the kernel
+        decides what it means)."""
+        log.info("running verification job %s", cmd.challenge_id)
+        report = await run_verification(cmd)
+        await self._emit([(worker_subject(self.worker_id, report), report, f"verify-{cmd.challenge_id}")])
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _gpu_util(self, indices: list[int]) -> float | None:
         """The mean utilisation of ``indices`` now (``None`` where NVML reports none)."""

@@ -10,6 +10,12 @@ With ``accept_commands`` each worker also consumes its command queue (one durabl
 worker: fine for hundreds, heavy for thousands) and answers ``StartWork`` with ``job.started``; with
 ``complete_after_s`` each started shard is reported completed (``job.shard_completed``) after that
 long. Simulated workers never run anything.
+
+The fleet speaks as the kernel, not as agents: it needs kernel credentials, and it appends its
+workers' registrations (with a ``worker.verified`` vouching for them) and its shards' started and
+completed events straight to WORKERS and JOBS, where an agent's words pass through the intake
+(:mod:`ops.intake`). That is what a load test of placement and heartbeats wants; it is never an
+agent's path.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from core.streams import heartbeat_subject, job_subject, worker_subject
 from schemas.commands import StartWork, StopWork
 from schemas.jobs import JobShardCompleted, JobStarted
 from schemas.values import GpuTelemetry
-from schemas.workers import Heartbeat, WorkerRegistered
+from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 
 log = logging.getLogger("resontech.agent.simulated")
 
@@ -98,9 +104,11 @@ class SimulatedFleet:
         self.beats_failed = 0
 
     async def register(self) -> None:
-        """Register every worker, in one batched append."""
+        """Register every worker and vouch for it (load tests only), in one batched append."""
+        vouched = WorkerVerified(by="simulated fleet (load tests only)")
         await self.log.append_many(
             [(worker_subject(w.worker_id, WorkerRegistered), w.registration) for w in self.workers]
+            + [(worker_subject(w.worker_id, WorkerVerified), vouched) for w in self.workers]
         )
 
     async def beat(self, part: int = 0, parts: int = 1) -> None:

@@ -17,6 +17,8 @@ GPU the kernel's floor is looked up for); run it with every GPU visible.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import importlib
 import math
 import os
@@ -29,6 +31,7 @@ import msgspec
 
 from agent.devices import NoGpu, NvmlDevices
 from core.verification import answer, validate
+from schemas.commands import VerifyWorker
 from schemas.values import Gpu
 from schemas.workers import WorkerVerificationReported
 
@@ -154,6 +157,40 @@ def parse_report(line: str) -> WorkerVerificationReported | None:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+async def run_verification(cmd: VerifyWorker) -> WorkerVerificationReported:
+    """Run this program as a workload of the agent for ``cmd`` (a clean environment: none of the
+    agent's credentials) and parse its report; a failure is a report whose ``error`` says what
+    happened (the kernel decides what it means)."""
+    argv = [
+        sys.executable, "-m", "agent.verify", "--challenge-id", cmd.challenge_id,
+        "--seed", cmd.seed, "--size", str(cmd.size), "--rounds", str(cmd.rounds),
+    ]  # fmt: skip
+    failed = functools.partial(WorkerVerificationReported, challenge_id=cmd.challenge_id)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_clean_env()
+        )
+    except OSError as exc:
+        return failed(error=f"cannot run: {exc}")
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), cmd.deadline_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return failed(error=f"no answer within {cmd.deadline_s:g}s")
+    for line in reversed(out.decode(errors="replace").splitlines()):
+        report = parse_report(line)
+        if report is not None:
+            return msgspec.structs.replace(report, challenge_id=cmd.challenge_id)
+    tail = err.decode(errors="replace")[-500:]
+    return failed(error=f"no report (exit status {proc.returncode}): {tail}")
+
+
+def _clean_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "LD_LIBRARY_PATH")
+    return {k: v for k, v in os.environ.items() if k in keep}
 
 
 def _parser() -> argparse.ArgumentParser:
