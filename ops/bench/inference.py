@@ -35,10 +35,12 @@ from typing import Any
 import httpx
 
 from gateway.inference import percentile
+from ops import intake
 from ops.bench.common import emit, machine, process_peak_rss_mb, table
 from ops.bench.gateway import REPO, ServedStack, create_tenants, served_stack
 from ops.coordinator import running
 from ops.process import spawn, terminate
+from ops.workers import enroll_state_dir
 
 READY_S = 900.0
 MAX_IN_FLIGHT = 8
@@ -48,14 +50,18 @@ requests sent 6 a second without a cap piled up by the hundred on the cores the 
 
 @contextlib.asynccontextmanager
 async def agent_and_coordinator(stack: ServedStack, tmp: Path) -> AsyncIterator[Any]:
-    """One agent process and an in-process coordinator on the stack."""
+    """One agent process (enrolled as the operator) with an in-process intake and coordinator."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
     env.update(RESONTECH_NATS_URL=stack.settings.nats_url, RESONTECH_DATA_DIR=str(tmp), PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "ops.cli", "agent", "--name", "bench-1", "--state-dir", str(tmp / "agent"),
             "--heartbeat", "1"]  # fmt: skip
+    await asyncio.to_thread(enroll_state_dir, stack.settings, tmp / "agent")
     agent = spawn(argv, tmp / "agent.log", env)
     try:
-        async with running(stack.settings, name="bench-coordinator"):
+        async with (
+            intake.running(stack.settings, name="bench-intake"),
+            running(stack.settings, name="bench-coordinator"),
+        ):
             yield agent
     finally:
         await asyncio.to_thread(terminate, agent, 15.0)

@@ -60,8 +60,10 @@ from core.log import EventLog, new_event_id
 from core.settings import Settings
 from core.streams import command_subject, heartbeat_subject, job_filter, job_subject
 from core.wire import EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, MSG_ID
+from ops import intake
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, self_peak_rss_mb, table
 from ops.coordinator import Coordinator
+from ops.workers import enroll_state_dir
 from projections import LIVENESS
 from projections.runner import ProjectionRunner
 from schemas import (
@@ -437,6 +439,8 @@ class Agent:
         self.peak_rss_mb = 0.0
 
     def start(self) -> Agent:
+        """Enroll it (as the operator: it runs with the kernel's credentials), then start it."""
+        enroll_state_dir(Settings(nats_url=self.env["RESONTECH_NATS_URL"]), self.state_dir)
         argv = [sys.executable, "-m", "ops.cli", "agent", "--name", self.name]
         argv += ["--state-dir", str(self.state_dir), "--stop-grace", "2"]
         with (self.root / f"{self.name}.log").open("ab") as err:
@@ -464,6 +468,17 @@ class Agent:
         if self.proc is not None:
             stop_child(self.proc)
         reap_orphans(self.state_dir / "work")
+
+
+async def verified(log: EventLog, workers: list[str]) -> None:
+    """Wait until every worker passed its verification job (the intake's ``worker.verified``)."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        done = {r.subject.split(".")[1] async for r in log.replay("WORKERS", subjects="worker.*.verified")}
+        if set(workers) <= done:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"workers not verified within 60 s: {sorted(set(workers) - done)}")
 
 
 async def until(predicate: Any, what: str, timeout: float = 30.0) -> Any:
@@ -560,11 +575,13 @@ async def failover(count: int) -> dict[str, Any]:
         task = asyncio.create_task(coordinator.run(stop))
         results = []
         try:
-            by_worker = {await agent.start().worker_id(): agent for agent in agents}
-            for n in range(count):
-                results.append(await trial(own, trials, by_worker, n))
-                for agent in agents:
-                    agent.note_rss()
+            async with intake.running(Settings(nats_url=server.url), name="bench-intake"):
+                by_worker = {await agent.start().worker_id(): agent for agent in agents}
+                await verified(own, list(by_worker))
+                for n in range(count):
+                    results.append(await trial(own, trials, by_worker, n))
+                    for agent in agents:
+                        agent.note_rss()
         finally:
             for agent in agents:
                 agent.stop()

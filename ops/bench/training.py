@@ -96,7 +96,7 @@ class Platform:
         self.rss: dict[str, float] = {}
 
     def start(self, agents: int) -> None:
-        for service in ("coordinator", "federation"):
+        for service in ("intake", "coordinator", "federation"):
             with (self.root / f"{service}.log").open("ab") as out:
                 self.services[service] = subprocess.Popen(
                     [sys.executable, "-m", "ops.cli", service], cwd=REPO, env=self.env, stdout=out, stderr=out
