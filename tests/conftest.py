@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import STREAMS
-from ops.natsserver import NatsServer
+from ops.natsserver import NatsAuth, NatsServer
 from ops.objectstore import ObjectStoreServer
-from tests.support import AgentProcess
+from tests.secured import Stack, running_stack
+from tests.support import AgentProcess, IntakeProcess
 
 
 @pytest.fixture(scope="session")
@@ -72,13 +74,19 @@ async def log(settings: Settings) -> AsyncIterator[EventLog]:
 
 @pytest.fixture
 def agents(tmp_path: Path, settings: Settings) -> Iterator[Callable[..., AgentProcess]]:
-    """Start agents with ``agents(name, *flags, env={...})``; all are stopped and cleaned up after the
-    test."""
+    """Start agents with ``agents(name, *flags, env={...})``, each enrolled first (as the operator:
+    they run with the kernel's credentials) and the intake beside them (started with the first);
+    all are stopped and cleaned up after the test."""
     started: list[AgentProcess] = []
+    intake: list[IntakeProcess] = []
 
-    def start(name: str, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
+    def start(name: str, *extra: str, env: dict[str, str] | None = None, enroll: bool = True) -> AgentProcess:
+        if not intake:
+            intake.append(IntakeProcess(tmp_path, settings.nats_url).start())
         agent = AgentProcess(name, tmp_path, settings.nats_url, *extra)
         agent.env.update(env or {})
+        if enroll and "--simulate" not in extra:
+            agent.enroll(settings)
         agent.start()
         started.append(agent)
         return agent
@@ -86,3 +94,27 @@ def agents(tmp_path: Path, settings: Settings) -> Iterator[Callable[..., AgentPr
     yield start
     for agent in started:
         agent.cleanup()
+    for process in intake:
+        process.stop()
+
+
+# -- a kernel on a nats-server with accounts on (tests/secured.py) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A nats-server with the kernel and agent accounts (one per test module: it is reloaded)."""
+    root = tmp_path_factory.mktemp("secured-nats")
+    server = NatsServer(
+        root / "store", log_file=root / "nats.log", auth=NatsAuth(kernel_password=secrets.token_urlsafe(24))
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def stack(secured: NatsServer, object_store: ObjectStoreServer, tmp_path: Path) -> AsyncIterator[Stack]:
+    """The kernel (gateway, agent-user sync, intake) on fresh streams of the ``secured`` server."""
+    async with running_stack(secured, object_store, tmp_path) as kernel:
+        yield kernel

@@ -9,37 +9,25 @@ import asyncio
 import contextlib
 import json
 import re
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
 
 from agent import reports
-from agent.enroll import apply, enroll, load_enrollment
+from agent.enroll import load_enrollment
 from agent.protocol import CheckpointLine, ProgressLine, ReadyLine
-from agent.settings import load_agent_settings
 from core.errors import LogUnavailable
 from core.log import EventLog
 from core.natsauth import AGENT_ENDPOINT_EVENTS, AGENT_JOB_EVENTS, KERNEL_USER, agent_permissions
-from core.settings import Settings
-from core.streams import STREAMS, command_subject, heartbeat_subject
-from gateway.app import create_app
-from gateway.auth import digest
-from gateway.kernel import Kernel
-from gateway.settings import GatewaySettings
-from ops.natsauth import AgentUsersSync
-from ops.natsserver import NatsAuth, NatsServer
-from ops.objectstore import ObjectStoreServer
-from projections import PROVIDERS
+from core.streams import command_subject, heartbeat_subject, intake_subject
+from ops.natsserver import NatsServer
 from schemas import Heartbeat, JobCompleted, StartWork, StopWork, WorkerRegistered, WorkSpec
 from schemas.api.providers import Enrolled
+from tests.secured import Stack, agent_settings
 from tests.support import AgentProcess, of, records, until, wait_records
 from tests.test_coordinator import coordinator, py, submit
 
@@ -63,7 +51,7 @@ def allowed(patterns: tuple[str, ...], subject: str) -> bool:
     return any(matches(p, subject) for p in patterns)
 
 
-def test_every_subject_an_agent_emits_is_allowed_and_others_are_not() -> None:
+def test_every_claim_an_agent_makes_is_allowed_and_nothing_else() -> None:
     worker = "w-0123456789ab"
     publish = agent_permissions(worker).publish
     job = StartWork(
@@ -82,35 +70,37 @@ def test_every_subject_an_agent_emits_is_allowed_and_others_are_not() -> None:
             emitted += [a[0] for a in reports.ended(cmd, cause, code, worker_id=worker)]  # type: ignore[arg-type]
         lines = [ProgressLine(step=1), CheckpointLine(object_key="k"), ReadyLine(address="http://h:1")]
         emitted += [item[0] for line in lines if (item := reports.reported(cmd, line, 1))]
-        meter = reports.Meter(
-            cmd, worker_id=worker, provider="p", worker_pool="shared", gpu_type="cpu", start_ms=0
-        )
-        tick = meter.tick(10)
+        tick = reports.Meter(cmd, worker_id=worker, start_ms=0).tick(10)
         assert tick is not None
         emitted.append(tick[0])
-    emitted += [heartbeat_subject(worker), f"worker.{worker}.registered", f"worker.{worker}.policy_set"]
-    # the permissions name exactly what agents emit: no more, no less
+    emitted += [f"worker.{worker}.registered", f"worker.{worker}.policy_set"]
+    emitted += [f"worker.{worker}.verification_reported"]
+    claims = [intake_subject(worker, s) for s in emitted]  # every word of the agent is a claim
+    # the permissions name exactly what agents claim: no more, no less
     assert {s.rsplit(".", 1)[1] for s in emitted if s.startswith("job.")} == {
         e.event_name() for e in AGENT_JOB_EVENTS
     }
     assert {s.rsplit(".", 1)[1] for s in emitted if s.startswith("endpoint.")} == {
         e.event_name() for e in AGENT_ENDPOINT_EVENTS
     }
-    assert [s for s in emitted if not allowed(publish, s)] == []
+    assert [s for s in [*claims, heartbeat_subject(worker)] if not allowed(publish, s)] == []
     other = "w-ffffffffffff"
     for forbidden in (
         heartbeat_subject(other),
-        f"worker.{other}.registered",
-        f"worker.{worker}.uncordoned",  # the kernel's word, not the agent's
-        f"worker.{worker}.recovered",
+        *emitted,  # no stream the projections fold: only the kernel writes there
+        intake_subject(other, f"worker.{other}.registered"),  # a claim under another worker's id
+        intake_subject(worker, f"worker.{other}.registered"),  # about another worker
+        intake_subject(worker, f"worker.{worker}.uncordoned"),  # the kernel's word, not the agent's
+        intake_subject(worker, f"worker.{worker}.verified"),
+        intake_subject(worker, f"meter.acme.{other}.a1.tick"),
+        intake_subject(worker, f"meter.acme.{worker}.a1.tokens"),  # the gateway's count
+        intake_subject(worker, "endpoint.acme.e1.failed"),  # the coordinator's word
+        intake_subject(worker, "job.acme.j1.submitted"),
+        intake_subject(worker, "job.acme.j1.completed"),
         "tenant.acme.created",
         "provider.p.agent_enrolled",
-        f"meter.acme.{other}",
-        f"meter.acme.{worker}.tokens",  # the gateway's count of what the tenant is billed for
-        "endpoint.acme.e1.failed",  # the coordinator's word
-        "job.acme.j1.submitted",
+        f"meter.acme.{worker}.a1.tick",
         "job.acme.j1.placed",
-        "job.acme.j1.completed",
         "endpoint.acme.e1.scaled",
         command_subject(worker),
         "$JS.API.STREAM.DELETE.JOBS",
@@ -120,120 +110,6 @@ def test_every_subject_an_agent_emits_is_allowed_and_others_are_not() -> None:
     ):
         assert not allowed(publish, forbidden), forbidden
     assert agent_permissions(worker).subscribe == (f"_INBOX_{worker}.>",)
-
-
-# -- a secured server and the kernel beside it -----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    """A nats-server with the kernel and agent accounts (one per test module: it is reloaded)."""
-    root = tmp_path_factory.mktemp("secured-nats")
-    server = NatsServer(
-        root / "store", log_file=root / "nats.log", auth=NatsAuth(kernel_password=secrets.token_urlsafe(24))
-    )
-    server.start()
-    yield server
-    server.stop()
-
-
-@dataclass
-class Stack:
-    server: NatsServer
-    log: EventLog
-    client: httpx.AsyncClient
-    operator_key: str
-    sync: AgentUsersSync
-    root: Path
-    kernel: Kernel
-
-    async def post(self, path: str, key: str | None, body: dict[str, Any]) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return await self.client.post(path, json=body, headers=headers)
-
-    async def provider(self) -> tuple[str, str]:
-        provider = f"p-{secrets.token_hex(3)}"
-        response = await self.post(
-            "/v1/providers", self.operator_key, {"provider": provider, "display_name": "GPU Co"}
-        )
-        assert response.status_code == 201, response.text
-        return provider, response.json()["api_key"]["key"]
-
-    async def token(self, provider: str, key: str, **body: Any) -> str:
-        response = await self.post(f"/v1/providers/{provider}/enrollment-tokens", key, body)
-        assert response.status_code == 201, response.text
-        return str(response.json()["token"])
-
-    async def enroll(
-        self, name: str, provider: str | None = None, key: str | None = None
-    ) -> tuple[Enrolled, Path]:
-        """Enroll a new agent state dir, and wait until the server knows its user."""
-        if provider is None or key is None:
-            provider, key = await self.provider()
-        state_dir = self.root / name
-        enrolled = await enroll(self.client, await self.token(provider, key, region="eu-north"), state_dir)
-        await self.synced()
-        return enrolled, state_dir
-
-    async def synced(self) -> None:
-        """Wait until the server's agents file holds every change the gateway has made."""
-        # the gateway's projection, not a JetStream API call: a reload briefly interrupts that API
-        await self.sync.wait_synced(self.kernel.runners[PROVIDERS.name].seq)
-
-
-def kernel_settings(server: NatsServer, store: ObjectStoreServer) -> Settings:
-    assert server.auth is not None
-    return Settings(
-        nats_url=server.url,
-        nats_user=KERNEL_USER,
-        nats_password=server.auth.kernel_password,
-        s3_endpoint=store.endpoint,
-        s3_access_key=store.access_key,
-        s3_secret_key=store.secret_key,
-    )
-
-
-async def wipe(settings: Settings) -> None:
-    nc = await nats.connect(settings.nats_url, user=settings.nats_user, password=settings.nats_password)
-    js = nc.jetstream()
-    for spec in STREAMS:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_stream(spec.name)
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await js.delete_object_store("snapshots")
-    await nc.close()
-
-
-@pytest.fixture
-async def stack(secured: NatsServer, object_store: ObjectStoreServer, tmp_path: Path) -> AsyncIterator[Stack]:
-    settings = kernel_settings(secured, object_store)
-    await wipe(settings)
-    log = await EventLog.connect(settings)
-    await log.ensure_streams()
-    operator_key = "rt_operator0000_" + secrets.token_urlsafe(32)
-    gateway = GatewaySettings(operator_key_sha256=digest(operator_key))
-    kernel = Kernel(settings, gateway)
-    await kernel.start()
-    assert secured.agents_file is not None
-    sync_log = await EventLog.connect(settings, name="test-nats-auth")
-    sync = AgentUsersSync(sync_log, secured.agents_file, secured.reload)
-    stop = asyncio.Event()
-    syncing = asyncio.create_task(sync.run(stop))
-    app = create_app(settings, gateway, kernel=kernel)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://gateway.test"
-    ) as client:
-        yield Stack(secured, log, client, operator_key, sync, tmp_path, kernel)
-    stop.set()
-    await asyncio.wait_for(syncing, 10)
-    await sync_log.close()
-    await kernel.stop()
-    await log.close()
-
-
-def agent_settings(enrolled: Enrolled, state_dir: Path, base: Settings) -> Settings:
-    _, core = apply(enrolled, load_agent_settings(state_dir.parent, {"state_dir": str(state_dir)}), base)
-    return core
 
 
 @contextlib.asynccontextmanager
