@@ -15,7 +15,21 @@ from typing import Any
 
 from agent.runtimes.process import reap_orphans
 from core.log import EventLog
+from core.settings import Settings
+from core.streams import endpoint_subject, job_subject, worker_subject
 from ops.coordinator import Coordinator, running
+from ops.workers import enroll_state_dir
+from schemas import (
+    Assignment,
+    EndpointDeployed,
+    EndpointReplicaPlaced,
+    JobPlaced,
+    JobResources,
+    JobSubmitted,
+    Provenance,
+    StartWork,
+    WorkerVerified,
+)
 from schemas.envelope import Recorded
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,6 +92,66 @@ class AgentProcess:
             self.stop()
         reap_orphans(self.state_dir / "work")
 
+    @property
+    def simulated_gpus(self) -> bool:
+        """Whether the agent runs on simulated GPUs (``--devices simulated``: load tests only)."""
+        flags = " ".join(self.extra)
+        return "--devices simulated" in flags or self.env.get("RESONTECH_AGENT_DEVICE_SOURCE") == "simulated"
+
+    def identity(self) -> dict[str, str | None]:
+        """What the agent registers as, from its flags and environment (the enrollment must say the
+        same, or the intake refuses its registration)."""
+        found: dict[str, str | None] = {
+            name: self.env.get(f"RESONTECH_AGENT_{name.upper()}") or None
+            for name in ("provider", "pool", "region", "owner_tenant")
+        }
+        for i, arg in enumerate(self.extra[:-1]):
+            if arg in ("--provider", "--pool", "--region", "--owner-tenant"):
+                found[arg[2:].replace("-", "_")] = self.extra[i + 1]
+        return found
+
+    def enroll(self, settings: Settings) -> str:
+        """Record the agent's enrollment as the operator (it runs with the kernel's credentials),
+        before it starts; returns its worker id."""
+        who = self.identity()
+        return enroll_state_dir(
+            settings,
+            self.state_dir,
+            provider=who["provider"] or "local",
+            pool=who["pool"] or "shared",
+            region=who["region"] or "",
+            owner_tenant=who["owner_tenant"],
+        )
+
+
+class IntakeProcess:
+    """``python -m ops.cli intake``: the kernel service that turns agents' claims into events."""
+
+    def __init__(self, root: Path, nats_url: str) -> None:
+        self.stderr_path = root / "intake.stderr"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        self.env.update(RESONTECH_NATS_URL=nats_url, RESONTECH_DATA_DIR=str(root))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> IntakeProcess:
+        with self.stderr_path.open("ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", "intake"], cwd=REPO, env=self.env, stdout=err, stderr=err
+            )
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
 
 async def until(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT_S) -> Any:
     deadline = time.monotonic() + timeout
@@ -115,14 +189,76 @@ def of(found: list[Recorded[Any]], kind: type, **fields: Any) -> list[Any]:
 
 
 async def registered(log: EventLog, agent: AgentProcess) -> str:
+    """The agent's worker id once the kernel registered it and it passed its verification job: a
+    worker ready for tenant work. An agent on simulated GPUs cannot pass (NVML shows its verification
+    job no GPU, exactly as for a spoofed host): the operator vouches for it instead, as the test's
+    kernel."""
     worker_id = await agent.worker_id()
+    if agent.simulated_gpus:
+        await wait_records(
+            log,
+            "WORKERS",
+            lambda rs: any(r.subject == f"worker.{worker_id}.registered" for r in rs),
+            "registered",
+        )
+        await log.append(
+            worker_subject(worker_id, WorkerVerified), WorkerVerified(by="operator: simulated GPUs")
+        )
     await wait_records(
         log,
         "WORKERS",
-        lambda rs: any(r.subject == f"worker.{worker_id}.registered" for r in rs),
-        "registered",
+        lambda rs: any(r.subject == f"worker.{worker_id}.verified" for r in rs),
+        f"worker {worker_id} registered and verified",
     )
     return worker_id
+
+
+async def place(log: EventLog, worker_id: str, cmd: StartWork) -> None:
+    """Append what the kernel has stored before it sends ``cmd``: the work's submission (once per work
+    id) and the placement of the command's assignment on ``worker_id`` (the intake accepts reports
+    about current assignments only). For tests that drive an agent by hand, without a coordinator."""
+    assignment = Assignment(
+        assignment_id=cmd.assignment_id,
+        worker_id=worker_id,
+        slot=cmd.slot,
+        epoch=cmd.epoch,
+        gpus=cmd.spec.gpus,
+    )
+    provenance = Provenance(candidates=1, policy="test")
+    work: list[tuple[str, Any, str]]
+    if cmd.work_kind == "job":
+        resources = JobResources(gpus=cmd.spec.gpus, cpus=cmd.spec.cpus)
+        submitted = JobSubmitted(
+            name=cmd.work_id, kind="process", shards=HAND_PLACED_SHARDS, resources=resources
+        )
+        placed: Any = JobPlaced(assignments=[assignment], provenance=provenance)
+        work = [
+            (
+                job_subject(cmd.tenant, cmd.work_id, submitted),
+                submitted,
+                f"submit-{cmd.tenant}-{cmd.work_id}",
+            ),
+            (job_subject(cmd.tenant, cmd.work_id, placed), placed, f"place-{cmd.assignment_id}"),
+        ]
+    else:
+        deployed = EndpointDeployed(
+            name=cmd.work_id, model=cmd.spec.options.get("model", "m"), max_replicas=8
+        )
+        placed = EndpointReplicaPlaced(assignments=[assignment], provenance=provenance)
+        work = [
+            (
+                endpoint_subject(cmd.tenant, cmd.work_id, deployed),
+                deployed,
+                f"deploy-{cmd.tenant}-{cmd.work_id}",
+            ),
+            (endpoint_subject(cmd.tenant, cmd.work_id, placed), placed, f"place-{cmd.assignment_id}"),
+        ]
+    for subject, event, event_id in work:
+        await log.append(subject, event, event_id=event_id)
+
+
+HAND_PLACED_SHARDS = 8
+"""Shards of a job :func:`place` submits: room for every slot a test uses."""
 
 
 def coordinator(

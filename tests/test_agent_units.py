@@ -462,44 +462,39 @@ def test_workload_env_is_clean_and_never_holds_credentials(tmp_path: Path) -> No
 
 
 def test_meter_ticks_are_contiguous_gpu_or_cpu_milliseconds() -> None:
-    cpu = reports.Meter(
-        cmd(cpus=2.0, tier="gold"),
-        worker_id="w-1",
-        provider="p1",
-        worker_pool="shared",
-        gpu_type="A100",
-        start_ms=1_000,
-    )
+    """The agent claims time only: who pays, who is paid and at which price are the kernel's."""
+    cpu = reports.Meter(cmd(cpus=2.0, tier="gold"), worker_id="w-1", start_ms=1_000)
     subject, first, event_id = cpu.tick(11_000)  # type: ignore[misc]
-    assert (subject, event_id) == ("meter.acme.w-1", "a1-tick-1")
-    assert (first.start_ms, first.end_ms, first.cpu_ms, first.gpu_ms, first.gpu_type) == (
-        1_000,
-        11_000,
-        20_000,
-        0,
-        "cpu",
-    )
-    assert (first.tier, first.pool, first.provider, first.epoch) == ("gold", "shared", "p1", 1)
+    assert (subject, event_id) == ("meter.acme.w-1.a1.tick", "a1-tick-1")
+    assert (first.start_ms, first.end_ms, first.cpu_ms, first.gpu_ms, first.epoch) == (1_000, 11_000, 20_000, 0, 1)
+    assert (first.provider, first.gpu_type, first.tier) == ("", "", "unverified")  # nothing of its own
     assert cpu.tick(11_000) is None  # empty interval
     _, second, _ = cpu.tick(12_500)  # type: ignore[misc]
     assert (second.start_ms, second.end_ms, second.cpu_ms) == (11_000, 12_500, 3_000)
 
-    gpu = reports.Meter(
-        cmd(gpus=4, pool="managed"),
-        worker_id="w-1",
-        provider="p1",
-        worker_pool="shared",
-        gpu_type="H100",
-        start_ms=0,
-    )
+    gpu = reports.Meter(cmd(gpus=4, pool="managed"), worker_id="w-1", start_ms=0)
     _, tick, _ = gpu.tick(10_000)  # type: ignore[misc]
-    assert (tick.gpu_ms, tick.cpu_ms, tick.gpu_type, tick.pool, tick.tier) == (
-        40_000,
-        0,
-        "H100",
-        "managed",
-        "unverified",
-    )
+    assert (tick.gpu_ms, tick.cpu_ms) == (40_000, 0)
+
+
+def test_progress_is_coalesced_to_one_report_a_second_per_assignment() -> None:
+    coalescer = reports.ProgressCoalescer(interval_s=1.0)
+    assert coalescer.offer(ProgressLine(step=1, loss=0.9), 10.0) == ProgressLine(step=1, loss=0.9)
+    assert coalescer.offer(ProgressLine(step=2, loss=0.8), 10.1) is None
+    for step in range(3, 1000):  # a workload printing a line per step
+        assert coalescer.offer(ProgressLine(step=step, metrics={"acc": step / 1000}), 10.5) is None
+    assert coalescer.due_in(10.5) == pytest.approx(0.5)
+    merged = coalescer.take(11.0)
+    assert merged == ProgressLine(step=999, loss=0.8, metrics={"acc": 0.999})  # loss kept from step 2
+    assert coalescer.take(11.0) is None and coalescer.due_in(11.0) == 0.0
+    many = ProgressLine(metrics={f"m{i}": float(i) for i in range(200)})
+    assert len(reports.merge_progress(ProgressLine(), many).metrics) == reports.MAX_METRICS
+
+
+def test_log_tails_are_cut_to_their_last_bytes() -> None:
+    assert reports.cut_tail("short") == "short"
+    cut = reports.cut_tail("x" * 100_000 + "the end")
+    assert cut.startswith("[...]") and cut.endswith("the end") and len(cut.encode()) <= reports.LOG_TAIL_BYTES + 6
 
 
 def test_end_reports() -> None:
@@ -512,7 +507,9 @@ def test_end_reports() -> None:
     assert reports.ended(one_shard, "superseded", -9) == []
     [(subject, failed, _)] = reports.ended(cmd(slot=2, epoch=5), "exited", 3, "tail")
     assert subject == "job.acme.j1.failed"
-    assert failed == JobFailed(reason="exit status 3", epoch=5, slot=2, log_tail="tail", retryable=False)
+    assert failed == JobFailed(
+        reason="exit status 3", epoch=5, slot=2, log_tail="tail", retryable=False, assignment_id="a1"
+    )
     [(_, killed, _)] = reports.ended(cmd(), "exited", -9)
     assert killed.reason == "killed by SIGKILL"
     [(_, stopped, _)] = reports.ended(cmd(), "agent_stopped", -15)

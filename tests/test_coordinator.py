@@ -34,8 +34,8 @@ pytestmark = pytest.mark.slow
 CHECKPOINT_THEN_SLEEP = """
 import os, time
 resume = os.environ.get("RESONTECH_RESUME_FROM", "")
-print('RESONTECH_CHECKPOINT {"object_key": "jobs/long/ckpt-1", "round": 1}', flush=True)
-resumed = int(resume == "jobs/long/ckpt-1")
+print('RESONTECH_CHECKPOINT {"object_key": "jobs/long/checkpoints/long/ckpt-1", "round": 1}', flush=True)
+resumed = int(resume == "jobs/long/checkpoints/long/ckpt-1")
 print('RESONTECH_PROGRESS {"step": 2, "metrics": {"resumed": %d}}' % resumed, flush=True)
 time.sleep(0 if resume else 120)
 """

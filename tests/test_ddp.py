@@ -130,8 +130,10 @@ async def test_a_two_node_ddp_job_trains_checkpoints_to_the_workspace_and_comple
     assert len(of(jobs, JobShardCompleted)) == 2
 
     progress = [e for e in of(jobs, JobProgress) if e.train_epoch is not None]
-    assert [p.train_epoch for p in progress] == [1, 2, 3, 4]
-    assert [p.step for p in progress] == [STEPS_PER_EPOCH * n for n in (1, 2, 3, 4)]
+    # at most one report a second per assignment: epochs that end within one second are merged
+    epochs = [p.train_epoch for p in progress]
+    assert epochs == sorted(set(epochs)) and epochs[0] >= 1 and epochs[-1] == 4
+    assert all(p.step == STEPS_PER_EPOCH * p.train_epoch for p in progress)
     assert all(p.metrics["world_size"] == 2.0 and p.slot == 0 for p in progress)
     assert progress[-1].loss is not None and progress[0].loss is not None
     assert progress[-1].loss < progress[0].loss

@@ -25,6 +25,7 @@ from schemas import (
     JobStarted,
     JobSubmitted,
     WorkerRegistered,
+    WorkerVerified,
 )
 from schemas.envelope import Recorded
 from tests.support import of, records
@@ -46,6 +47,7 @@ class Hosts:
                 provider="p", hostname=worker_id, cpus=4, memory_mb=8192, address="127.0.0.1"
             )
             await self.log.append(worker_subject(worker_id, event), event)
+            await self.log.append(worker_subject(worker_id, WorkerVerified), WorkerVerified(by="test"))
             self.alive.add(worker_id)
         await self.beat()
 

@@ -34,7 +34,7 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """Run a read test through both of ``scan``'s paths: the pull consumer whose messages the tap
     takes off the connection, and nats-py's ordered push consumer (where the tap cannot attach)."""
     if request.param == "ordered":
-        monkeypatch.setattr(core.log._RawTap, "attach", staticmethod(lambda nc: None))
+        monkeypatch.setattr(core.log.RawTap, "attach", staticmethod(lambda nc: None))
     return str(request.param)
 
 
@@ -424,9 +424,9 @@ async def test_the_tap_takes_its_frames_and_leaves_every_other_one_to_nats_py() 
     rng = random.Random(5)
     for case in range(300):
         connection = _Connection()
-        tap = core.log._RawTap.attach(connection)  # type: ignore[arg-type]
+        tap = core.log.RawTap.attach(connection)  # type: ignore[arg-type]
         assert tap is not None
-        sink = core.log._Sink()
+        sink = core.log.Sink()
         cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 40)))
         chunks = [stream[a:b] for a, b in itertools.pairwise([0, *cuts, len(stream)])]
         installed_after = rng.randrange(len(chunks)) if case % 2 else 0

@@ -312,7 +312,7 @@ def test_explain() -> None:
     fleet = [host("w1"), host("w2", state="cordoned")]
     lines = explain(placed(place(request(), fleet, now_ns=NOW)).provenance)
     assert lines[0] == "2 workers considered (policy rank-v1)"
-    assert lines[1] == "  1 filtered out: cordoned, lost or deregistered"
+    assert lines[1] == "  1 filtered out: cordoned, lost, deregistered or not verified yet"
     assert lines[2].startswith("  #1 w1: score 0.873 = uptime 0.970 x tier 0.900 x geo 1.000 x load 1.000")
 
 
@@ -337,6 +337,7 @@ def test_candidates_from_the_projections() -> None:
                 memory_mb=65536,
                 policy=WorkerPolicy(max_vram_fraction=0.5),
                 since_ns=NOW - 10 * day,
+                verified=True,
             ),
             "w0": WorkerRecord(worker_id="w0", provider="p", hostname="h0", cpus=4, since_ns=NOW - day // 2),
         }

@@ -32,7 +32,7 @@ def record(
         gpus=gpus,
         since_ns=NOW - int(since_days * DAY),
         registered_ns=NOW - int(since_days * DAY),
-        **kw,  # type: ignore[arg-type]
+        **{"verified": True, **kw},  # type: ignore[arg-type]
     )
 
 
@@ -99,8 +99,9 @@ def test_hardware_class() -> None:
     assert not is_platinum_hardware(["NVIDIA L40S"])
 
 
-def test_tier_of_needs_a_day_of_observation() -> None:
+def test_tier_of_needs_a_day_of_observation_and_a_passed_verification() -> None:
     assert tier_of(record(0.5), NOW) == "unverified"
+    assert tier_of(record(10, verified=False), NOW) == "unverified"  # zero until verified (seed 001)
     assert tier_of(record(MIN_OBSERVATION_S / 86_400), NOW) == "platinum"
     assert tier_of(record(0.5), NOW, min_observation_s=3600) == "platinum"
 

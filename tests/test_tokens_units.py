@@ -117,14 +117,8 @@ def test_the_meter_sums_tokens_per_replica_into_contiguous_ticks_with_unique_ids
     meter.add(ENDPOINT, REPLICA, 30)
     meter.add(ENDPOINT, REPLICA, 0)
     (subject, tick, event_id), = meter.cut({"w1": WORKER}, later * 1_000_000)  # fmt: skip
-    assert subject == "meter.acme.w1.tokens" and event_id == f"{meter.source}-1"
-    assert (tick.tokens, tick.gpu_ms, tick.cpu_ms, tick.work_kind, tick.work_id) == (
-        42,
-        0,
-        0,
-        "endpoint",
-        "ep1",
-    )
+    assert subject == f"meter.acme.w1.{REPLICA.assignment_id}.tokens" and event_id == f"{meter.source}-1"
+    assert (tick.tokens, tick.work_kind, tick.work_id) == (42, "endpoint", "ep1")
     assert (tick.provider, tick.gpu_type, tick.pool, tick.source) == (
         "gpuco",
         "H100",
@@ -171,7 +165,7 @@ def test_the_ledger_sums_the_gateways_tokens_on_the_replicas_line_and_ignores_an
     ):  # fmt: skip
         state = evolve(state, _recorded(seq, tick, subject))
     (line,) = state.lines.values()
-    assert (line.gpu_ms, line.tokens, line.ticks, line.source_seqs) == (10_000, 42, 3, [1, 3, 4])
+    assert (line.gpu_ms, line.tokens, line.ticks, line.source_ranges) == (10_000, 42, 3, [(1, 1), (3, 4)])
     assert state.duplicates == 2  # the agent's tick sent again with a source, the retried gateway-a tick
     assert line.charge_micros == round(10_000 * 2_490_000 / 3_600_000)  # tokens are not priced
     assert state.workers["w1"].gpu_ms == 10_000

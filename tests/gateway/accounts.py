@@ -10,7 +10,7 @@ from __future__ import annotations
 from core.streams import heartbeat_subject, provider_subject, worker_subject
 from gateway.auth import new_key
 from projections import LIVENESS, PROVIDERS, REGISTRY
-from schemas import Gpu, Heartbeat, WorkerRegistered
+from schemas import Gpu, Heartbeat, WorkerRegistered, WorkerVerified
 from schemas.providers import ProviderCreated, ProviderKeyIssued
 from tests.gateway.conftest import Api
 
@@ -36,8 +36,11 @@ async def register_worker(
     pool: str = "shared",
     owner_tenant: str | None = None,
     beat: bool = True,
+    verified: bool = True,
 ) -> None:
-    """Append a worker's registration (and a heartbeat), visible to the gateway when this returns."""
+    """Append a worker's registration, its verification (``verified``: the kernel vouches for it, as
+    if it had passed its verification job) and a heartbeat, visible to the gateway when this
+    returns."""
     registered = WorkerRegistered(
         provider=provider,
         hostname=f"host-{worker_id}",
@@ -50,6 +53,9 @@ async def register_worker(
         agent_version="test",
     )
     await api.kernel.append(worker_subject(worker_id, registered), registered, visible_in=REGISTRY)
+    if verified:
+        passed = WorkerVerified(challenge_id="vc-test", elapsed_ms=200, by="test")
+        await api.kernel.append(worker_subject(worker_id, passed), passed, visible_in=REGISTRY)
     if beat:
         heartbeat = Heartbeat(interval_s=30.0, cpu_pct=12.5, memory_used_mb=2048)
         await api.kernel.append(heartbeat_subject(worker_id), heartbeat, visible_in=LIVENESS)

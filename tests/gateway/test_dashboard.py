@@ -33,7 +33,7 @@ from core.streams import (
 from gateway.auth import new_key
 from gateway.dashboard import STATIC
 from projections import SCHEDULE
-from schemas import Gpu, Heartbeat, UsageTick, WorkerRegistered
+from schemas import Gpu, Heartbeat, UsageTick, WorkerRegistered, WorkerVerified
 from schemas.endpoints import (
     EndpointFailed,
     EndpointReplicaLost,
@@ -316,7 +316,7 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
         work_id=job, work_kind="job", assignment_id="a-1", epoch=1, provider="prov",
         gpu_type="A100", pool="shared", start_ms=T0_MS, end_ms=T0_MS + hour, gpu_ms=hour, tier="gold",
     )  # fmt: skip
-    metered = await log.append(metering_subject(tenant, "w-1"), tick)
+    metered = await log.append(metering_subject(tenant, "w-1", tick.assignment_id, UsageTick), tick)
     usage = await until_http(
         server, "/v1/billing/usage", key, lambda body: body["total"]["micros"] > 0, "the usage is priced"
     )
@@ -564,6 +564,7 @@ async def register(log: EventLog, worker_id: str, provider: str, gpus: int, util
         agent_version="test",
     )
     await log.append(worker_subject(worker_id, registered), registered)
+    await log.append(worker_subject(worker_id, WorkerVerified), WorkerVerified(by="test"))
     readings = [
         GpuTelemetry(index=i, util_pct=util, mem_used_mb=40_000, temp_c=61.0, power_w=290.0)
         for i in range(gpus)
@@ -585,7 +586,7 @@ async def test_a_provider_sees_its_workers_with_telemetry_and_its_payouts(
         work_id="j1", work_kind="job", assignment_id="a-1", epoch=1, provider="prov-a",
         gpu_type="A100", pool="shared", start_ms=T0_MS, end_ms=T0_MS + hour, gpu_ms=hour, tier="gold",
     )  # fmt: skip
-    await log.append(metering_subject(tenant, "w-a1"), tick)
+    await log.append(metering_subject(tenant, "w-a1", tick.assignment_id, UsageTick), tick)
     payouts = await until_http(
         server, "/v1/billing/payouts", key, lambda body: body["total"]["micros"] > 0, "the payout is priced"
     )

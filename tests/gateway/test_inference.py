@@ -270,6 +270,6 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
 
 async def _metered_tokens(log: EventLog, endpoint_id: str, least: int) -> int:
     """The tokens the gateway metered for the endpoint, once they reach ``least`` (else 0)."""
-    ticks = [r.event for r in await records(log, "METERING", "meter.*.*.tokens")]
+    ticks = [r.event for r in await records(log, "METERING", "meter.*.*.*.tokens")]
     total = sum(t.tokens for t in ticks if t.work_id == endpoint_id)
     return total if total > least else 0

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.log import EventLog
 from core.streams import job_subject, worker_subject
 from schemas.jobs import JobSubmitted
-from schemas.workers import WorkerCordoned, WorkerRegistered
+from schemas.workers import WorkerCordoned, WorkerRegistered, WorkerVerified
 from tests.gateway.conftest import Api
 from tests.support import until
 
@@ -74,6 +74,7 @@ async def test_projection_lag_queues_and_workers_follow_the_log(api: Api, log: E
     for worker in ("w1", "w2"):
         registered = WorkerRegistered(provider="p1", hostname=worker)
         await log.append(worker_subject(worker, registered), registered)
+        await log.append(worker_subject(worker, WorkerVerified), WorkerVerified(by="test"))
     cordoned = WorkerCordoned(reason="bad fan", by="operator")
     workers_last = await log.append(worker_subject("w2", cordoned), cordoned)
     kernel = api.kernel

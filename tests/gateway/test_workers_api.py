@@ -36,7 +36,9 @@ async def test_a_provider_sees_its_own_workers_with_work_and_earnings(api: Api) 
         work_id="j1", work_kind="job", assignment_id=a.assignment_id, epoch=1, provider="prov-a",
         gpu_type="A100", pool="shared", start_ms=T0_MS, end_ms=T0_MS + 600_000, gpu_ms=600_000, tier="gold",
     )  # fmt: skip
-    await api.kernel.append(metering_subject(tenant, "w-a1"), tick, visible_in=LEDGER)
+    await api.kernel.append(
+        metering_subject(tenant, "w-a1", tick.assignment_id, UsageTick), tick, visible_in=LEDGER
+    )
 
     listed = await api.request("GET", "/v1/workers", mine)
     assert listed.status_code == 200, listed.text

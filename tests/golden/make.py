@@ -17,8 +17,10 @@ The scenario, 2026-03-31 23:50 UTC to 2026-04-01 00:14 UTC (so billing spans two
 * ``j-sweep``: rejected by a provider policy, re-queued, cancelled;
 * ``ep-chat``: 2 replicas, one lost with its worker and re-placed (its zombie ``ready`` ignored), the
   other lost at the end with its engine (a ``ready`` after that ignored);
+* each worker verified after it registered (``w-h100-a`` after one failed challenge);
 * metering ticks of every running assignment, one sent twice under a new event id, and a gateway's
-  token counts of the endpoint's replicas; heartbeats;
+  token counts of the endpoint's replicas, in the LEGACY layout of METERING (``meter.<tenant>.<worker>``
+  and ``.tokens``, before one subject per assignment): old logs must still bill the same; heartbeats;
 * provider ``gpuco``: keys, an enrolled agent whose credentials are revoked, a managed-pool
   enrollment token revoked unused.
 """
@@ -40,11 +42,9 @@ from core.streams import (
     endpoint_subject,
     heartbeat_subject,
     job_subject,
-    metering_subject,
     provider_subject,
     stream_for_subject,
     tenant_subject,
-    token_metering_subject,
     worker_subject,
 )
 from projections import ALL
@@ -92,6 +92,9 @@ from schemas import (
     WorkerRecovered,
     WorkerRegistered,
     WorkerUncordoned,
+    WorkerVerificationFailed,
+    WorkerVerificationRequested,
+    WorkerVerified,
 )
 from schemas.envelope import Recorded
 from schemas.providers import (
@@ -209,6 +212,13 @@ def _workers(s: _Scenario) -> None:
         "memory_mb": 512_000,
     }
     c(0, WorkerRegistered(driver="535.161.08", agent_version="0.1.0", **l40s))
+    challenge = {"seed": "9f86d081884c7d659a2feaa0c55ad015", "size": 256, "rounds": 5, "deadline_s": 120.0}
+    a(0.01, WorkerVerificationRequested(challenge_id="vc-a1", requested_by="intake", **challenge))
+    a(0.02, WorkerVerificationFailed(reason="wrong checksum", challenge_id="vc-a1", by="intake"))
+    a(0.03, WorkerVerificationRequested(challenge_id="vc-a2", requested_by="intake", **challenge))
+    a(0.04, WorkerVerified(challenge_id="vc-a2", elapsed_ms=190, gpu_tflops=640.0, by="intake"))
+    b(0.04, WorkerVerified(challenge_id="vc-b1", elapsed_ms=240, gpu_tflops=150.0, by="intake"))
+    c(0.04, WorkerVerified(challenge_id="vc-c1", elapsed_ms=210, gpu_tflops=300.0, by="intake"))
     a(
         0.1,
         WorkerPolicySet(
@@ -523,7 +533,7 @@ def _ticks(s: _Scenario) -> None:
                 gpu_ms=gpus * (tick_end - tick_start),
                 tier=tier,
             )
-            subject = metering_subject(tenant, worker)
+            subject = f"meter.{tenant}.{worker}"  # the legacy layout (see the module docstring)
             s.at_ms(tick_end + 250, subject, tick)
             if (assignment, index) == _DUPLICATED:
                 s.at_ms(tick_end + 4_250, subject, tick)
@@ -531,7 +541,7 @@ def _ticks(s: _Scenario) -> None:
                 counted = msgspec.structs.replace(
                     tick, gpu_ms=0, tokens=tokens * (tick_end - tick_start) // TICK_MS, source="gateway-g1"
                 )
-                s.at_ms(tick_end + 500, token_metering_subject(tenant, worker), counted)
+                s.at_ms(tick_end + 500, f"meter.{tenant}.{worker}.tokens", counted)
 
 
 def _tenants(s: _Scenario) -> None:
