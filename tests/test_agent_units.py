@@ -466,7 +466,13 @@ def test_meter_ticks_are_contiguous_gpu_or_cpu_milliseconds() -> None:
     cpu = reports.Meter(cmd(cpus=2.0, tier="gold"), worker_id="w-1", start_ms=1_000)
     subject, first, event_id = cpu.tick(11_000)  # type: ignore[misc]
     assert (subject, event_id) == ("meter.acme.w-1.a1.tick", "a1-tick-1")
-    assert (first.start_ms, first.end_ms, first.cpu_ms, first.gpu_ms, first.epoch) == (1_000, 11_000, 20_000, 0, 1)
+    assert (first.start_ms, first.end_ms, first.cpu_ms, first.gpu_ms, first.epoch) == (
+        1_000,
+        11_000,
+        20_000,
+        0,
+        1,
+    )
     assert (first.provider, first.gpu_type, first.tier) == ("", "", "unverified")  # nothing of its own
     assert cpu.tick(11_000) is None  # empty interval
     _, second, _ = cpu.tick(12_500)  # type: ignore[misc]
@@ -494,7 +500,11 @@ def test_progress_is_coalesced_to_one_report_a_second_per_assignment() -> None:
 def test_log_tails_are_cut_to_their_last_bytes() -> None:
     assert reports.cut_tail("short") == "short"
     cut = reports.cut_tail("x" * 100_000 + "the end")
-    assert cut.startswith("[...]") and cut.endswith("the end") and len(cut.encode()) <= reports.LOG_TAIL_BYTES + 6
+    assert (
+        cut.startswith("[...]")
+        and cut.endswith("the end")
+        and len(cut.encode()) <= reports.LOG_TAIL_BYTES + 6
+    )
 
 
 def test_end_reports() -> None:

@@ -128,7 +128,10 @@ async def append_decided(call: Call[Any, Any], decide: Callable[[ProvidersState]
             return decision
         except ConcurrencyConflict:  # something happened to this provider since we read it
             last = await call.kernel.event_log.last_seq(PROVIDERS.stream)
-            await call.kernel.runners[PROVIDERS.name].wait_for(last, READ_YOUR_WRITES_S)
+            try:
+                await call.kernel.runners[PROVIDERS.name].wait_for(last, READ_YOUR_WRITES_S)
+            except TimeoutError:  # nothing of this request was stored: a retry is safe
+                raise ApiError(503, "busy", "the gateway is behind the log; retry in a moment") from None
     raise ApiError(409, "busy", "the provider's account changed during every attempt; retry")
 
 

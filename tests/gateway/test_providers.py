@@ -10,9 +10,9 @@ import asyncio
 import hashlib
 import secrets
 import time
-import warnings
 from typing import Any
 
+import bcrypt
 import pytest
 
 from core.log import EventLog
@@ -28,10 +28,6 @@ from schemas.providers import (
 )
 from tests.gateway.conftest import Api
 from tests.support import of, records
-
-with warnings.catch_warnings():  # deprecated in 3.11 (see core.natsauth); the server's bcrypt
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import crypt
 
 
 async def provider(api: Api, name: str | None = None) -> tuple[str, str]:
@@ -107,7 +103,7 @@ async def test_enrollment_gives_credentials_once_and_uses_the_token_up(api: Api,
     assert nats["url"] == api.kernel.settings.nats_url
     [enrolled] = of(await records(log, "PROVIDERS"), AgentEnrolled)
     assert enrolled.worker_id == worker and enrolled.token_id == issued["token_id"]
-    assert crypt.crypt(nats["password"], enrolled.nats_password_bcrypt) == enrolled.nats_password_bcrypt
+    assert bcrypt.checkpw(nats["password"].encode(), enrolled.nats_password_bcrypt.encode())
     stored = await records(log, "PROVIDERS")
     assert all(nats["password"] not in repr(r.event) and issued["token"] not in repr(r.event) for r in stored)
     reused = await enroll(api, issued["token"])
