@@ -57,6 +57,7 @@ from core.streams import command_subject, job_filter, job_subject, worker_filter
 from core.wire import Position
 from ops.inputs import InputError, Presigner
 from ops.live_capacity import LiveCapacity
+from ops.process import service_connection
 from ops.replicas import Replicas
 from ops.silence import Silence
 from ops.workspecs import WorkSpecError, ddp_spec, federated_spec
@@ -806,20 +807,8 @@ RUNTIME_OF_KIND = {"process": "process", "federated": "nvflare-client", "ddp": "
 
 async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event | None = None) -> None:
     """Run one coordinator until SIGINT/SIGTERM (or ``stop``)."""
-    import signal
-
-    event_log = await EventLog.connect(settings, name=name)
-    await event_log.ensure_streams()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    coordinator = Coordinator(event_log, name=name)
-    try:
-        await coordinator.run(stop)
-    finally:
-        await event_log.close()
+    async with service_connection(settings, name, stop) as (event_log, stopping):
+        await Coordinator(event_log, name=name).run(stopping)
 
 
 @contextlib.asynccontextmanager

@@ -44,6 +44,7 @@ from core.log import EventLog, Pulled
 from core.settings import Settings
 from core.streams import command_subject, split_intake, worker_subject
 from core.wire import Position
+from ops.process import service_connection
 from ops.verifier import Verifier
 from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import Facts, Refused, Verdict, judge
@@ -432,19 +433,8 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run one intake until SIGINT/SIGTERM (or ``stop``)."""
-    import signal
-
-    event_log = await EventLog.connect(settings, name=name)
-    await event_log.ensure_streams()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await Intake(event_log, name=name, kernel_addresses=kernel_addresses).run(stop)
-    finally:
-        await event_log.close()
+    async with service_connection(settings, name, stop) as (event_log, stopping):
+        await Intake(event_log, name=name, kernel_addresses=kernel_addresses).run(stopping)
 
 
 @contextlib.asynccontextmanager

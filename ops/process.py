@@ -15,13 +15,15 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 from core.errors import ResontechError
+from core.log import EventLog
+from core.settings import Settings
 from ops.ports import ensure_port_free, free_port
 
 T = TypeVar("T")
@@ -273,3 +275,22 @@ class LocalServer:
 
 
 # -- nats-server -----------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def service_connection(
+    settings: Settings, name: str, stop: asyncio.Event | None = None
+) -> AsyncIterator[tuple[EventLog, asyncio.Event]]:
+    """A kernel service's own connection to the log (streams created if missing) and the event
+    that stops it, set by SIGINT and SIGTERM (or given); the connection is closed on the way out."""
+    event_log = await EventLog.connect(settings, name=name)
+    try:
+        await event_log.ensure_streams()
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        yield event_log, stop
+    finally:
+        await event_log.close()

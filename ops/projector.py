@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Sequence
 from typing import Any
 
 from core.log import EventLog
 from core.settings import Settings
+from ops.process import service_connection
 from projections import ALL
 from projections.base import Projection
 from projections.runner import ProjectionRunner
@@ -25,13 +25,13 @@ log = logging.getLogger("resontech.projector")
 
 async def run(settings: Settings, projections: Sequence[Projection[Any]] = ALL) -> None:
     """Run one :class:`ProjectionRunner` per projection until SIGINT/SIGTERM; snapshot on the way out."""
-    event_log = await EventLog.connect(settings, name="projector")
-    await event_log.ensure_streams()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    async with service_connection(settings, "projector") as (event_log, stop):
+        await _project(event_log, stop, settings, projections)
+
+
+async def _project(
+    event_log: EventLog, stop: asyncio.Event, settings: Settings, projections: Sequence[Projection[Any]]
+) -> None:
     runners = [
         ProjectionRunner(
             event_log,
@@ -50,5 +50,4 @@ async def run(settings: Settings, projections: Sequence[Projection[Any]] = ALL) 
         for task in tasks:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
-        await event_log.close()
         log.info("projector stopped at %s", {r.projection.name: r.seq for r in runners})

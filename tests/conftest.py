@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import nats
 import pytest
 
 from core.log import EventLog
 from core.settings import Settings
-from core.streams import STREAMS
 from ops.natsserver import NatsAuth, NatsServer
 from ops.objectstore import ObjectStoreServer
 from tests.secured import Stack, running_stack
-from tests.support import AgentProcess, IntakeProcess
+from tests.support import AgentProcess, IntakeProcess, wipe_streams
 
 
 @pytest.fixture(scope="session")
@@ -48,18 +45,6 @@ def settings(nats_server: NatsServer, object_store: ObjectStoreServer) -> Settin
         s3_access_key=object_store.access_key,
         s3_secret_key=object_store.secret_key,
     )
-
-
-async def wipe_streams(url: str) -> None:
-    """Delete every stream and snapshot so a test starts from an empty log."""
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    for spec in STREAMS:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_stream(spec.name)
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await js.delete_object_store("snapshots")
-    await nc.close()
 
 
 @pytest.fixture

@@ -18,15 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
-import nats.js.errors
 
 from agent.enroll import apply, enroll
 from agent.settings import load_agent_settings
 from core.log import EventLog
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
-from core.streams import STREAMS
 from gateway.app import create_app
 from gateway.auth import digest
 from gateway.kernel import Kernel
@@ -37,7 +34,7 @@ from ops.natsserver import NatsServer
 from ops.objectstore import ObjectStoreServer
 from projections import PROVIDERS
 from schemas.api.providers import Enrolled
-from tests.support import until
+from tests.support import until, wipe_streams
 
 
 @dataclass
@@ -109,22 +106,11 @@ def kernel_settings(server: NatsServer, store: ObjectStoreServer) -> Settings:
     )
 
 
-async def wipe(settings: Settings) -> None:
-    nc = await nats.connect(settings.nats_url, user=settings.nats_user, password=settings.nats_password)
-    js = nc.jetstream()
-    for spec in STREAMS:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_stream(spec.name)
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await js.delete_object_store("snapshots")
-    await nc.close()
-
-
 @contextlib.asynccontextmanager
 async def running_stack(server: NatsServer, store: ObjectStoreServer, root: Path) -> AsyncIterator[Stack]:
     """The kernel beside ``server`` on fresh streams, until the block ends."""
     settings = kernel_settings(server, store)
-    await wipe(settings)
+    await wipe_streams(settings.nats_url, settings.nats_user, settings.nats_password)
     log = await EventLog.connect(settings)
     await log.ensure_streams()
     operator_key = "rt_operator0000_" + secrets.token_urlsafe(32)

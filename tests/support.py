@@ -13,10 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.js.errors
+
 from agent.runtimes.process import reap_orphans
 from core.log import EventLog
 from core.settings import Settings
-from core.streams import endpoint_subject, job_subject, worker_subject
+from core.streams import STREAMS, endpoint_subject, job_subject, worker_subject
 from ops.coordinator import Coordinator, running
 from ops.workers import enroll_state_dir
 from schemas import (
@@ -151,6 +154,18 @@ class IntakeProcess:
 
     def stderr(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+
+async def wipe_streams(url: str, user: str | None = None, password: str | None = None) -> None:
+    """Delete every stream and snapshot so a test starts from an empty log."""
+    nc = await nats.connect(url, user=user, password=password)
+    js = nc.jetstream()
+    for spec in STREAMS:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream(spec.name)
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await js.delete_object_store("snapshots")
+    await nc.close()
 
 
 async def until(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT_S) -> Any:

@@ -35,6 +35,7 @@ from core.objects import s3_client
 from core.settings import Settings
 from ops.federation.federation import IDLE_S, Context, Federation
 from ops.federation.server import TAG
+from ops.process import service_connection
 from projections import SCHEDULE
 from projections.runner import ProjectionRunner
 from projections.schedule import TERMINAL, ScheduleState, job_key
@@ -135,25 +136,14 @@ class FederationService:
 async def serve(settings: Settings, root: Path, *, stop: asyncio.Event | None = None) -> None:
     """Run the federation service on ``root`` (an absolute ``<data dir>/federations``) until SIGINT or
     SIGTERM (or ``stop``)."""
-    import signal
-
-    event_log = await EventLog.connect(settings, name="federation")
-    await event_log.ensure_streams()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    service = FederationService(
-        event_log,
-        root,
-        host=os.environ.get(HOST_ENV) or "localhost",
-        idle_s=_seconds(IDLE_ENV, IDLE_S),
-    )
-    try:
-        await service.run(stop)
-    finally:
-        await event_log.close()
+    async with service_connection(settings, "federation", stop) as (event_log, stopping):
+        service = FederationService(
+            event_log,
+            root,
+            host=os.environ.get(HOST_ENV) or "localhost",
+            idle_s=_seconds(IDLE_ENV, IDLE_S),
+        )
+        await service.run(stopping)
 
 
 def _seconds(name: str, default: float) -> float:
