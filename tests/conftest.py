@@ -99,6 +99,24 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
 
 
 @pytest.fixture
+def enrolled_agents(tmp_path: Path, secured: NatsServer) -> Iterator[Callable[..., AgentProcess]]:
+    """Start agents enrolled through ``stack`` (their state dirs under ``tmp_path``) with
+    ``enrolled_agents(name, env={...})``: no kernel credentials in their environment, only their own."""
+    started: list[AgentProcess] = []
+
+    def start(name: str, env: dict[str, str] | None = None) -> AgentProcess:
+        agent = AgentProcess(name, tmp_path, secured.url)
+        agent.env.update(env or {})
+        agent.start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.cleanup()
+
+
+@pytest.fixture
 async def stack(secured: NatsServer, object_store: ObjectStoreServer, tmp_path: Path) -> AsyncIterator[Stack]:
     """The kernel (gateway, agent-user sync, intake) on fresh streams of the ``secured`` server."""
     async with running_stack(secured, object_store, tmp_path) as kernel:

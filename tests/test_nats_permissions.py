@@ -9,8 +9,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 
 import nats
 import nats.errors
@@ -24,7 +23,6 @@ from core.errors import LogUnavailable
 from core.log import EventLog
 from core.natsauth import AGENT_ENDPOINT_EVENTS, AGENT_JOB_EVENTS, KERNEL_USER, agent_permissions
 from core.streams import command_subject, heartbeat_subject, intake_subject
-from ops.natsserver import NatsServer
 from schemas import Heartbeat, JobCompleted, StartWork, StopWork, WorkerRegistered, WorkSpec
 from schemas.api.providers import Enrolled
 from tests.secured import Stack, agent_settings
@@ -244,23 +242,8 @@ async def test_revoked_credentials_stop_working(stack: Stack) -> None:
 # -- a real agent process with enrolled credentials ------------------------------------------------
 
 
-@pytest.fixture
-def enrolled_agents(tmp_path: Path, secured: NatsServer) -> Iterator[Callable[[str], AgentProcess]]:
-    started: list[AgentProcess] = []
-
-    def start(name: str) -> AgentProcess:
-        agent = AgentProcess(name, tmp_path, secured.url)  # no kernel credentials in its environment
-        agent.start()
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.cleanup()
-
-
 async def test_an_enrolled_agent_process_registers_and_runs_a_job(
-    stack: Stack, enrolled_agents: Callable[[str], AgentProcess]
+    stack: Stack, enrolled_agents: Callable[..., AgentProcess]
 ) -> None:
     provider, key = await stack.provider()
     enrolled, state_dir = await stack.enroll("e2e", provider, key)

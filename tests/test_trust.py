@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from core.streams import (
     metering_subject,
     worker_subject,
 )
-from ops.natsserver import NatsServer
 from projections import ENDPOINTS, LEDGER, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
 from projections.base import Projection, state_hash
 from projections.runner import rebuild
@@ -135,22 +134,6 @@ async def enroll_mallory(stack: Stack) -> Mallory:
     return Mallory(stack, enrolled, await stack.as_agent(enrolled, state_dir))
 
 
-@pytest.fixture
-def honest_agents(tmp_path: Path, secured: NatsServer) -> Iterator[Callable[[str], AgentProcess]]:
-    started: list[AgentProcess] = []
-
-    def start(name: str) -> AgentProcess:
-        agent = AgentProcess(name, tmp_path, secured.url)  # its own credentials, from its state dir
-        agent.env["RESONTECH_AGENT_METERING_INTERVAL_S"] = "600"  # one tick, at the end: a quiet ledger
-        agent.start()
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.cleanup()
-
-
 async def wait_for(
     log: EventLog, projection: Projection[Any], predicate: Callable[[Any], Any], what: str
 ) -> Any:
@@ -174,12 +157,13 @@ while not os.path.exists(sys.argv[1]):
 
 
 async def test_an_agent_cannot_fail_complete_reject_checkpoint_or_bill_another_workers_job(
-    stack: Stack, honest_agents: Callable[[str], AgentProcess], tmp_path: Path
+    stack: Stack, enrolled_agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
     tenant, admin = await stack.tenant("victim")
     provider, provider_key = await stack.provider()
     await stack.enroll("honest", provider, provider_key)
-    agent = honest_agents("honest")
+    # its own credentials; one tick, at the end: a quiet ledger while it is attacked
+    agent = enrolled_agents("honest", env={"RESONTECH_AGENT_METERING_INTERVAL_S": "600"})
     mallory = await enroll_mallory(stack)
     await mallory.register()
     flag = tmp_path / "done"
