@@ -31,7 +31,6 @@ import contextlib
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,8 +86,7 @@ class Intake:
             (default: the NATS servers and the object store of ``event_log``'s settings).
 
     Attributes:
-        accepted / refused: claims appended / quarantined so far; ``reasons`` counts refusals by
-            their first words.
+        accepted / refused: claims appended / quarantined so far.
     """
 
     def __init__(
@@ -107,10 +105,9 @@ class Intake:
         self.providers = ProjectionRunner(event_log, PROVIDERS, write_snapshots=False)
         self.accepted = 0
         self.refused = 0
-        self.reasons: Counter[str] = Counter()
         self.ready = asyncio.Event()
         self._billed: dict[str, tuple[int, int]] = {}  # meter subject -> (last seq, billed until ms)
-        self._buckets: dict[str, tuple[float, float]] = {}  # assignment -> (tokens, at monotonic s)
+        self._buckets: dict[str, tuple[float, float]] = {}  # assignment -> (tokens, at: store time, s)
         self._caught_up_ns = 0
         self.verifier = Verifier(event_log, self.registry, name)
         self._told: dict[str, float] = {}  # worker -> when it was last told its registration was refused
@@ -213,7 +210,7 @@ class Intake:
             if isinstance(event, WorkerRegistered):
                 await self._tell_refused(sender, verdict.reason)
             return None
-        if not self._within_rate(verdict.event):
+        if not self._within_rate(verdict.event, claim.time_ns):
             await self._refuse(claim, sender, f"more than {PROGRESS_PER_S:g} progress reports a second")
             return None
         self.accepted += 1
@@ -264,7 +261,6 @@ class Intake:
 
     async def _refuse(self, claim: Pulled, sender: str, reason: str) -> None:
         self.refused += 1
-        self.reasons[reason.split(":", 1)[0][:60]] += 1
         log.warning("refused claim %s from %s on %s: %s", claim.seq, sender, claim.subject, reason)
         await self.log.quarantine_now("INTAKE", claim.seq, claim.subject, claim.data, reason, sender=sender)
 
@@ -278,11 +274,12 @@ class Intake:
         with contextlib.suppress(ResontechError):
             await self.log.append(command_subject(worker_id), RegistrationRefused(reason=reason))
 
-    def _within_rate(self, event: Event) -> bool:
-        """Token bucket per assignment for progress reports (every other report passes)."""
+    def _within_rate(self, event: Event, stored_ns: int) -> bool:
+        """Token bucket per assignment for progress reports, by the claims' store times (a backlog
+        judged at once after a restart is not a burst); every other report passes."""
         if not isinstance(event, JobProgress):
             return True
-        now = time.monotonic()
+        now = stored_ns / 1e9
         tokens, at = self._buckets.get(event.assignment_id, (PROGRESS_BURST, now))
         tokens = min(PROGRESS_BURST, tokens + (now - at) * PROGRESS_PER_S)
         if tokens < 1.0:

@@ -62,7 +62,7 @@ from schemas.api.providers import Enrolled
 from schemas.catalog import encode
 from schemas.workers import WorkerPolicy, WorkerVerified
 from tests.secured import Stack
-from tests.support import AgentProcess, coordinator
+from tests.support import AgentProcess, coordinator, until
 from tests.test_nats_permissions import raw_agent, violation
 
 pytestmark = pytest.mark.slow
@@ -690,3 +690,27 @@ async def test_kernel_services_appending_directly_still_work(stack: Stack) -> No
     await stack.log.append(worker_subject("w-k", policy), policy)
     registry = await wait_for(stack.log, REGISTRY, lambda s: "w-k" in s.workers and s, "registered")
     assert registry.workers["w-k"].state == "available"
+
+
+async def test_a_flood_of_progress_reports_is_capped(stack: Stack) -> None:
+    """An agent (or its workload, through it) sending a progress report per printed line: the intake
+    takes a burst, then five a second per assignment (an honest agent sends at most one)."""
+    tenant, _ = await stack.tenant("victim")
+    mallory = await enroll_mallory(stack)
+    await mallory.register()
+    me = mallory.worker_id
+    await wait_for(stack.log, REGISTRY, lambda s: me in s.workers, "registered")
+    job_id, a, _ = await place_on(stack.log, me, tenant)
+    await wait_for(stack.log, SCHEDULE, lambda s: job_key(tenant, job_id) in s.jobs, "placed")
+    flood = 200
+    for step in range(flood):
+        progress = JobProgress(epoch=1, slot=0, assignment_id=a.assignment_id, step=step)
+        await mallory.claim(job_subject(tenant, job_id, progress), progress)
+    await until(
+        lambda: stack.intake.accepted + stack.intake.refused >= flood + 1, "every claim judged"
+    )  # and the registration
+    refused = await quarantined(stack.log, me, flood - 30)
+    stored = [r async for r in stack.log.replay("JOBS", subjects=f"job.{tenant}.{job_id}.progress")]
+    assert 20 <= len(stored) <= 30 and len(stored) + len(refused) == flood
+    assert all("more than 5 progress reports a second" in q.reason for q in refused)
+    await mallory.log.close()
