@@ -12,6 +12,7 @@ QUARANTINE with its reason and its sender.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from core.streams import (
     metering_subject,
     worker_subject,
 )
+from ops.quarantine import show
 from projections import ENDPOINTS, LEDGER, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
 from projections.base import Projection, state_hash
 from projections.runner import rebuild
@@ -541,7 +543,9 @@ async def test_a_replica_never_claims_a_kernel_service_as_its_address(stack: Sta
 # -- identity is fixed at enrollment ---------------------------------------------------------------
 
 
-async def test_identity_comes_from_the_enrollment_not_the_registration(stack: Stack) -> None:
+async def test_identity_comes_from_the_enrollment_not_the_registration(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
     tenant, _ = await stack.tenant("victim")
     mallory = await enroll_mallory(stack)
     me = mallory.worker_id
@@ -570,6 +574,13 @@ async def test_identity_comes_from_the_enrollment_not_the_registration(stack: St
     assert [i["sender"] for i in items] == [me] * 3 and page.json()["next_after"] == items[-1]["seq"]
     assert items[0]["stream"] == "INTAKE" and "registers pool 'private'" in items[0]["reason"]
     assert '"owner_tenant":"victim"' in items[0]["data"].replace(" ", "")
+    assert await show(stack.log.settings, limit=4) == 0  # resontech quarantine
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("#1 ") and f"from {me}: registers pool 'private'" in lines[0]
+    assert '"owner_tenant":"victim"' in lines[1]
+    assert await show(stack.log.settings, limit=1, as_json=True) == 0
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["seq"], row["stream"], row["sender"]) == (1, "INTAKE", me)
     admin = (await stack.tenant())[1]
     assert (
         await stack.client.get("/v1/quarantine", headers={"Authorization": f"Bearer {admin}"})
