@@ -296,11 +296,6 @@ def metering_subject(tenant: str, worker_id: str, assignment_id: str, event: typ
     )
 
 
-def metering_filter(tenant: str = "*", worker_id: str = "*") -> str:
-    """Every METERING subject of a tenant and worker (``*`` for any), legacy layouts included."""
-    return f"meter.{tenant}.{worker_id}.>"
-
-
 def command_subject(worker_id: str) -> str:
     """``cmd.<worker_id>``."""
     return f"cmd.{token(worker_id, 'worker id')}"

@@ -302,10 +302,9 @@ class Intake:
                 await self._refuse(claim, sender, verdict.reason)
                 return
             try:
-                future = await self.log.submit(
+                position = await self.log.append(
                     verdict.subject, verdict.event, event_id=f"intake-{claim.seq}", expected_seq=last_seq
                 )
-                position = await future
             except ConcurrencyConflict:  # another instance billed this assignment meanwhile
                 self._billed.pop(subject, None)
                 continue
