@@ -86,6 +86,9 @@ NO_RESPONDERS_RETRY_S = 1.0
 configuration (``resontech nats-auth`` adding an agent's user) leaves JetStream silent for ~50 ms;
 an append in that gap is retried rather than failed. A subject no stream captures fails after it."""
 NO_RESPONDERS_FIRST_DELAY_S = 0.025
+STREAM_CREATE_ATTEMPTS = 5
+STREAM_STORE_ERROR = 10049
+"""JetStream's "error creating store for stream"."""
 WATCH_RETRY_S = 5.0
 """How long :meth:`EventLog.watch` retries creating its consumer while the JetStream API is silent."""
 
@@ -193,7 +196,7 @@ class EventLog:
         for spec in streams:
             config = _stream_config(spec, self.settings.stream_replicas)
             try:
-                await jsm.add_stream(config)
+                await _add_stream(jsm, config)
             except nats.js.errors.BadRequestError:
                 existing = await jsm.stream_info(spec.name)
                 config.persist_mode = existing.config.persist_mode
@@ -871,6 +874,19 @@ def _store_ns(when: datetime | None) -> int:
 
 def _header_value(text: str) -> str:
     return text[:500].replace("\r", " ").replace("\n", " ")
+
+
+async def _add_stream(jsm: Any, config: api.StreamConfig) -> None:
+    """Create a stream; a store the server cannot create yet (error 10049: the directory of a stream
+    deleted a moment ago is still being removed) is tried again, a few times."""
+    for attempt in range(STREAM_CREATE_ATTEMPTS):
+        try:
+            await jsm.add_stream(config)
+            return
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code != STREAM_STORE_ERROR or attempt == STREAM_CREATE_ATTEMPTS - 1:
+                raise
+        await asyncio.sleep(0.1 * (attempt + 1))
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
