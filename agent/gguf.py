@@ -15,6 +15,8 @@ llama.cpp, not like the original bf16 checkpoint.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,7 +222,11 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
 def convert(gguf_path: Path, out_dir: Path) -> Path:
     """Write a Hugging Face folder for `gguf_path` into `out_dir` (atomically: a temp dir, renamed).
 
-    Returns `out_dir`. An existing `out_dir` with a `config.json` is reused as is.
+    Returns `out_dir`. An existing `out_dir` with a `config.json` is reused as is (the caller,
+    :func:`agent.models.shipped_path`, discards a folder that fails its manifest first). A `.partial`
+    folder left by an interrupted conversion is removed first, so that no file in it ends up in the
+    result; the result's files are 0644 and its folders 0755 (safetensors writes 0600, which a
+    sandboxed engine under another user could not read), whatever the umask.
     """
     import torch
     from safetensors.torch import save_file
@@ -240,12 +246,20 @@ def convert(gguf_path: Path, out_dir: Path) -> Path:
         weights[hf_name(t.name)] = torch.from_numpy(np.array(array, dtype=np.float32)).to(torch.bfloat16)
     tied = "lm_head.weight" not in weights
     tmp = out_dir.with_name(out_dir.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)
+    elif tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.mkdir(parents=True)
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config = llama_config(meta, tied)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
     build_tokenizer(meta).save_pretrained(str(tmp))
+    for root, _dirs, files in os.walk(tmp):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
     tmp.rename(out_dir)
     return out_dir
