@@ -16,8 +16,10 @@ other line is just log output. All fields are optional unless marked.
 ``RESONTECH_CHECKPOINT {"object_key": "jobs/x/ckpt/round-3.pt", "round": 3, "step": 300}``
     -> the same event for a checkpoint the workload has already written to the tenant's workspace
     itself, under that key. Exactly one of ``path`` and ``object_key`` is given.
-``RESONTECH_READY {"address": "http://10.0.0.5:8000"}``
-    -> ``endpoint.<tenant>.<endpoint>.replica_ready`` for an inference replica (``address`` required).
+``RESONTECH_READY {"address": "http://10.0.0.5:8000", "api_key": "..."}``
+    -> ``endpoint.<tenant>.<endpoint>.replica_ready`` for an inference replica (``address`` required;
+    ``api_key``: the key the engine takes). Only the ``vllm`` runtime says it, for its engine (see
+    :mod:`agent.runtimes.vllm`): a line the engine itself prints never reaches the agent.
 
 The environment a workload starts with (see :mod:`agent.runtimes.process`) tells it who it is:
 ``RESONTECH_ASSIGNMENT_ID``, ``RESONTECH_WORK_ID``, ``RESONTECH_SLOT``, ``RESONTECH_EPOCH``,
@@ -37,6 +39,8 @@ from typing import Any
 
 import msgspec
 
+KEYWORD_PREFIX = "RESONTECH_"
+"""Every keyword starts with it: a line that does not is ordinary output."""
 PROGRESS = "RESONTECH_PROGRESS"
 CHECKPOINT = "RESONTECH_CHECKPOINT"
 READY = "RESONTECH_READY"
@@ -66,6 +70,7 @@ class ReadyLine(msgspec.Struct, frozen=True, kw_only=True):
     """A ``RESONTECH_READY`` report."""
 
     address: str
+    api_key: str = ""
 
 
 Report = ProgressLine | CheckpointLine | ReadyLine
@@ -87,7 +92,7 @@ def parse_line(line: str) -> Report | None:
     Raises:
         ProtocolError: the line starts with a keyword but its JSON is malformed or of the wrong shape.
     """
-    if not line.startswith("RESONTECH_"):
+    if not line.startswith(KEYWORD_PREFIX):
         return None
     keyword, _, payload = line.strip().partition(" ")
     decoder = _DECODERS.get(keyword)

@@ -102,7 +102,9 @@ def reported(cmd: StartWork, report: ProgressLine | CheckpointLine | ReadyLine, 
     if isinstance(report, ReadyLine):
         if cmd.work_kind != "endpoint":
             return None
-        ready = EndpointReplicaReady(assignment_id=cmd.assignment_id, epoch=cmd.epoch, address=report.address)
+        ready = EndpointReplicaReady(
+            assignment_id=cmd.assignment_id, epoch=cmd.epoch, address=report.address, api_key=report.api_key
+        )
         return _one(cmd, ready, f"ready-{n}")
     if cmd.work_kind != "job":
         return None

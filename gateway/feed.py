@@ -35,6 +35,7 @@ from schemas.endpoints import (
     EndpointDeleted,
     EndpointEvent,
     EndpointReplicaPlaced,
+    EndpointReplicaReady,
     EndpointReplicaRevoked,
     EndpointScaledToZero,
 )
@@ -287,9 +288,15 @@ REDACTED = "<redacted>"
 
 def shown(event: Any) -> Any:
     """An event as the feed shows it: a job's environment values masked, as ``GET
-    /v1/jobs/{job_id}/events`` masks them (a viewer key must not read the secrets a member passed)."""
+    /v1/jobs/{job_id}/events`` masks them (a viewer key must not read the secrets a member passed),
+    and a ready replica without its key (the kernel's, to call it: a tenant that held it could call the
+    engine past the gateway, unmetered). This is the one place endpoint events reach a tenant."""
     if isinstance(event, JobSubmitted) and event.env:
         return msgspec.structs.replace(event, env=dict.fromkeys(event.env, REDACTED))
+    if isinstance(event, EndpointReplicaReady):
+        body = msgspec.to_builtins(event)
+        del body["api_key"]
+        return body
     return event
 
 

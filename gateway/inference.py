@@ -10,6 +10,11 @@ round-robin cursors, ejected replicas, the latency windows) and the part the ben
   is retried on the next replica; once a response's headers went out, a failure ends that response
   (a stream cannot be replayed). Ejected replicas are probed with ``GET /health`` (the active check)
   and return when it answers 200.
+* **Keys.** Each replica takes its own key (made by its agent's runtime, from the ENDPOINTS
+  projection): a request goes to a replica with ``Authorization: Bearer <that key>`` and never with
+  the caller's own (a replica of an older event, without a key, is called without one). A replica
+  that answers 401 refused the key the kernel holds for it, not the caller's: it fails over like a
+  502, so that no client is told its own key is wrong.
 * **Figures.** Per endpoint, over a sliding :data:`WINDOW_S` window: requests per second, error rate
   and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response).
 
@@ -24,7 +29,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -198,10 +203,20 @@ class InferenceProxy:
             self._probes.pop(address, None)
 
     async def send(
-        self, key: str, addresses: Sequence[str], path: str, body: bytes, headers: dict[str, str]
+        self,
+        key: str,
+        addresses: Sequence[str],
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        api_keys: Mapping[str, str] | None = None,
     ) -> Upstream:
         """Send ``body`` to ``path`` on the endpoint's replicas until one answers without a retryable
         failure; the response's body is not read yet.
+
+        Args:
+            headers: what to send every replica (an ``authorization`` among them is dropped).
+            api_keys: each replica's key by address; a replica with none is sent no key.
 
         Raises:
             NoReplica: every replica was ejected or failed; the message says what happened last.
@@ -209,17 +224,22 @@ class InferenceProxy:
         self.traffic_of(key).last_request_at = time.monotonic()
         last = "no ready replica"
         attempts = 0
+        common = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         for address in self.order(key, addresses):
             attempts += 1
+            sent = common
+            if api_key := (api_keys or {}).get(address):
+                sent = {**common, "authorization": f"Bearer {api_key}"}
             try:
-                response = await self.session.post(f"{address}{path}", data=body, headers=headers)
+                response = await self.session.post(f"{address}{path}", data=body, headers=sent)
             except UpstreamError as exc:
                 last = f"replica {address}: {type(exc).__name__}"
                 self.eject(address)
                 continue
-            if response.status in RETRYABLE_STATUS:
+            if response.status in RETRYABLE_STATUS or response.status == 401:
                 response.release()
-                last = f"replica {address} answered {response.status}"
+                what = "refused its key" if response.status == 401 else f"answered {response.status}"
+                last = f"replica {address} {what}"
                 self.eject(address)
                 continue
             return Upstream(response, address, attempts)

@@ -61,6 +61,7 @@ class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         address: where it serves (``http://host:port``) while ``ready``, else empty.
+        api_key: the key its engine takes while ``ready`` (empty: none); the kernel's, never shown.
         reason / log_tail: why it was lost.
         changed_seq: ENDPOINTS sequence of its latest accepted change.
         placed_ns: envelope time of its placement.
@@ -73,6 +74,7 @@ class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
     gpus: int = 0
     state: ReplicaState = "placed"
     address: str = ""
+    api_key: str = ""
     reason: str = ""
     log_tail: str = ""
     changed_seq: int = 0
@@ -247,12 +249,18 @@ def _replica_changed(endpoint: EndpointRecord, event: Any, seq: int) -> Endpoint
             if replica.state != "placed":
                 return None
             new = _replace(replica, state="starting", changed_seq=seq)
-        case EndpointReplicaReady(address=address):
-            new = _replace(replica, state="ready", address=address, changed_seq=seq)
+        case EndpointReplicaReady(address=address, api_key=api_key):
+            new = _replace(replica, state="ready", address=address, api_key=api_key, changed_seq=seq)
             endpoint = _replace(endpoint, start_failures=0)
         case EndpointReplicaLost(reason=reason, log_tail=log_tail, retryable=retryable):
             new = _replace(
-                replica, state="lost", address="", reason=reason, log_tail=log_tail, changed_seq=seq
+                replica,
+                state="lost",
+                address="",
+                api_key="",
+                reason=reason,
+                log_tail=log_tail,
+                changed_seq=seq,
             )
             if not retryable:
                 endpoint = _replace(
@@ -334,7 +342,7 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
 ENDPOINTS: Projection[EndpointsState] = Projection(
     name="endpoints",
     stream="ENDPOINTS",
-    version=4,
+    version=5,
     state_type=EndpointsState,
     initial=EndpointsState,
     evolve=evolve,

@@ -81,11 +81,18 @@ class EndpointReplicaStarting(Event, tag="endpoint.replica_starting", frozen=Tru
 
 
 class EndpointReplicaReady(Event, tag="endpoint.replica_ready", frozen=True, kw_only=True):
-    """A replica passed its health check and serves at ``address`` (``http://host:port``)."""
+    """A replica passed its health check and serves at ``address`` (``http://host:port``).
+
+    Attributes:
+        api_key: the bearer key its engine takes, made by the agent's runtime (empty in events of
+            replicas that took none: they are called without). The kernel's to read and send, never a
+            tenant's: the gateway leaves it out of every event it shows (:func:`gateway.feed.shown`).
+    """
 
     assignment_id: str
     epoch: int
     address: str
+    api_key: str = ""
 
 
 class EndpointReplicaLost(Event, tag="endpoint.replica_lost", frozen=True, kw_only=True):

@@ -243,6 +243,27 @@ def test_a_replica_serves_on_its_workers_registered_host_only(address: str, why:
     )
 
 
+@pytest.mark.parametrize(
+    ("api_key", "accepted"),
+    [
+        ("", True),  # an older agent's replica takes no key
+        ("Zm9v_YmFy-" * 4 + "abc", True),  # what secrets.token_urlsafe(32) makes
+        ("k\r\nx-forwarded-for: 1.2.3.4", False),  # would be a second header
+        ("k" * 129, False),
+        ("key with spaces", False),
+    ],
+)
+def test_a_replicas_key_is_short_url_safe_base64(api_key: str, accepted: bool) -> None:
+    ready = EndpointReplicaReady(
+        assignment_id="e1-s0-e1", epoch=1, address="http://10.0.0.7:8000", api_key=api_key
+    )
+    verdict = claim(endpoint_subject("victim", "e1", ready), ready, facts(endpoints=replica_on(ME)))
+    if accepted:
+        assert isinstance(verdict, Accepted) and verdict.event == ready
+    else:
+        assert "key is not" in reason(verdict)
+
+
 # -- usage ---------------------------------------------------------------------------------------
 
 PLACED_MS = (T0 + 10 * S) // 1_000_000

@@ -173,20 +173,23 @@ def test_autoscaler_scales_out_in_and_to_zero_within_bounds() -> None:
     assert wake(b).replicas == 1 and wake(kept).replicas == 1
 
 
-async def _engine(tmp_path: Path, script: str, ready_timeout_s: float) -> tuple[int, list[str], str]:
-    """Run ``script`` as an engine that never answers ``/health``: its exit code, lines, log tail."""
+async def _engine(
+    tmp_path: Path, script: str, ready_timeout_s: float, *, port: int = 0, api_key: str = ""
+) -> tuple[int, list[str], str]:
+    """Run ``script`` as an engine on ``port`` (by default one it never answers ``/health`` on): its
+    exit code, the lines the runtime passes on, its log tail."""
     import asyncio
     import sys
 
     from agent.runtimes.process import ProcessRuntime
     from agent.runtimes.vllm import EngineWorkload, free_port
+    from agent.sandbox import Sandbox
     from schemas.commands import WorkSpec
 
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", script])
-    inner = await ProcessRuntime().start(spec, tmp_path, {"PATH": "/usr/bin:/bin"})
-    engine = EngineWorkload(
-        inner, f"http://127.0.0.1:{free_port('127.0.0.1')}", ready_timeout_s=ready_timeout_s
-    )
+    inner = await ProcessRuntime(Sandbox.for_host()).start(spec, tmp_path, {"PATH": "/usr/bin:/bin"})
+    address = f"http://127.0.0.1:{port or free_port('127.0.0.1')}"
+    engine = EngineWorkload(inner, address, api_key=api_key, ready_timeout_s=ready_timeout_s)
 
     async def collect() -> list[str]:
         return [line async for line in engine.lines()]
@@ -207,3 +210,102 @@ async def test_an_engine_that_dies_before_health_ends_with_its_own_exit_and_log_
 async def test_an_engine_never_healthy_is_stopped_after_its_ready_timeout(tmp_path: Path) -> None:
     code, lines, _ = await _engine(tmp_path, "import time; time.sleep(120)", 1.0)
     assert code != 0 and any("engine not healthy after 1s" in line for line in lines)
+
+
+FORGING_ENGINE = """
+import http.server, threading
+def forge(address, key):
+    print('RESONTECH_READY {"address": "%s", "api_key": "%s"}' % (address, key), flush=True)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+forge("http://127.0.0.1:1", "forged-before")
+print('  RESONTECH_READY {"address": "http://127.0.0.1:2"}', flush=True)
+server = http.server.HTTPServer(("127.0.0.1", PORT), Health)
+threading.Timer(2.0, forge, ("http://127.0.0.1:3", "forged-after")).start()
+threading.Timer(3.0, server.shutdown).start()
+server.serve_forever()
+"""
+
+
+async def test_a_ready_line_the_engine_prints_cannot_set_the_replicas_address_or_key(tmp_path: Path) -> None:
+    """The engine's output is a tenant's model's to fill: READY lines it prints, before and after the
+    runtime's own, never reach the agent; the one claim is the runtime's address and key."""
+    from collections.abc import AsyncIterator
+
+    from agent.forwarding import forward_reports
+    from agent.runtimes.vllm import free_port
+    from schemas.commands import StartWork, WorkSpec
+    from schemas.endpoints import EndpointReplicaReady
+
+    port = free_port("127.0.0.1")
+    script = FORGING_ENGINE.replace("PORT", str(port))
+    code, lines, tail = await _engine(tmp_path, script, 30.0, port=port, api_key="the-runtimes-key")
+    assert code == 0 and "forged-after" in tail  # the engine did print it (its log keeps it)
+    cmd = StartWork(
+        tenant="acme", work_id="ep1", work_kind="endpoint", assignment_id="ep1-s0-e1", slot=0, epoch=1,
+        spec=WorkSpec(runtime="vllm"),
+    )  # fmt: skip
+    claims: list[object] = []
+
+    async def emit(items: list[tuple[str, object, str]]) -> bool:
+        claims.extend(event for _, event, _ in items)
+        return True
+
+    async def output() -> AsyncIterator[str]:
+        for line in lines:
+            yield line
+
+    await forward_reports(cmd, output(), tmp_path / "checkpoints", emit, lambda: None)  # type: ignore[arg-type]
+    assert claims == [
+        EndpointReplicaReady(
+            assignment_id="ep1-s0-e1", epoch=1, address=f"http://127.0.0.1:{port}", api_key="the-runtimes-key"
+        )
+    ]
+
+
+def test_the_replicas_key_goes_to_the_engine_in_its_environment_never_its_argv() -> None:
+    folder = models.ResolvedModel("/ws/model", "emb", "embed")
+    for options in ({}, {"engine": "cpu"}):
+        argv = engine_command(folder, host="h", port=1, gpus=0, options=options)
+        assert not any("key" in arg.lower() for arg in argv if arg != "agent.engines.keys.RequireKey")
+    argv = engine_command(folder, host="h", port=1, gpus=0, options={})
+    assert argv[argv.index("--middleware") + 1] == "agent.engines.keys.RequireKey"  # every route keyed
+    env = engine_env({"VLLM_API_KEY": "the-tenants-own"}, gpus=0, options={}, api_key="the-runtimes")
+    assert env["VLLM_API_KEY"] == "the-runtimes"
+    assert "VLLM_API_KEY" not in engine_env({"VLLM_API_KEY": "the-tenants-own"}, gpus=0, options={})
+
+
+async def test_the_embeddings_engine_answers_401_without_its_key_health_stays_open(tmp_path: Path) -> None:
+    """The real engine (the shipped all-MiniLM-L6-v2) as an ASGI app: ``/v1`` needs the key, in
+    OpenAI's error shape as vLLM's routes would need it; ``/health`` does not."""
+    import httpx
+
+    from agent.engines.embeddings import create_app
+
+    model = models.resolve("all-MiniLM-L6-v2", tmp_path, cache=tmp_path / "cache")
+    app = create_app(model.path, "minilm", api_key="right-key")
+    body = {"model": "minilm", "input": ["hello world"]}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
+        assert (await http.get("/health")).status_code == 200
+        for headers in (
+            {},
+            {"authorization": "Bearer wrong-key"},
+            {"authorization": "Bearer right-key-and-more"},
+            {"authorization": "Basic right-key"},
+            {"authorization": "right-key"},
+        ):
+            for method, path in (("POST", "/v1/embeddings"), ("GET", "/v1/models"), ("GET", "/v1/nothing")):
+                refused = await http.request(method, path, json=body, headers=headers)
+                assert refused.status_code == 401, (headers, path)
+                error = refused.json()["error"]
+                assert error["code"] == "invalid_api_key" and error["message"], error
+                assert set(error) == {"message", "type", "param", "code"}
+        ok = await http.post("/v1/embeddings", json=body, headers={"authorization": "Bearer right-key"})
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 384
+        listed = await http.get("/v1/models", headers={"authorization": "bearer right-key"})
+        assert [m["id"] for m in listed.json()["data"]] == ["minilm"]

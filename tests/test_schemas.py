@@ -37,6 +37,13 @@ def test_stored_events_tolerate_unknown_fields() -> None:
     assert type(event).event_tag() == "job.submitted"
 
 
+def test_a_ready_replica_stored_before_replicas_took_a_key_decodes_without_one() -> None:
+    data = json.loads((SAMPLES / "endpoint.replica_ready.json").read_bytes())
+    del data["api_key"]
+    event = decode("endpoint", json.dumps(data).encode())
+    assert type(event).event_tag() == "endpoint.replica_ready" and event.api_key == ""  # type: ignore[attr-defined]
+
+
 def test_events_are_frozen_keyword_only_with_explicit_tags() -> None:
     for cls in EVENT_TYPES:
         assert cls.__struct_config__.frozen, cls

@@ -7,6 +7,11 @@ shapes: ``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (``input``:
 of strings; ``encoding_format`` ``float`` or ``base64``, the official client's default). The agent
 starts it with
 ``python -m agent.engines.embeddings --model DIR --served-model-name NAME --host H --port P``.
+
+It takes a key as the vLLM replicas do (:mod:`agent.engines.keys`): with ``VLLM_API_KEY`` in its
+environment (never in argv, which any process of the host reads in ``/proc``), a request to any
+path but ``/health`` without ``Authorization: Bearer <that key>`` is a 401 in OpenAI's error shape and
+never reaches the model, so that another workload on the host cannot call a tenant's replica.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import os
 from typing import Any
 
 import msgspec
@@ -21,6 +27,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from agent.engines.keys import KEY_ENV, RequireKey
 
 MAX_INPUTS = 2048
 
@@ -39,13 +47,17 @@ def _encode(vector: Any, encoding_format: str) -> Any:
     return vector.tolist()
 
 
-def _error(status: int, message: str) -> Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+def _error(status: int, message: str, code: str | None = None) -> Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
     return JSONResponse(body, status_code=status)
 
 
-def create_app(model_dir: str, served_name: str) -> Starlette:
-    """The engine's ASGI app; the model is loaded before it is returned (``/health`` means ready)."""
+def create_app(model_dir: str, served_name: str, api_key: str = "") -> Starlette:
+    """The engine's ASGI app; the model is loaded before it is returned (``/health`` means ready).
+
+    Args:
+        api_key: the key requests must carry (empty: none, every request is served).
+    """
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(model_dir, device="cpu")
@@ -76,13 +88,16 @@ def create_app(model_dir: str, served_name: str) -> Starlette:
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": served_name, "usage": usage})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
         ]
     )
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key)
+    return app
 
 
 def main() -> None:
@@ -94,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     import uvicorn
 
-    app = create_app(args.model, args.served_model_name)
+    app = create_app(args.model, args.served_model_name, os.environ.get(KEY_ENV, ""))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

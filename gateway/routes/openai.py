@@ -14,8 +14,10 @@ on unless the client asked for it too.
 
 ``model`` names an endpoint of the caller's tenant (by name, or by endpoint id); another tenant's
 endpoint is as unknown as one that does not exist: 404 ``model_not_found``. A key is a tenant key of
-any role (the operator and provider accounts have no endpoints to call). A malformed body (not JSON,
-no ``model``, nested beyond msgspec's depth limit) is a 400 and is not forwarded; a body over
+any role (the operator and provider accounts have no endpoints to call); it stays here: a replica is
+sent only ``accept`` and ``content-type`` of the request's headers, and its own key
+(:mod:`gateway.inference`). A malformed body (not JSON, no ``model``, nested beyond msgspec's depth
+limit) is a 400 and is not forwarded; a body over
 ``RESONTECH_GATEWAY_MAX_INFERENCE_BODY_BYTES`` (16 MiB by default: prompts and embedding inputs
 outgrow the API's 1 MiB) is a 413, refused on its declared ``Content-Length`` before a byte of it
 is read, or as soon as a chunked body passes the limit. A request that finds no ready replica
@@ -183,7 +185,8 @@ async def forward(request: Request, path: str) -> Response:
     headers = {h: v for h in _FORWARD_HEADERS if (v := request.headers.get(h))}
     headers["accept-encoding"] = "identity"  # usage is read off the bytes passed through
     try:
-        upstream = await proxy.send(key, list(replicas), path, body, headers)
+        api_keys = {address: r.api_key for address, r in replicas.items()}
+        upstream = await proxy.send(key, list(replicas), path, body, headers, api_keys)
     except NoReplica as exc:
         proxy.record(key, started, ok=False)
         return error_response(OpenAIError(503, "no_replica", f"no replica could serve the request: {exc}"))

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -116,6 +117,11 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
         # a replica killed mid-traffic: every request still succeeds
         victim = _engine_pid(endpoint_addresses := await _addresses(server, admin, endpoint["endpoint_id"]))
         assert len(endpoint_addresses) == 2
+        # another workload of the host calling a replica past the gateway has no key: refused
+        async with httpx.AsyncClient(timeout=30) as http:
+            for address in endpoint_addresses:
+                direct = await http.post(f"{address}/v1/embeddings", json={"model": "minilm", "input": "x"})
+                assert direct.status_code == 401 and (await http.get(f"{address}/health")).status_code == 200
         results = []
         for i in range(12):
             if i == 3:
