@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA_DIR ?= .resontech
 PYTEST_ARGS ?=
 
-.PHONY: up down test lint bench bench-quick venv browser clean
+.PHONY: up down test lint bench bench-quick venv system browser clean
 
 venv: .venv/.stamp
 
@@ -13,7 +13,7 @@ venv: .venv/.stamp
 	@./ops/venv.sh
 	@touch $@
 
-up: venv
+up: venv system
 	@.venv/bin/resontech --data-dir $(DATA_DIR) up
 
 down: venv
@@ -22,27 +22,33 @@ down: venv
 test: venv browser
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
-# The dashboard's browser test drives Debian's Chromium through Playwright (no browser download).
+# Debian packages: bubblewrap (the workloads' sandbox) for everything; Chromium too for the tests (the
+# dashboard's browser test drives it through Playwright, with no browser download).
+system:
+	@./ops/system.sh
+
 browser:
-	@./ops/browser.sh
+	@./ops/system.sh --browser
 
 lint: venv
 	$(PY) -m ruff check schemas core projections gateway agent ops tests examples
 	$(PY) -m ruff format --check schemas core projections gateway agent ops tests examples
 	$(PY) -m mypy
 
-bench: venv
+bench: venv system
 	$(PY) -m ops.bench.log
 	$(PY) -m ops.bench.schedule
 	$(PY) -m ops.bench.gateway
 	$(PY) -m ops.bench.training
 	$(PY) -m ops.bench.inference
+	$(PY) -m ops.bench.sandbox
 
-bench-quick: venv
+bench-quick: venv system
 	$(PY) -m ops.bench.log --quick
 	$(PY) -m ops.bench.schedule --quick
 	$(PY) -m ops.bench.gateway --quick
 	$(PY) -m ops.bench.training --quick
+	$(PY) -m ops.bench.sandbox --quick
 
 clean:
 	rm -rf .venv

@@ -44,6 +44,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gateway", metavar="URL", help="the gateway to enroll with (default RESONTECH_GATEWAY_URL)"
     )
+    p.add_argument(
+        "--unsandboxed",
+        action="store_const",
+        const=True,
+        help="LOCAL DEVELOPMENT ONLY: run workloads without the sandbox; the worker then takes only "
+        "its owner's work (needs --pool private or managed and --owner-tenant)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check that this host can sandbox workloads (bubblewrap, user namespaces, cgroups) and exit",
+    )
 
 
 _FIELDS = (
@@ -60,6 +72,7 @@ _FIELDS = (
     "state_dir",
     "work_dir",
     "device_source",
+    "unsandboxed",
 )
 
 
@@ -68,6 +81,8 @@ async def run(args: argparse.Namespace, core: Settings, data_dir: Path) -> int:
     from agent.settings import load_agent_settings
 
     settings = load_agent_settings(data_dir, {name: getattr(args, name, None) for name in _FIELDS})
+    if getattr(args, "check", False):
+        return check(settings)
     if args.simulate is not None and args.simulate <= 0:
         raise ConfigError(f"--simulate must be a positive number of workers, got {args.simulate}")
     if args.simulate:
@@ -75,6 +90,26 @@ async def run(args: argparse.Namespace, core: Settings, data_dir: Path) -> int:
     else:
         settings, core = await _enrolled(args, settings, core, data_dir)
         await run_agent(settings, core)
+    return 0
+
+
+def check(settings: AgentSettings) -> int:
+    """``resontech agent --check``: say how this host would run workloads; 0 if it can sandbox them."""
+    from agent.sandbox import host_sandbox
+
+    sandbox, problem = host_sandbox(settings)
+    print(f"sandbox:  {sandbox.isolation if problem is None else 'unavailable'}")
+    if sandbox.bwrap:
+        print(f"bwrap:    {sandbox.bwrap}")
+    limits = sandbox.cgroups.kind if sandbox.cgroups else "rlimits (no writable cgroup)"
+    per_workload = f"{sandbox.processes} processes, {sandbox.open_files} open files, memory per assignment"
+    print(f"limits:   {limits}; {per_workload}")
+    print("read-only:", ", ".join(str(p) for p in sandbox.read_only))
+    if problem is not None:
+        print(f"problem:  {problem}")
+        print("this host refuses tenant work until it is fixed (see README: 'A provider's host')")
+        return 1
+    print("ok: workloads run sandboxed")
     return 0
 
 

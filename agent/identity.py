@@ -50,13 +50,36 @@ def worker_id(state_dir: Path) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash leaves the old or the new content, never half."""
+    """Replace ``path`` with ``text`` so that a crash leaves the old or the new content, never half.
+    The file is the owner's alone (0600): the agent's state names every running assignment's
+    presigned URLs and environment."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def owner_only(state_dir: Path, work_dir: Path) -> None:
+    """Make the agent's state dir and work dir, and every file directly in the state dir, the
+    owner's alone (0700 / 0600), including those an older agent left readable to all. Workloads never
+    see either (they run in the sandbox of their own assignment's directory); this keeps out the
+    host's other users.
+
+    Raises:
+        ConfigError: they cannot be made or changed.
+    """
+    try:
+        for d in (state_dir, work_dir):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            d.chmod(0o700)
+        for path in state_dir.iterdir():
+            if path.is_file() and not path.is_symlink():
+                path.chmod(0o600)
+    except OSError as exc:
+        raise ConfigError(f"agent state dir {state_dir}: {exc.strerror or exc}") from None
 
 
 class StateDirLock:

@@ -58,12 +58,13 @@ from agent.devices import DeviceSource
 from agent.downloads import fetch_all
 from agent.forwarding import forward_reports
 from agent.heartbeat import Heartbeats, append_reliably
-from agent.identity import StateDirLock, worker_id
+from agent.identity import StateDirLock, owner_only, worker_id
 from agent.policy import decide, requested_vram_mb
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
 from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
 from agent.runtimes.process import reap_orphans
+from agent.sandbox import Sandbox, host_sandbox
 from agent.settings import AgentSettings
 from agent.state import CommandState
 from agent.verify import run_verification
@@ -116,6 +117,8 @@ class Agent:
         self._stop_event: asyncio.Event | None = None
         self._log: EventLog | None = None
         self._state = CommandState(self.state_dir)
+        self.sandbox = Sandbox(bwrap=None)
+        self.sandbox_problem: str | None = "not checked yet"
         self._assignments = Assignments([])
         self._busy = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
@@ -137,6 +140,13 @@ class Agent:
         lock.acquire()
         try:
             self.worker_id = worker_id(self.state_dir)
+            owner_only(self.state_dir, self.work_dir)
+            self.sandbox, self.sandbox_problem = await asyncio.to_thread(host_sandbox, self.settings)
+            if self.sandbox_problem is not None:
+                log.error("workloads cannot be sandboxed on this host, so it takes no work: %s",
+                          self.sandbox_problem)  # fmt: skip
+            elif self.sandbox.bwrap is None:
+                log.warning("UNSANDBOXED (local development): workloads run as this agent's user")
             self._state = CommandState.load(self.state_dir)
             self._log = await EventLog.connect(self.core, name=f"resontech-agent-{self.worker_id}")
             try:
@@ -190,6 +200,8 @@ class Agent:
             driver=self.devices.driver(),
             agent_version=agent_version(),
             address=s.address or host.route_address(self.core.nats_url),
+            sandbox="unavailable" if self.sandbox_problem else self.sandbox.isolation,  # type: ignore[arg-type]
+            sandbox_problem=(self.sandbox_problem or "")[:500],
         )
         try:
             await self.log.append(self._claim(worker_subject(self.worker_id, event)), event)
@@ -325,7 +337,8 @@ class Agent:
                 return
             prep.fetch.result()
             env = workload_env(cmd, workdir, gpu_indices=prep.gpu_indices)
-            workload = await RUNTIMES[cmd.spec.runtime]().start(self._spec_here(cmd), workdir, env)
+            runtime = RUNTIMES[cmd.spec.runtime](self.sandbox)
+            workload = await runtime.start(self._spec_here(cmd), workdir, env)
         except StartFailed as exc:
             self._forget(cmd)
             log.info("%s could not start: %s", cmd.assignment_id, exc.message)
@@ -382,6 +395,8 @@ class Agent:
         return True
 
     def _refusal(self, cmd: StartWork) -> str | None:
+        if self.sandbox_problem is not None:
+            return f"this host cannot sandbox workloads: {self.sandbox_problem}"
         if cmd.spec.runtime not in RUNTIMES:
             return f"runtime {cmd.spec.runtime!r} not available on this worker"
         if cmd.assignment_id in self._assignments:

@@ -47,6 +47,11 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
         device_source: ``nvml`` (default; zero GPUs when NVML is missing) or ``simulated``
             (load tests only, never chosen implicitly).
         simulated_gpus / simulated_gpu_model / simulated_vram_mb: the simulated devices.
+        unsandboxed: LOCAL DEVELOPMENT ONLY: run workloads without the sandbox
+            (:mod:`agent.sandbox`); the worker then takes only its owner's work, so it needs a
+            ``managed`` or ``private`` pool and an owner.
+        max_processes / max_open_files: each workload's processes (and threads) and open files
+            per process (its memory is the assignment's).
     """
 
     name: str
@@ -65,6 +70,9 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
     simulated_gpus: int = 1
     simulated_gpu_model: str = "NVIDIA A100 80GB PCIe"
     simulated_vram_mb: int = 81_920
+    unsandboxed: bool = False
+    max_processes: int = 4096
+    max_open_files: int = 65_536
 
 
 _FIELDS = {f.name: f for f in msgspec.structs.fields(AgentSettings)}
@@ -139,5 +147,12 @@ def _check(s: AgentSettings) -> None:
         raise ConfigError(f"{PREFIX}STOP_GRACE_S must not be negative")
     if s.simulated_gpus < 0 or s.simulated_vram_mb <= 0:
         raise ConfigError(f"{PREFIX}SIMULATED_GPUS / SIMULATED_VRAM_MB must be positive")
+    if s.unsandboxed and (s.pool == "shared" or not s.owner_tenant):
+        raise ConfigError(
+            "--unsandboxed runs only its owner's own work: give it --pool private (or managed) and "
+            "--owner-tenant"
+        )
+    if not 16 <= s.max_processes <= 1_000_000 or not 64 <= s.max_open_files <= 1_048_576:
+        raise ConfigError(f"{PREFIX}MAX_PROCESSES must be 16-1000000 and {PREFIX}MAX_OPEN_FILES 64-1048576")
     if s.pool not in _POOLS:  # unreachable through convert; kept for direct construction
         raise ConfigError(f"{PREFIX}POOL must be one of {', '.join(_POOLS)}")

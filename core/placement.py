@@ -15,6 +15,9 @@ Filters, in order; a rejected worker is counted under the first reason it fails:
   capacity; managed work of the owner preempts it, see :mod:`projections.admission`). Managed work runs only
   on managed workers whose ``owner_tenant`` is the tenant; private work only on the tenant's own
   private workers. A managed or private worker without an owner takes no managed or private work.
+  A worker whose host cannot sandbox workloads takes no work at all, and one started unsandboxed
+  (local development) only its owner's own managed or private work, never shared work it would
+  borrow (:mod:`agent.sandbox`).
 * ``gpu_type``: GPU work with a ``gpu_type`` needs a worker of that family
   (:func:`core.pricing.gpu_family`); CPU work (``gpus == 0``) ignores ``gpu_type`` and fits any host.
 * ``state`` (cordoned, lost, deregistered, unverified), ``silent`` (no heartbeat, or the latest is older than
@@ -60,7 +63,7 @@ import msgspec
 
 from core.pricing import CPU_GPU_TYPE, gpu_family, list_price_micros
 from core.tiers import TIER_FACTORS, Tier
-from schemas.values import Assignment, Pool, Provenance, ScoreCard, WorkerState, WorkKind
+from schemas.values import Assignment, Pool, Provenance, Sandboxing, ScoreCard, WorkerState, WorkKind
 from schemas.workers import MaintenanceWindow, WorkerPolicy
 
 if TYPE_CHECKING:
@@ -133,11 +136,13 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         util: live mean GPU utilisation (CPU on a CPU host), 0..1, ``None`` without telemetry.
         uptime / tier: 30-day uptime and tier (:mod:`projections.capacity`) when built.
         last_beat_ns / interval_s: the latest heartbeat's time (``None``: never) and interval.
+        sandbox: how its host isolates workloads (``off``: owner's work only; ``unavailable``: none).
     """
 
     worker_id: str
     pool: Pool = "shared"
     owner_tenant: str | None = None
+    sandbox: Sandboxing = ""
     region: str = ""
     state: WorkerState = "available"
     policy: WorkerPolicy = WorkerPolicy()
@@ -190,10 +195,15 @@ class Unplaceable(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def lanes(c: Candidate) -> tuple[Lane, ...]:
-    """The ``(pool, owner)`` lanes whose work the worker may take (owner ``""`` for shared)."""
+    """The ``(pool, owner)`` lanes whose work the worker may take (owner ``""`` for shared). A host
+    that cannot sandbox takes none; an unsandboxed one only its owner's own."""
+    if c.sandbox == "unavailable":
+        return ()
+    own: tuple[Lane, ...] = ((c.pool, c.owner_tenant),) if c.owner_tenant and c.pool != "shared" else ()
+    if c.sandbox == "off":
+        return own
     if c.pool == "shared":
         return (("shared", ""),)
-    own: tuple[Lane, ...] = ((c.pool, c.owner_tenant),) if c.owner_tenant else ()
     if c.pool == "managed" and "shared" in c.policy.allowed_pools:
         return (*own, ("shared", ""))
     return own

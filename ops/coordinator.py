@@ -792,6 +792,7 @@ def start_command(
             gpus=resources.gpus,
             vram_mb=resources.vram_mb,
             cpus=resources.cpus,
+            memory_mb=resources.memory_mb,
             pool=job.pool,
             tier=tier,
             shards=job.shards,

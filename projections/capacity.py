@@ -127,6 +127,7 @@ def candidate_of(record: WorkerRecord, beat: LastBeat | None, use: Sequence[floa
         worker_id=record.worker_id,
         pool=record.pool,
         owner_tenant=record.owner_tenant,
+        sandbox=record.sandbox,
         region=record.region,
         state=record.state,
         policy=record.policy,

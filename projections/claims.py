@@ -15,7 +15,7 @@ The rules, by what is claimed:
   schedule's (or the endpoint table's) current assignment, whose worker is the sender. A report about
   a finished job or a deleted endpoint is refused. A checkpoint key lies under the job's own
   checkpoint prefix; a replica's address is the sender's registered host, never one of the kernel's
-  own services.
+  own services, and its key (which the gateway sends in a header) is short URL-safe base64.
 * **Usage** (``meter.<tenant>.<worker>.<assignment>.tick``) is accepted only for an assignment of the
   sender that is current or ended within :data:`END_GRACE_MS`, of the tenant and work it names; its
   interval lies within the assignment's life (placement to end, give or take :data:`CLOCK_SKEW_MS`)
@@ -69,6 +69,8 @@ MAX_METRICS = 64
 """Most metrics one progress report may carry."""
 _HOST = re.compile(r"^[A-Za-z0-9.:_-]{1,253}$")
 _KEY = re.compile(r"^[A-Za-z0-9._/=+-]{1,1024}$")
+_API_KEY = re.compile(r"^[A-Za-z0-9_-]{0,128}$")
+"""A replica's key: URL-safe base64 (what ``secrets.token_urlsafe`` makes), safe in a header."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +185,12 @@ def _registration(sender: str, subject: str, claim: WorkerRegistered, facts: Fac
             return Refused(f"registers {name} {value!r}, but its enrollment says {recorded[name]!r}")
     if claim.address and not _HOST.match(claim.address):
         return Refused(f"address {claim.address[:80]!r} is not a host name or IP address")
-    if len(claim.hostname) > MAX_TEXT or len(claim.gpus) > 64 or len(claim.labels) > 64:
+    if (
+        len(claim.hostname) > MAX_TEXT
+        or len(claim.gpus) > 64
+        or len(claim.labels) > 64
+        or len(claim.sandbox_problem) > MAX_TEXT
+    ):
         return Refused("registration too large")
     return Accepted(subject, claim)
 
@@ -271,8 +278,10 @@ def _replica_report(sender: str, tokens: list[str], subject: str, claim: Any, fa
     if mismatch is not None:
         return Refused(mismatch)
     match claim:
-        case EndpointReplicaReady(address=address):
+        case EndpointReplicaReady(address=address, api_key=api_key):
             refusal = _address_refusal(address, facts.registry.workers.get(sender), facts.kernel_addresses)
+            if refusal is None and not _API_KEY.match(api_key):
+                refusal = "the replica's key is not up to 128 characters of URL-safe base64"
             if refusal is not None:
                 return Refused(refusal)
         case EndpointReplicaLost(reason=reason, log_tail=tail) if (

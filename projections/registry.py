@@ -27,7 +27,7 @@ import msgspec
 
 from projections.base import Projection
 from schemas.envelope import Recorded
-from schemas.values import Gpu, Pool, WorkerState
+from schemas.values import Gpu, Pool, Sandboxing, WorkerState
 from schemas.workers import (
     WorkerCordoned,
     WorkerDeregistered,
@@ -72,6 +72,8 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
         excluded_ns: total of closed deregistered intervals.
         lost_count: how many times the worker was declared lost.
         address: the host address other workers reach it at (empty: unknown).
+        sandbox / sandbox_problem: how its host isolates workloads, as it registered
+            (:class:`schemas.workers.WorkerRegistered`).
         last_change_seq: the WORKERS sequence of the last event that changed this record.
         last_seq: the WORKERS sequence of the worker's latest event, whether it changed the
             record or not: the expected sequence for appends about the worker.
@@ -90,6 +92,8 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     agent_version: str = ""
     labels: dict[str, str] = {}
     address: str = ""
+    sandbox: Sandboxing = ""
+    sandbox_problem: str = ""
     state: WorkerState = "available"
     cordoned: bool = False
     cordon_reason: str = ""
@@ -151,6 +155,8 @@ def _registered(
         "agent_version": e.agent_version,
         "labels": e.labels,
         "address": e.address,
+        "sandbox": e.sandbox,
+        "sandbox_problem": e.sandbox_problem,
         "registered_ns": t,
         "last_change_seq": seq,
     }
@@ -250,7 +256,7 @@ def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
 REGISTRY: Projection[RegistryState] = Projection(
     name="registry",
     stream="WORKERS",
-    version=4,
+    version=5,
     state_type=RegistryState,
     initial=RegistryState,
     evolve=evolve,

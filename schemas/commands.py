@@ -49,6 +49,8 @@ class WorkSpec(Value, frozen=True, kw_only=True):
         gpus: GPUs to give the workload.
         vram_mb: free VRAM per GPU the work needs (the agent's VRAM-fraction policy checks it).
         cpus: CPU cores the work uses (CPU work is metered as cores x time).
+        memory_mb: host memory the workload may use, MiB (0: no limit of its own); the agent's
+            sandbox enforces it (:mod:`agent.cgroups`).
         pool: the pool the work was placed in (the agent's allowed-pools policy checks it).
         tier: the provider's tier when placed, copied onto usage ticks for payouts.
         shards: how many shards the whole job has.
@@ -66,6 +68,7 @@ class WorkSpec(Value, frozen=True, kw_only=True):
     gpus: int = 0
     vram_mb: int = 0
     cpus: float = 1.0
+    memory_mb: int = 0
     pool: str | None = None
     tier: str = "unverified"
     shards: int = 1

@@ -10,9 +10,11 @@ Pool = Literal["shared", "managed", "private"]
 """The three GPU runtime pools of seed 001: multi-tenant, reserved for one organisation, the owner's own."""
 
 WorkKind = Literal["job", "endpoint"]
+"""What a piece of placed work belongs to."""
 WorkerState = Literal["available", "unverified", "cordoned", "lost", "deregistered"]
 """A worker's state in the registry: only ``available`` workers take new work."""
-"""What a piece of placed work belongs to."""
+Sandboxing = Literal["bubblewrap", "off", "unavailable", ""]
+"""How a worker's host isolates workloads (:class:`schemas.workers.WorkerRegistered`)."""
 
 
 class Gpu(Value, frozen=True, kw_only=True):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from schemas._base import Event, Value
-from schemas.values import Gpu, GpuTelemetry, Pool
+from schemas.values import Gpu, GpuTelemetry, Pool, Sandboxing
 
 
 class MaintenanceWindow(Value, frozen=True, kw_only=True):
@@ -37,6 +37,11 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
     Attributes:
         address: the host address other workers reach this one at (the rendezvous of a distributed
             job whose shard 0 it holds); empty when the agent did not say.
+        sandbox: how the host isolates workloads (:mod:`agent.sandbox`): ``bubblewrap``; ``off``
+            (started ``--unsandboxed`` for local development: it takes only its owner's work);
+            ``unavailable`` (the sandbox cannot start here: it takes no work, ``sandbox_problem``
+            says why); empty from agents older than the sandbox and from simulated ones.
+        sandbox_problem: why the sandbox cannot start on this host.
     """
 
     provider: str
@@ -51,6 +56,8 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
     agent_version: str = ""
     labels: dict[str, str] = {}
     address: str = ""
+    sandbox: Sandboxing = ""
+    sandbox_problem: str = ""
 
 
 class WorkerPolicySet(Event, tag="worker.policy_set", frozen=True, kw_only=True):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.cgroups import detect
+from agent.sandbox import Sandbox
 from core.log import EventLog
 from core.settings import Settings
 from ops.natsserver import NatsAuth, NatsServer
@@ -24,6 +26,12 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Sandbox:
+    """This host's sandbox, as an agent makes it (runtime tests start their workloads in it)."""
+    return Sandbox.for_host(cgroups=detect())
 
 
 @pytest.fixture(scope="session")

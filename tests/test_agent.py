@@ -182,9 +182,9 @@ async def test_failing_command_reports_failed_with_the_log_tail(
 async def test_stale_epoch_and_duplicate_commands_are_not_run(
     log: EventLog, agents: Callable[..., AgentProcess], settings: Settings, tmp_path: Path
 ) -> None:
-    worker_id = await registered(log, agents("fence"))
-    marker = tmp_path / "runs.txt"
-    touch = py(f"open({str(marker)!r}, 'a').write('run\\n')")
+    agent = agents("fence")
+    worker_id = await registered(log, agent)
+    touch = py("open('runs.txt', 'a').write('run\\n')")  # in its own directory: the only one it may write
     await send(log, worker_id, start_work(touch, assignment_id="j1-e2", epoch=2), event_id="cmd-a")
     await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "the first run")
 
@@ -202,7 +202,8 @@ async def test_stale_epoch_and_duplicate_commands_are_not_run(
     )
     started = [e.assignment_id for e in of(jobs, JobStarted)]
     assert started == ["j1-e2", "j2-e1"]
-    assert marker.read_text() == "run\n"
+    work = agent.state_dir / "work"
+    assert (work / "j1-e2" / "runs.txt").read_text() == "run\n" and not (work / "j1-e1").exists()
 
 
 async def shorten_duplicate_window(url: str) -> None:
@@ -357,14 +358,13 @@ async def test_agent_stop_and_crash_report_running_work_failed_retryable(
     await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
     pid = await until(lambda: (agent.state_dir / "work/j1-a/pid").exists() and pid_of(agent, "j1-a"), "pid")
 
-    agent.kill()  # SIGKILL: the agent cannot clean up; its next run must
-    assert alive(pid)
+    agent.kill()  # SIGKILL: the agent cannot clean up, but its workloads die with it (never unwatched)
+    await until(lambda: not alive(pid), "the workload dies with its agent", timeout=5)
     agents("crash")
     jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobFailed), "failure after restart")
     assert of(jobs, JobFailed) == [
         JobFailed(reason="agent restarted", epoch=1, slot=0, retryable=True, assignment_id="j1-a")
     ]
-    await until(lambda: not alive(pid), "the orphaned workload is killed", timeout=5)
 
 
 async def test_agent_sigterm_stops_workloads_and_reports_them_retryable(

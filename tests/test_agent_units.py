@@ -5,8 +5,10 @@ runtime (real child processes, no server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -18,12 +20,14 @@ from typing import Any
 import pytest
 
 from agent import host, reports
+from agent.cgroups import detect
 from agent.devices import NO_NVML_MESSAGE, NoGpu, NvmlDevices, SimulatedDevices, select_devices
 from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, in_maintenance, load_policy
 from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, ReadyLine, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.process import ProcessRuntime, reap_orphans
+from agent.sandbox import Sandbox
 from agent.settings import AgentSettings, load_agent_settings
 from agent.state import CommandState
 from core.errors import ConfigError
@@ -579,9 +583,21 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _pids_running(argv: list[str]) -> list[int]:
+    """The host's processes whose command line is ``argv``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] == [
+                a.encode() for a in argv
+            ]:
+                found.append(int(pid))
+    return found
+
+
 async def _run(code: str, workdir: Path, env: dict[str, str] | None = None) -> Any:
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", code])
-    return await ProcessRuntime().start(
+    return await ProcessRuntime(Sandbox.for_host(cgroups=detect())).start(
         spec, workdir, env or {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
     )
 
@@ -608,16 +624,17 @@ async def test_process_runtime_cancel_escalates_to_sigkill(tmp_path: Path) -> No
 
 
 async def test_process_runtime_kills_what_the_workload_left_in_its_group(tmp_path: Path) -> None:
-    code = "import subprocess; p = subprocess.Popen(['sleep', '60']); print(p.pid)"
+    marker = f"{secrets.randbelow(10**6) + 10**6}"  # the child's pid inside the sandbox means nothing here
+    code = f"import subprocess; p = subprocess.Popen(['sleep', '{marker}']); print('left it')"
     workload = await _run(code, tmp_path / "a")
-    [child] = [int(line) async for line in workload.lines()]
+    assert [line async for line in workload.lines()] == ["left it"]
     assert await workload.wait() == 0
     await asyncio.sleep(0.1)
-    assert not _running(child)
+    assert not [pid for pid in _pids_running(["sleep", marker]) if _running(pid)]
 
 
 async def test_process_runtime_start_failures(tmp_path: Path) -> None:
-    runtime = RUNTIMES["process"]()
+    runtime = RUNTIMES["process"](Sandbox.for_host())
     with pytest.raises(StartFailed, match="empty command"):
         await runtime.start(WorkSpec(runtime="process"), tmp_path, {})
     with pytest.raises(StartFailed, match="cannot start 'no-such-binary-xyz'"):

@@ -19,6 +19,7 @@ from agent.checkpoints import CheckpointUploads
 from agent.protocol import CheckpointLine, ProtocolError, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, port_free, threads
+from agent.sandbox import Sandbox
 from core.rendezvous import PORT_RANGE, master_port, rendezvous
 from core.settings import Settings
 from ops.inputs import Presigner
@@ -233,7 +234,7 @@ async def test_gpu_nodes_run_a_rank_per_gpu_on_nccl_through_real_torchrun(
         ),
     )
     _, env = start(spec, workdir)
-    workload = await TorchrunRuntime().start(spec, workdir, env)
+    workload = await TorchrunRuntime(Sandbox.for_host()).start(spec, workdir, env)
     lines = [line async for line in workload.lines()]
     assert await workload.wait() == 0, "\n".join(lines)
     ranks = sorted(line.split()[1:] for line in lines if line.startswith("RANK "))
@@ -242,7 +243,7 @@ async def test_gpu_nodes_run_a_rank_per_gpu_on_nccl_through_real_torchrun(
 
 
 async def test_a_node_that_cannot_start_says_why(tmp_path: Path) -> None:
-    runtime = TorchrunRuntime()
+    runtime = TorchrunRuntime(Sandbox.for_host())
     rdzv = Rendezvous(master_addr="127.0.0.1", master_port=free_port(), nnodes=2, node_rank=0)
     cases = [
         (WorkSpec(runtime="torchrun", command=["train.py"]), "needs a command and a rendezvous"),

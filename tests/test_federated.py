@@ -441,8 +441,11 @@ async def test_a_killed_federation_service_started_again_resumes_the_job_from_it
     with kernel(settings, tmp_path / "kernel") as k:
         await submit(log, "np-again", rounds=4, local_epochs=2, args=["--lr", "0.1", "--delay", "1"])
         await wait_for(log, JobRoundCompleted, "round 1")
-        k.kill("federation")  # SIGKILL: nothing of it runs its teardown; its FL server lives on
-        assert tagged_pids(TAG, f"{TENANT}/np-again"), "the orphaned FL server"
+        k.kill("federation")  # SIGKILL: nothing of it runs its teardown, but its FL server's sandbox
+        # dies with it (--die-with-parent): no orphaned server holds the job's port
+        await until(
+            lambda: not tagged_pids(TAG, f"{TENANT}/np-again"), "the FL server died with it", timeout=10
+        )
         k.start("federation")
         found = await wait_for(log, JobCompleted, "job.completed after the restart", timeout=240)
         await all_stopped(found, "np-again")

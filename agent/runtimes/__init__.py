@@ -13,14 +13,15 @@ from agent.runtimes.nvflare import NvflareClientRuntime
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.torchrun import TorchrunRuntime
 from agent.runtimes.vllm import VllmRuntime
+from agent.sandbox import Sandbox
 
-RUNTIMES: dict[str, Callable[[], Runtime]] = {
+RUNTIMES: dict[str, Callable[[Sandbox], Runtime]] = {
     "process": ProcessRuntime,
     "torchrun": TorchrunRuntime,
     "nvflare-client": NvflareClientRuntime,
     "vllm": VllmRuntime,
 }
-"""Runtime name -> factory."""
+"""Runtime name -> factory, given the host's sandbox (:mod:`agent.sandbox`)."""
 
 __all__ = [
     "RUNTIMES",

@@ -13,9 +13,9 @@ has fetched its two downloads into the working dir before the start (:mod:`agent
   ``RESONTECH_LOCAL_EPOCHS``).
 
 The client is NVFlare's ``client_train`` run with the agent's own Python (never a ``python3`` from
-PATH, as NVFlare's start scripts do), in the workload's clean environment. It dies with the agent
-(``PR_SET_PDEATHSIG``): a client that outlived its agent would hold the site's identity that the
-replacement takes over. NVFlare runs the script in a job process of its own session; like any
+PATH, as NVFlare's start scripts do), in the workload's clean environment and sandbox. It dies with
+the agent, as every workload does: a client that outlived its agent would hold the site's identity
+that the replacement takes over. NVFlare runs the script in a job process of its own session; like any
 workload's, the whole tree is found by its marks and killed when the client ends or is stopped
 (:func:`agent.runtimes.process.kill_marked`).
 
@@ -35,6 +35,7 @@ from agent.archives import BadArchive, unpack
 from agent.protocol import PROGRESS
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, prepare, spawn
+from agent.sandbox import Sandbox
 from schemas.commands import WorkSpec
 
 KIT_FILE = "startup-kit.zip"
@@ -68,7 +69,11 @@ def _unpack(workdir: Path, shard: str) -> None:
 
 
 class NvflareClientRuntime:
-    """Starts an NVFlare client from the assignment's kit and shard (see the module docstring)."""
+    """Starts an NVFlare client from the assignment's kit and shard in ``sandbox`` (see the module
+    docstring)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
         site, shard = spec.options.get("site", ""), spec.options.get("shard", "")
@@ -86,7 +91,9 @@ class NvflareClientRuntime:
             RESONTECH_LOCAL_EPOCHS=spec.options.get("local_epochs", "1"),
         )
         argv = client_argv(workdir / "kit", site)
-        return await spawn(argv, workdir, client_env, workload=FlareClientWorkload, die_with_agent=True)
+        return await spawn(
+            argv, workdir, client_env, sandbox=self.sandbox, spec=spec, workload=FlareClientWorkload
+        )
 
 
 class FlareClientWorkload(ProcessWorkload):

@@ -1,28 +1,36 @@
 """The ``process`` runtime: ``spec.command`` as a child process in a per-assignment working dir.
 
-* The workload runs in its own session and process group, with the clean environment of
-  :func:`agent.runtimes.base.workload_env`, stdin closed, and stdout and stderr captured together to
-  ``<workdir>/log.txt`` (at most :data:`MAX_LOG_BYTES`; later output is still read, not stored).
-* ``cancel`` sends SIGTERM to the whole group, then SIGKILL after the grace period.
+* The workload runs in the host's sandbox (:mod:`agent.sandbox`: its own mount, PID and user
+  namespaces, the assignment's directory its only writable place, its cgroup and rlimits), in its own
+  session and process group, with the clean environment of :func:`agent.runtimes.base.workload_env`,
+  stdin closed, and stdout and stderr captured together to ``<workdir>/log.txt`` (at most
+  :data:`MAX_LOG_BYTES`; later output is still read, not stored).
+* ``cancel`` sends SIGTERM to the workload's processes, then SIGKILL after the grace period.
 * When the main process exits, whatever it left behind is killed, so nothing keeps running (and
-  computing, unmetered) after the agent reported the exit: its process group, and any process that
-  left the group (``setsid``: torchrun starts every rank in a session of its own) but still carries
-  the workload's marks in its environment (:func:`kill_marked`).
-* ``<workdir>/pid`` names the main process while it runs: :func:`reap_orphans` kills what a crashed
-  agent left behind when it starts again.
+  computing, unmetered) after the agent reported the exit: the sandbox (its PID namespace ends with
+  it), its process group, its cgroup, and any process that left the group (``setsid``: torchrun
+  starts every rank in a session of its own) but still carries the workload's marks in its
+  environment (:func:`kill_marked`; an unsandboxed workload has only these).
+* Every workload dies with the agent, however the agent dies (``--die-with-parent``,
+  ``PR_SET_PDEATHSIG``): nothing runs on unwatched and unmetered. ``<workdir>/pid`` names the main
+  process while it runs: :func:`reap_orphans` kills what a crashed agent may still have left behind
+  when it starts again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from agent.runtimes.base import StartFailed, checkpoint_dir
+from agent.sandbox import Sandbox, signal_workload
 from schemas.commands import WorkSpec
 
 log = logging.getLogger("resontech.agent")
@@ -41,27 +49,24 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 class ProcessRuntime:
-    """Runs ``spec.command`` (argv, no shell) as a local process."""
+    """Runs ``spec.command`` (argv, no shell) as a local process in ``sandbox``."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
         """Start the command. Raises :class:`StartFailed` for an empty command or one that cannot run."""
         if not spec.command:
             raise StartFailed("empty command")
         prepare(workdir)
-        return await spawn(spec.command, workdir, env)
+        return await spawn(spec.command, workdir, env, sandbox=self.sandbox, spec=spec)
 
 
 def prepare(workdir: Path) -> None:
-    """Create the per-assignment folders a workload finds (data, checkpoints, tmp)."""
+    """Create the per-assignment folders a workload finds (data, checkpoints, tmp), owner-only: the
+    agent's other assignments and the host's other users have no business in them."""
     for sub in (workdir, workdir / "data", checkpoint_dir(workdir), workdir / "tmp"):
-        sub.mkdir(parents=True, exist_ok=True)
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGKILL it when the agent dies (``PR_SET_PDEATHSIG``)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        sub.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 async def spawn(
@@ -69,22 +74,28 @@ async def spawn(
     workdir: Path,
     env: Mapping[str, str],
     *,
+    sandbox: Sandbox,
+    spec: WorkSpec,
     workload: type[ProcessWorkload] | None = None,
-    die_with_agent: bool = False,
 ) -> ProcessWorkload:
-    """Start ``argv`` in ``workdir`` as its workload (a ``workload`` subclass wraps it, if given).
-
-    With ``die_with_agent`` the main process is SIGKILLed when the agent dies, however it dies. Plain
-    processes outlive a crashed agent (the restarted agent reaps and reports them); work whose
-    identity must not outlive its assignment does not: an NVFlare client, whose site a replacement
-    on another worker takes over.
+    """Start ``argv`` in ``workdir`` as its workload, in ``sandbox`` with the limits of ``spec`` (a
+    ``workload`` subclass wraps it, if given).
 
     Raises:
-        StartFailed: the executable cannot run.
+        StartFailed: the executable cannot run, or its cgroup cannot be made.
     """
+    name = cgroup_name(workdir)
+    (workdir / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        preexec = sandbox.preexec(name, sandbox.limits(spec.memory_mb))
+    except OSError as exc:
+        raise StartFailed(f"cannot make the workload's cgroup: {exc.strerror or exc}") from None
+    if not _runnable(argv[0], workdir, sandbox.search_path(env)):
+        sandbox.release(name)
+        raise StartFailed(f"cannot start {argv[0]!r}: No such file or directory")
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *sandbox.command(argv, workdir, gpus=spec.gpus > 0),
             cwd=workdir,
             env=dict(env),
             stdin=asyncio.subprocess.DEVNULL,
@@ -92,20 +103,38 @@ async def spawn(
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
             limit=LINE_LIMIT,
-            preexec_fn=_die_with_parent if die_with_agent else None,
+            preexec_fn=preexec,
         )
     except OSError as exc:
+        sandbox.release(name)
         raise StartFailed(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     (workdir / PID_FILE).write_text(str(proc.pid))
-    return (workload or ProcessWorkload)(proc, workdir)
+    return (workload or ProcessWorkload)(proc, workdir, sandbox)
+
+
+def cgroup_name(workdir: Path) -> str:
+    """The name of a workload's cgroup: its assignment, and a digest of its directory, since two
+    agents of one host (or two kernels' agents) may run assignments of the same name."""
+    digest = hashlib.sha256(str(workdir.absolute()).encode()).hexdigest()[:12]
+    return f"{workdir.name}-{digest}"
+
+
+def _runnable(program: str, workdir: Path, path: str) -> bool:
+    """Whether ``program`` names a file the workload can execute: a path (relative to ``workdir``),
+    or a name on ``path``. Checked before the start: in a sandbox, bwrap would only report it once
+    the workload ran and failed."""
+    if "/" in program:
+        return os.access(workdir / program, os.X_OK)
+    return shutil.which(program, path=path) is not None
 
 
 class ProcessWorkload:
     """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path, sandbox: Sandbox) -> None:
         self._proc = proc
         self.workdir = workdir
+        self.sandbox = sandbox
         self.log_path = workdir / LOG_FILE
         # Unbounded: the agent always drains it, and a slow server must never block the workload's
         # output (backpressure would stall training, not the agent).
@@ -119,7 +148,11 @@ class ProcessWorkload:
 
     @property
     def returncode(self) -> int | None:
-        return self._proc.returncode
+        code = self._proc.returncode
+        return None if code is None else self.sandbox.exit_status(code)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        signal_workload(self._proc.pid, sig, sandboxed=self.sandbox.bwrap is not None)
 
     async def _read_output(self) -> None:
         stream = self._proc.stdout
@@ -154,8 +187,9 @@ class ProcessWorkload:
             # A child that outlives the main process may hold the output open: give it a moment,
             # then end the group, so the output ends too and nothing runs on after the reported exit.
             await asyncio.wait([self._pump], timeout=1.0)
-        _signal_group(proc.pid, signal.SIGKILL)
+        self._signal(signal.SIGKILL)
         await asyncio.to_thread(kill_marked, self.workdir)
+        await asyncio.to_thread(self.sandbox.release, cgroup_name(self.workdir))
         await asyncio.wait([self._pump], timeout=1.0)
         self._pump.cancel()  # only a process that left the group (setsid) can still hold the output
         await asyncio.wait([self._pump])
@@ -164,7 +198,7 @@ class ProcessWorkload:
         with contextlib.suppress(OSError):
             (self.workdir / PID_FILE).unlink()
         assert proc.returncode is not None
-        return proc.returncode
+        return self.sandbox.exit_status(proc.returncode)
 
     async def lines(self) -> AsyncIterator[str]:
         while (line := await self._lines.get()) is not _EOF:
@@ -175,10 +209,10 @@ class ProcessWorkload:
 
     async def cancel(self, grace_s: float) -> int:
         if self._proc.returncode is None:
-            _signal_group(self._proc.pid, signal.SIGTERM)
+            self._signal(signal.SIGTERM)
             await asyncio.wait([self._reaper], timeout=grace_s)
             if self._proc.returncode is None:
-                _signal_group(self._proc.pid, signal.SIGKILL)
+                self._signal(signal.SIGKILL)
                 await asyncio.to_thread(kill_marked, self.workdir)
         return await self.wait()
 

@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from agent import downloads  # a module, not its names: agent.downloads imports agent.runtimes
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, log_tail, prepare, spawn
+from agent.sandbox import Sandbox
 from schemas.commands import Rendezvous, WorkSpec
 
 FAILURE_REPORT = "failed (exitcode: "
@@ -43,7 +44,10 @@ FAILURE_REPORT = "failed (exitcode: "
 
 
 class TorchrunRuntime:
-    """Starts one torchrun node (see the module docstring)."""
+    """Starts one torchrun node in ``sandbox`` (see the module docstring)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
         """Fetch the checkpoint to resume from, check the rendezvous, start the node.
@@ -67,7 +71,8 @@ class TorchrunRuntime:
         if rdzv.node_rank == 0 and not port_free(rdzv.master_port):
             raise StartFailed(f"rendezvous port {rdzv.master_port} is taken on this host", retryable=True)
         argv = command(rdzv, str(script), spec.command[1:])
-        return await spawn(argv, workdir, {**env, **extra}, workload=TorchrunWorkload)
+        env = {**env, **extra}
+        return await spawn(argv, workdir, env, sandbox=self.sandbox, spec=spec, workload=TorchrunWorkload)
 
 
 def command(rdzv: Rendezvous, script: str, args: list[str]) -> list[str]:

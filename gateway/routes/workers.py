@@ -126,6 +126,8 @@ def worker_view(
         cpus=record.cpus,
         memory_mb=record.memory_mb,
         agent_version=record.agent_version,
+        sandbox=record.sandbox,
+        sandbox_problem=record.sandbox_problem,
         driver=record.driver,
         tier=tier_of(record, now_ns),
         uptime_30d=round(uptime_30d(record, now_ns), 6),

@@ -18,11 +18,16 @@ Commands start with ``sys.executable`` (never a ``python3`` from PATH, as NVFlar
 do), with a clean environment (:func:`clean_env`) whose ``HOME`` is the federation directory (so
 nothing lands in ``~/.nvflare``), tagged ``RESONTECH_FEDERATION=<tenant>/<job_id>`` so that the
 server's whole process tree (NVFlare starts each run's process in a session of its own) can be found
-and stopped. The tenant's code can run in it (a ``persistor``, a job folder's server components):
-NVFlare's run process inherits the server's environment, and works in the server's workspace (both
-NVFlare processes change into it), inside the job's directory. It runs as the kernel's user, though:
-on a shared kernel host, what keeps it from the kernel's files is the deployment (a container or a
-user per job), not this module.
+and stopped.
+
+The tenant's code runs in the server (a ``persistor``, a job folder's server components: NVFlare's
+run process inherits the server's environment and works in the server's workspace), so the server
+runs in the same bubblewrap sandbox as a workload on an agent's host (:mod:`agent.sandbox`): the
+federation's directory is the only place it sees and writes, minus the kernel's admin kit (an empty
+directory over it); the kernel's data directory, its credentials, every other job and the host's
+home directories are not there; the Python environment is read-only; it sees only its own
+processes. A kernel host that cannot start the sandbox runs no federation: the job fails with the
+reason.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -45,6 +51,8 @@ from typing import Any, TypeVar
 import yaml
 
 from agent.runtimes.process import kill_tagged
+from agent.sandbox import Sandbox
+from agent.sandbox import problem as sandbox_problem
 from core import flare
 from core.errors import ResontechError
 from ops.ports import free_port
@@ -201,7 +209,7 @@ class FlareServer:
         ]  # fmt: skip
         env = clean_env(self.p.root, self.tag)
         Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        self.proc = spawn(argv, self.log_file, env, cwd=ws)
+        self.proc = spawn(sandboxed(argv, self.p), self.log_file, env, cwd=ws)
         (self.p.root / "server.pid").write_text(str(self.proc.pid))
         log.info(
             "FL server of %s started on %s:%d (pid %d)", self.tag, self.p.host, self.p.port, self.proc.pid
@@ -224,6 +232,27 @@ class FlareServer:
             self.proc.wait()
         self.proc = None
         kill_tagged(TAG, self.tag)
+
+
+@functools.cache
+def kernel_sandbox() -> Sandbox:
+    """The sandbox the FL servers of this kernel process run in (checked once).
+
+    Raises:
+        FederationError: it cannot start on this host.
+    """
+    sandbox = Sandbox.for_host()
+    problem = sandbox_problem(sandbox)
+    if problem is not None:
+        raise FederationError(f"cannot sandbox the FL server on the kernel's host: {problem}")
+    return sandbox
+
+
+def sandboxed(argv: list[str], p: Provisioned) -> list[str]:
+    """``argv`` in the sandbox of federation ``p``: its directory, without the kernel's admin kit."""
+    command = kernel_sandbox().command(argv, p.root)
+    at = command.index("--")
+    return [*command[:at], "--tmpfs", str(p.admin_dir), *command[at:]]
 
 
 class FlareAdmin:

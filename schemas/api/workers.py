@@ -85,6 +85,8 @@ class Worker(msgspec.Struct, frozen=True, kw_only=True):
         first_seen_at / registered_at: first and latest registration, ISO 8601 UTC.
         silent_s: seconds since its latest heartbeat (``null``: never beat).
         telemetry: on ``GET /v1/workers/{worker_id}`` only.
+        sandbox: how its host isolates workloads (``bubblewrap``; ``off``: unsandboxed, takes only its
+            owner's work; ``unavailable``: takes no work, ``sandbox_problem`` says why).
     """
 
     worker_id: str
@@ -111,6 +113,8 @@ class Worker(msgspec.Struct, frozen=True, kw_only=True):
     work: list[WorkerWork]
     earnings: Earnings
     telemetry: Telemetry | None = None
+    sandbox: str = ""
+    sandbox_problem: str = ""
 
 
 WorkerPage = Page[Worker]

@@ -131,6 +131,7 @@ export const workers = {
         kv('Tier', `${w.tier}, ${(w.uptime_30d * 100).toFixed(2)}% up over 30 days, lost ${w.lost_count} times`),
         kv('Hardware', `${w.cpus} cores, ${fmt.mb(w.memory_mb)}${w.driver ? `, driver ${w.driver}` : ''}`),
         kv('Agent', w.agent_version || dash),
+        kv('Sandbox', w.sandbox_problem ? `unavailable: ${w.sandbox_problem}` : (w.sandbox || dash)),
         kv('Earnings', `${fmt.money(w.earnings.payout)} for ${fmt.hours(w.earnings.gpu_seconds)} GPU-hours, ` +
           `${fmt.hours(w.earnings.cpu_seconds)} CPU-hours`),
         kv('Heartbeat', t ? `${fmt.ago(w.silent_s)} (every ${t.interval_s} s): CPU ${fmt.pct(t.cpu_pct)}, ` +
