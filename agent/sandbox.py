@@ -69,12 +69,13 @@ install), so that the tree around them (a dev stack's data directory, its secret
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ETC = (
     "passwd", "group", "nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf", "services",
-    "protocols", "localtime", "ssl", "ca-certificates", "ca-certificates.conf", "pki",
-    "crypto-policies", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "os-release",
-    "mime.types",
+    "protocols", "localtime", "ssl/certs", "ssl/openssl.cnf", "ca-certificates",
+    "ca-certificates.conf", "pki/tls/certs", "pki/ca-trust", "crypto-policies", "ld.so.cache",
+    "ld.so.conf", "ld.so.conf.d", "alternatives", "os-release", "mime.types",
 )  # fmt: skip
-"""The ``/etc`` entries a workload sees (read-only): who is who, name resolution, TLS roots, the
-dynamic loader's configuration."""
+"""The ``/etc`` entries a workload sees (read-only): who is who, name resolution, TLS roots (not
+``ssl/private``: the host's own keys, which an agent running as root would otherwise hand to its
+sandbox's root-mapped user), the dynamic loader's configuration."""
 SYS = ("block", "bus", "class", "dev", "devices")
 """The parts of ``/sys`` a workload sees (read-only): the hardware, as Flatpak gives it."""
 MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")

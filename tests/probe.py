@@ -26,7 +26,7 @@ import sys
 import urllib.error
 import urllib.request
 
-SKIP = ("/proc", "/sys", "/dev", "/usr", "/etc", "/tmp")
+SKIP = ("/proc", "/sys", "/dev", "/usr", "/tmp")
 
 
 def probe(targets):

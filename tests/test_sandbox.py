@@ -21,17 +21,29 @@ from agent.identity import owner_only, write_atomically
 from agent.models import model_cache
 from agent.runtimes import ProcessRuntime, StartFailed, TorchrunRuntime, workload_env
 from agent.runtimes.vllm import VllmRuntime
-from agent.sandbox import Sandbox, group_members, host_sandbox, python_paths
+from agent.sandbox import ETC, Sandbox, group_members, host_sandbox, python_paths
 from agent.settings import AgentSettings, load_agent_settings
 from core.errors import ConfigError
 from core.log import EventLog
 from core.placement import Candidate, lanes
-from schemas import JobCompleted, JobFailed, JobShardCompleted, Rendezvous, StartWork, WorkSpec
-from tests.support import AgentProcess, of, registered, wait_records
-from tests.test_agent import send, start_work
+from schemas import (
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobShardCompleted,
+    JobStarted,
+    Rendezvous,
+    StartWork,
+    WorkerRegistered,
+    WorkSpec,
+)
+from tests.support import AgentProcess, of, records, registered, wait_records
+from tests.test_agent import py, send, start_work
 
 PROBE = Path(__file__).with_name("probe.py")
 EXAMPLES_DIR = Path(__file__).parents[1] / "examples"
+ETC_SEEN = [f"/etc/{name}" for name in ETC]
+"""The ``/etc`` entries a workload may see; the probe reports any other file there."""
 
 
 def digest(value: str) -> str:
@@ -82,11 +94,14 @@ class Host:
                 str(self.work / "other"),
                 str(self.kernel_dir),
                 str(Path.home() / ".bash_history"),
+                "/etc/shadow",
+                "/etc/ssl/private",
+                "/etc/ssh",
             ],
             "secrets": [digest(self.password), digest(self.other_secret)],
             "pids": [os.getpid(), os.getppid()],
             "unwritable": ["/", "/usr/lib", "/etc", sys.prefix, *map(str, self.sandbox.read_only)],
-            "allowed": [str(p) for p in self.sandbox.read_only],
+            "allowed": [str(p) for p in self.sandbox.read_only] + ETC_SEEN,
             **extra,
         }
 
@@ -273,11 +288,11 @@ async def test_a_probe_job_through_a_real_agent_finds_nothing(
     enrollment = json.loads((agent.state_dir / "enrollment.json").read_text())  # as an enrolled host has
     targets = {
         "absent": [str(agent.state_dir / n) for n in ("enrollment.json", "commands.json", "worker_id")]
-        + [str(agent.stderr_path)],
+        + [str(agent.stderr_path), "/etc/shadow", "/etc/ssl/private", "/etc/ssh"],
         "secrets": [digest(v) for v in kernel_secrets + [str(x) for x in enrollment.values()] if len(v) >= 8],
         "pids": [agent.proc.pid, os.getpid()],
         "unwritable": ["/", "/usr/lib", sys.prefix],
-        "allowed": [str(p) for p in python_paths()] + [str(model_cache())],
+        "allowed": [str(p) for p in python_paths()] + [str(model_cache()), *ETC_SEEN],
     }
     probe = ["python", "-c", PROBE.read_text()]  # "python": the sandbox's, the agent's environment
     await send(log, worker_id, start_work([*probe, json.dumps(targets)]))
@@ -287,6 +302,38 @@ async def test_a_probe_job_through_a_real_agent_finds_nothing(
     assert of(jobs, JobShardCompleted), of(jobs, JobFailed)
     log_txt = (agent.state_dir / "work" / "j1-s0-e1" / "log.txt").read_text()
     assert "PROBE_FINDINGS []" in log_txt, log_txt
+
+
+@pytest.mark.slow
+async def test_a_host_that_cannot_sandbox_registers_why_and_refuses_work(
+    log: EventLog, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    (tmp_path / "bin").mkdir()
+    agent = agents("no-bwrap", env={"PATH": str(tmp_path / "bin")})  # a host without bubblewrap
+    worker_id = await registered(log, agent)
+    [registration] = of(await records(log, "WORKERS", f"worker.{worker_id}.registered"), WorkerRegistered)
+    assert registration.sandbox == "unavailable" and "bubblewrap" in registration.sandbox_problem
+    await send(log, worker_id, start_work(["true"]))
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobRejected), "job.rejected")
+    [rejected] = of(jobs, JobRejected)
+    assert rejected.reason.startswith("this host cannot sandbox workloads: bubblewrap")
+    assert not of(jobs, JobStarted)
+
+
+@pytest.mark.slow
+async def test_an_unsandboxed_worker_registers_so_and_runs_its_owners_work_as_its_own_process(
+    log: EventLog, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    agent = agents("dev", "--unsandboxed", "--pool", "private", "--owner-tenant", "acme")
+    worker_id = await registered(log, agent)
+    [registration] = of(await records(log, "WORKERS", f"worker.{worker_id}.registered"), WorkerRegistered)
+    assert (registration.sandbox, registration.sandbox_problem) == ("off", "")
+    seen = tmp_path / "visible-to-an-unsandboxed-workload"
+    seen.write_text("the host's")
+    code = f"import os, sys; sys.exit(0 if os.path.exists({str(seen)!r}) else 5)"
+    await send(log, worker_id, start_work(py(code)))
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted) or of(rs, JobFailed), "end")
+    assert of(jobs, JobShardCompleted), of(jobs, JobFailed)  # it saw the host: unsandboxed, as it said
 
 
 # -- the rules, unit by unit -----------------------------------------------------------------------
@@ -304,7 +351,8 @@ def test_the_sandbox_binds_the_assignment_writable_and_nothing_of_the_agent(tmp_
     for flag in ("--die-with-parent", "--unshare-pid", "--unshare-user", "--unshare-ipc"):
         assert flag in argv
     assert argv[argv.index("--uid") + 1] == "65534" and argv[-2:] == ["python", "x.py"]
-    assert "/etc/shadow" not in argv and not any(a in ("/home", "/root", "/run") for a in argv)
+    assert not {"/etc/shadow", "/etc/ssl", "/etc/ssl/private", "/etc/ssh"} & set(argv)
+    assert not any(a in ("/home", "/root", "/run") for a in argv)
     assert Sandbox(bwrap=None).command(["python", "x.py"], workdir) == ["python", "x.py"]
 
 
@@ -422,7 +470,7 @@ async def test_probes_in_nvflare_clients_and_the_fl_server_find_nothing(
         "pids": [h.proc.pid for h in hosts if h.proc is not None] + [os.getpid()],
         "unwritable": ["/", "/usr/lib", sys.prefix],
     }
-    allowed = [str(p) for p in python_paths()] + [str(model_cache())]
+    allowed = [str(p) for p in python_paths()] + [str(model_cache()), *ETC_SEEN]
     client = {**common, "absent": [*agent_files, str(data_dir)], "allowed": allowed}
     server = {**common, "absent": agent_files, "allowed": [*allowed, str(job_dir)]}
     upload_example(settings, "fedavg-numpy", "np-probe", tmp_path)
@@ -444,3 +492,22 @@ async def test_probes_in_nvflare_clients_and_the_fl_server_find_nothing(
         assert "PROBE_FINDINGS []" in logs, logs[-3000:]
     [noted] = job_dir.rglob("probe-findings.json")
     assert json.loads(noted.read_text()) == []
+
+
+def test_agent_check_says_whether_this_host_can_sandbox(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.support import REPO
+
+    def check(path: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PATH": path}
+        argv = [sys.executable, "-m", "ops.cli", "--data-dir", str(tmp_path), "agent", "--check"]
+        return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+    ok = check(os.environ["PATH"])
+    assert ok.returncode == 0 and "ok: workloads run sandboxed" in ok.stdout, ok.stdout + ok.stderr
+    assert "sandbox:  bubblewrap" in ok.stdout
+    (tmp_path / "bin").mkdir()
+    broken = check(str(tmp_path / "bin"))
+    assert broken.returncode == 1 and "sandbox:  unavailable" in broken.stdout
+    assert "bubblewrap (bwrap) is not installed" in broken.stdout and "Traceback" not in broken.stderr

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from core.log import EventLog
 from gateway.inference import percentile
 from ops import intake
 from ops.bench.common import emit, machine, process_peak_rss_mb, table
@@ -41,6 +42,8 @@ from ops.bench.gateway import REPO, ServedStack, create_tenants, served_stack
 from ops.coordinator import running
 from ops.process import spawn, terminate
 from ops.workers import enroll_state_dir
+from projections import ENDPOINTS
+from projections.runner import rebuild
 
 READY_S = 900.0
 MAX_IN_FLIGHT = 8
@@ -89,10 +92,22 @@ def request_of(chat: bool, name: str, i: int) -> tuple[str, dict[str, Any]]:
     return "/v1/embeddings", {"model": name, "input": f"benchmark sentence {i}", "encoding_format": "float"}
 
 
-async def overhead(http: httpx.AsyncClient, key: str, address: str, chat: bool, n: int) -> dict[str, float]:
+async def replica_key(stack: ServedStack, address: str) -> str:
+    """The key of the replica at ``address``, from the kernel's endpoint table (the benchmark reads
+    the log as the kernel: the baseline calls the replica directly, as only the gateway may)."""
+    async with await EventLog.connect(stack.settings, name="bench-inference-keys") as event_log:
+        table, _ = await rebuild(event_log, ENDPOINTS)
+    replicas = [r for e in table.endpoints.values() for r in e.replicas.values()]
+    return next(r.api_key for r in replicas if r.address == address)
+
+
+async def overhead(
+    http: httpx.AsyncClient, key: str, address: str, replica_key: str, chat: bool, n: int
+) -> dict[str, float]:
     direct, proxied = [], []
     headers = {"authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=address, timeout=120.0) as replica:
+    keyed = {"authorization": f"Bearer {replica_key}"}
+    async with httpx.AsyncClient(base_url=address, timeout=120.0, headers=keyed) as replica:
         for i in range(n):
             path, body = request_of(chat, "bench", i)
             t0 = time.perf_counter()
@@ -136,7 +151,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 body = await endpoint_body(http, key, endpoint_id)
                 address = next(r["address"] for r in body["replicas"] if r["state"] == "ready")
-                figures.update(await overhead(http, key, address, args.chat, args.requests))
+                secret = await replica_key(stack, address)
+                figures.update(await overhead(http, key, address, secret, args.chat, args.requests))
                 await wait_for(http, key, endpoint_id, lambda e: e["state"] == "scaled_to_zero", 120.0)
                 await asyncio.sleep(2.0)  # the replica's engine is stopped
                 path, req = request_of(args.chat, "bench", 0)
