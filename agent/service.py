@@ -63,7 +63,7 @@ from agent.policy import decide, requested_vram_mb
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
 from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
-from agent.runtimes.process import reap_orphans
+from agent.runtimes.process import cgroup_name, reap_orphans
 from agent.sandbox import Sandbox, host_sandbox
 from agent.settings import AgentSettings
 from agent.state import CommandState
@@ -220,8 +220,14 @@ class Agent:
         self.registered.set()
 
     async def _recover(self) -> None:
-        """Kill what a crashed previous run left running and report its assignments failed."""
+        """Kill what a crashed previous run left running, remove its workloads' cgroups, and report
+        its assignments failed."""
         reap_orphans(self.work_dir)
+        if self.sandbox.cgroups is not None:
+            for workdir in await asyncio.to_thread(
+                lambda: [d for d in self.work_dir.iterdir() if d.is_dir()]
+            ):
+                await asyncio.to_thread(self.sandbox.release, cgroup_name(workdir))
         interrupted = list(self._state.running.values())
         if not interrupted:
             return

@@ -21,7 +21,9 @@ import msgspec
 import nats
 import pytest
 
+from agent.cgroups import detect
 from agent.devices import NO_NVML_MESSAGE
+from agent.runtimes.process import cgroup_name
 from agent.simulated import SimulatedFleet
 from core.log import EventLog
 from core.pricing import gpu_family
@@ -360,11 +362,19 @@ async def test_agent_stop_and_crash_report_running_work_failed_retryable(
 
     agent.kill()  # SIGKILL: the agent cannot clean up, but its workloads die with it (never unwatched)
     await until(lambda: not alive(pid), "the workload dies with its agent", timeout=5)
+    cgroups = detect()
+    left = (
+        [p / f"resontech-{cgroup_name(agent.state_dir / 'work' / 'j1-a')}" for p in cgroups.parents]
+        if cgroups
+        else []
+    )
+    assert all(d.is_dir() for d in left)  # the dead agent's cgroup for it is still there
     agents("crash")
     jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobFailed), "failure after restart")
     assert of(jobs, JobFailed) == [
         JobFailed(reason="agent restarted", epoch=1, slot=0, retryable=True, assignment_id="j1-a")
     ]
+    assert not any(d.exists() for d in left)  # the next run removed it
 
 
 async def test_agent_sigterm_stops_workloads_and_reports_them_retryable(
