@@ -90,7 +90,7 @@ def apply(enrolled: Enrolled, settings: AgentSettings, core: Settings) -> tuple[
     agent = replace(
         settings,
         provider=enrolled.provider,
-        pool=enrolled.pool,  # type: ignore[arg-type]
+        pool=enrolled.pool,
         region=enrolled.region,
         owner_tenant=enrolled.owner_tenant,
     )

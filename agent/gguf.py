@@ -72,7 +72,7 @@ class _Cursor:
 def read_gguf(path: Path) -> tuple[dict[str, Any], list[GGUFTensor], np.memmap]:
     """Read a GGUF file's metadata and tensor descriptors; tensor data stays memory-mapped."""
     raw = np.memmap(path, dtype=np.uint8, mode="r")
-    cur = _Cursor(memoryview(raw))
+    cur = _Cursor(raw.data)
     if bytes(raw[:4]) != _MAGIC:
         raise GGUFError(f"{path} is not a GGUF file")
     cur.pos = 4
@@ -208,7 +208,7 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
         index = meta.get(key)
         return tokens[index] if index is not None else None
 
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token=token("tokenizer.ggml.bos_token_id"),
         eos_token=token("tokenizer.ggml.eos_token_id"),

@@ -31,7 +31,7 @@ import enum
 import itertools
 import typing
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -542,7 +542,7 @@ class EventLog:
         until_seq: int | None = None,
         until_time: datetime | None = None,
         subjects: str | None = None,
-    ) -> AsyncIterator[Recorded[Any]]:
+    ) -> AsyncGenerator[Recorded[Any], None]:
         """Yield the stream's events in order, decoded, between the given bounds (inclusive).
 
         Bounds are by sequence or by store time; without an upper bound the replay ends at the
@@ -602,7 +602,7 @@ class EventLog:
 
     async def pull(
         self, stream: str, durable: str, *, batch: int = 256, wait_s: float = 1.0
-    ) -> AsyncIterator[list[Pulled]]:
+    ) -> AsyncGenerator[list[Pulled], None]:
         """Yield batches of undecoded messages from the durable pull consumer ``durable`` on a
         work-queue ``stream`` (created if missing), forever; an empty batch after ``wait_s`` without
         any. Each message leaves the stream once acknowledged (:meth:`Pulled.ack`); one not
@@ -630,7 +630,7 @@ class EventLog:
 
     async def commands(
         self, worker_id: str, *, batch: int = 16, wait_s: float = 1.0
-    ) -> AsyncIterator[tuple[Recorded[Any], Callable[[], Awaitable[None]]]]:
+    ) -> AsyncGenerator[tuple[Recorded[Any], Callable[[], Awaitable[None]]], None]:
         """Yield the commands addressed to one worker, each with its ``ack``, oldest first, forever.
 
         Commands wait on the worker's durable consumer (``agent-<worker_id>`` on COMMANDS, a work
@@ -724,7 +724,7 @@ class EventLog:
 
     async def follow(
         self, stream: str, *, after_seq: int = 0, subjects: str | None = None
-    ) -> AsyncIterator[Recorded[Any]]:
+    ) -> AsyncGenerator[Recorded[Any], None]:
         """Yield events with a sequence above ``after_seq`` as they are stored, forever."""
         queue: asyncio.Queue[Recorded[Any]] = asyncio.Queue()
         handle = await self.watch(stream, queue.put_nowait, after_seq=after_seq, subjects=subjects)

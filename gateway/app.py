@@ -108,7 +108,7 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         middleware=[Middleware(RequestMetrics, metrics=metrics)],
-        exception_handlers=dict(EXCEPTION_HANDLERS),  # type: ignore[arg-type]
+        exception_handlers=dict(EXCEPTION_HANDLERS),
     )
     if kernel is not None:
         app.state.kernel = kernel

@@ -97,8 +97,9 @@ class Kernel:
         caught_up = asyncio.ensure_future(
             asyncio.gather(*(r.caught_up.wait() for r in self.runners.values()))
         )
+        waiting: list[asyncio.Future[Any]] = [caught_up, *self._tasks]
         try:
-            await asyncio.wait([caught_up, *self._tasks], timeout=timeout, return_when="FIRST_COMPLETED")
+            await asyncio.wait(waiting, timeout=timeout, return_when="FIRST_COMPLETED")
         finally:
             caught_up.cancel()
         for task in self._tasks:

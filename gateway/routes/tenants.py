@@ -15,7 +15,7 @@ from gateway.workspace import bucket_for, provision
 from projections import TENANTS
 from projections.tenants import TenantRecord, TenantsState
 from schemas.api.tenants import CreateTenant, IssueKey, KeyInfo, NewKey, SetQuota, Tenant, TenantCreatedBody
-from schemas.tenants import ApiKeyIssued, ApiKeyRevoked, QuotaSet, TenantCreated
+from schemas.tenants import ApiKeyIssued, ApiKeyRevoked, QuotaSet, Role, TenantCreated
 
 router = Router("tenants")
 POOLS = ("shared", "managed", "private")
@@ -51,11 +51,11 @@ def visible_tenant(call: Call[Any, Any], *, admin: bool = False) -> TenantRecord
     return record
 
 
-async def issue_key(call: Call[Any, Any], tenant: str, role: str, label: str) -> NewKey:
+async def issue_key(call: Call[Any, Any], tenant: str, role: Role, label: str) -> NewKey:
     key_id, key, sha = new_key()
     event = ApiKeyIssued(
         key_id=key_id, key_sha256=sha, role=role, label=label, issued_by=call.principal.label
-    )  # type: ignore[arg-type]
+    )
     await call.kernel.append(tenant_subject(tenant, event), event, visible_in=TENANTS)
     return NewKey(key_id=key_id, key=key, role=role, label=label)
 
