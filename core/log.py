@@ -44,6 +44,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from core.clock import NS_PER_S, ns_of
 from core.errors import InvalidInput, LogUnavailable, NoResponders
 from core.settings import Settings
 from core.streams import (
@@ -104,7 +105,7 @@ _SCAN_AHEAD = 2
 """Pull requests' worth of messages a scan asks for beyond what it has delivered."""
 _SCAN_STALL_S = 5.0
 """A scan's consumer silent this long (messages requested, none arriving) is replaced."""
-_SCAN_REQUEST_EXPIRES_NS = 60 * 1_000_000_000
+_SCAN_REQUEST_EXPIRES_NS = 60 * NS_PER_S
 """A scan's pull request not filled within this long ends with a status (the consumer is replaced)."""
 _SCAN_CONSUMER_IDLE_S = 60.0
 """The server deletes a scan's consumer by itself this long after its last request (a crashed scan)."""
@@ -229,7 +230,7 @@ class EventLog:
         record = self.record_decoder(stream)(
             raw.subject or subject,
             int(raw.seq or 0),
-            _store_ns(raw.time),
+            ns_of(raw.time),
             headers.get(MSG_ID, ""),
             raw.data or b"",
         )
@@ -393,7 +394,7 @@ class EventLog:
             end=end,
             start_seq=start_seq,
             start_time=start_time,
-            until_ns=int(until_time.timestamp() * 1e9) if until_time else None,
+            until_ns=ns_of(until_time) if until_time else None,
             subjects=subjects,
         )
         if self._raw_tap is None:
@@ -524,7 +525,7 @@ class EventLog:
                 raw = await self._js.get_msg(stream, seq=seq, direct=True)
             except nats.js.errors.NotFoundError:
                 continue  # acknowledged by its worker and removed
-            time_ns = _store_ns(raw.time)
+            time_ns = ns_of(raw.time)
             result = on_message(
                 raw.subject or "", seq, time_ns, (raw.headers or {}).get(MSG_ID, ""), raw.data or b""
             )
@@ -660,7 +661,7 @@ class EventLog:
                     continue
                 for msg in messages:
                     meta = msg.metadata
-                    time_ns = int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
+                    time_ns = ns_of(meta.timestamp)
                     msg_id = (msg.headers or {}).get(MSG_ID, "")
                     record = decode_record(msg.subject, meta.sequence.stream, time_ns, msg_id, msg.data)
                     if record is None:
@@ -818,7 +819,7 @@ class EventLog:
             out.append(
                 Quarantined(
                     seq=seq,
-                    time_ns=_store_ns(raw.time),
+                    time_ns=ns_of(raw.time),
                     stream=headers.get(QUARANTINE_STREAM, ""),
                     origin_seq=int(headers.get(QUARANTINE_SEQ, "0") or 0),
                     subject=headers.get(QUARANTINE_SUBJECT, ""),
@@ -867,11 +868,6 @@ def _members(union: Any) -> tuple[type[Event], ...]:
     return typing.get_args(union) or (union,)
 
 
-def _store_ns(when: datetime | None) -> int:
-    """A direct get's store time in Unix nanoseconds (microseconds are all it carries)."""
-    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000 if when else 0
-
-
 def _header_value(text: str) -> str:
     return text[:500].replace("\r", " ").replace("\n", " ")
 
@@ -905,7 +901,7 @@ class Pulled:
         self._msg = msg
         self.subject: str = msg.subject
         self.seq: int = meta.sequence.stream
-        self.time_ns: int = int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
+        self.time_ns: int = ns_of(meta.timestamp)
         self.msg_id: str = (msg.headers or {}).get(MSG_ID, "")
         self.data: bytes = msg.data
         self.delivered: int = meta.num_delivered or 1

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from core.clock import NS_PER_S, silent_at
 from core.pricing import CPU_GPU_TYPE, gpu_family, list_price_micros
 from core.tiers import TIER_FACTORS, Tier
 from schemas.values import Assignment, Pool, Provenance, Sandboxing, ScoreCard, WorkerState, WorkKind
@@ -70,11 +71,8 @@ if TYPE_CHECKING:
     from core.candidates import CandidateIndex
 
 POLICY = "rank-v1"
-LOST_AFTER_INTERVALS = 3.0
-"""A worker silent for this many of its heartbeat intervals is not a candidate (and is lost)."""
 TOP_K = 5
 """Scorecards kept in the provenance besides the chosen workers'."""
-NS_PER_S = 1_000_000_000
 MINUTES_PER_DAY = 1440
 MINUTES_PER_WEEK = 7 * MINUTES_PER_DAY
 CAPACITY = ("policy_concurrency", "gpus", "vram", "cpus", "memory")
@@ -231,7 +229,7 @@ def silent(c: Candidate, now_ns: int) -> bool:
     """True if the worker never beat or its latest beat is older than 3 of its intervals."""
     if c.last_beat_ns is None:
         return True
-    return now_ns - c.last_beat_ns > LOST_AFTER_INTERVALS * c.interval_s * NS_PER_S
+    return silent_at(now_ns, c.last_beat_ns, c.interval_s)
 
 
 def _at_least(ascending: Sequence[int], floor: int) -> int:

@@ -29,7 +29,6 @@ from core.pricing import gpu_family
 
 Tier = Literal["platinum", "gold", "silver", "unverified"]
 
-NS_PER_S = 1_000_000_000
 WINDOW_S = 30 * 86_400
 """The uptime window: 30 days, in seconds."""
 MIN_OBSERVATION_S = 86_400

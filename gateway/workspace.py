@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import datetime as dt
 import math
 import re
@@ -45,6 +44,7 @@ from typing import Any, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gateway.errors import ApiError
+from gateway.paging import decode_cursor
 from schemas.api.workspace import PartUrl, WorkspaceObject
 
 BUCKET_PREFIX = "rt-"
@@ -178,17 +178,15 @@ def check_size(size: int) -> None:
         )
 
 
-def encode_cursor(key: str) -> str:
-    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+CURSOR_SCOPE = "objects"
+"""The listing's cursors are :mod:`gateway.paging`'s, of this list, positioned at an object key."""
 
 
-def decode_cursor(cursor: str, prefix: str) -> str:
-    """The last key of the previous page; 400 for a cursor this listing did not issue."""
-    try:
-        key = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        key = ""
-    if not key or _path_problem(key, "key") is not None or not key.startswith(prefix):
+def key_after(cursor: str, prefix: str) -> str:
+    """The last key of the previous page of the listing of ``prefix``; 400 for a cursor this listing
+    did not issue (another list's, a key outside the prefix, a key that is no key)."""
+    key = decode_cursor(CURSOR_SCOPE, cursor)
+    if _path_problem(key, "key") is not None or not key.startswith(prefix):
         raise ApiError(
             400,
             "invalid_cursor",

@@ -50,6 +50,7 @@ from typing import Any
 import msgspec
 
 from core import placement
+from core.clock import LOST_AFTER_INTERVALS, seconds_ns
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
 from core.pricing import list_price_micros
@@ -608,7 +609,7 @@ class Coordinator:
             (beats[a.worker_id].interval_s for a in job.assignments.values() if a.worker_id in beats),
             default=1.0,
         )
-        return int(((placement.LOST_AFTER_INTERVALS + 1) * interval + 2 * self.tick_s) * 1e9)
+        return seconds_ns((LOST_AFTER_INTERVALS + 1) * interval + 2 * self.tick_s)
 
     async def _restart_gang(self, job: JobRecord, reason: str) -> None:
         """Revoke every assignment a gang still holds, in one run of chained appends, and stop the

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import heapq
 
-from core.placement import LOST_AFTER_INTERVALS
-from projections.liveness import NS_PER_S, LastBeat
+from core.clock import LOST_AFTER_INTERVALS, beat_deadline_ns
+from projections.liveness import LastBeat
 
 
 class Silence:
@@ -26,18 +26,18 @@ class Silence:
         self.intervals = intervals
         self.overdue: set[str] = set()
         self._latest: dict[str, LastBeat] = {}
-        self._deadlines: list[tuple[float, str, int]] = []  # (deadline ns, worker, beat seq)
+        self._deadlines: list[tuple[int, str, int]] = []  # (deadline ns, worker, beat seq)
 
     def beat(self, worker_id: str, beat: LastBeat) -> bool:
         """Note the worker's latest beat; returns whether it was overdue or had never beaten."""
         silent = worker_id in self.overdue or worker_id not in self._latest
         self._latest[worker_id] = beat
         self.overdue.discard(worker_id)
-        deadline = beat.time_ns + self.intervals * beat.interval_s * NS_PER_S
+        deadline = beat_deadline_ns(beat.time_ns, beat.interval_s, self.intervals)
         heapq.heappush(self._deadlines, (deadline, worker_id, beat.seq))
         return silent
 
-    def next_deadline_ns(self) -> float | None:
+    def next_deadline_ns(self) -> int | None:
         """When the earliest latest beat runs out (Unix ns), or ``None`` for none. Deadlines of beats
         a newer beat replaced are dropped on the way: they would only wake the caller for nothing."""
         heap = self._deadlines
@@ -49,12 +49,9 @@ class Silence:
         """Move the workers whose latest beat is too old at ``now_ns`` into :attr:`overdue`; return them."""
         late = []
         heap = self._deadlines
-        while heap and heap[0][0] <= now_ns:
+        while heap and heap[0][0] < now_ns:  # past its deadline: silent (core.clock.silent_at)
             _, worker_id, seq = heap[0]
-            beat = self._latest[worker_id]
-            current = beat.seq == seq
-            if current and now_ns - beat.time_ns <= self.intervals * beat.interval_s * NS_PER_S:
-                break  # the float deadline rounded down: not overdue yet
+            current = self._latest[worker_id].seq == seq
             heapq.heappop(heap)
             if current and worker_id not in self.overdue:
                 self.overdue.add(worker_id)

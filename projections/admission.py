@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from core.clock import NS_PER_S
 from core.placement import (
     DEFAULT_WEIGHTS,
     Candidate,
@@ -41,7 +42,7 @@ from core.placement import (
 )
 from projections.capacity import candidate_of
 from projections.endpoints import EndpointRecord, EndpointsState, missing_replicas
-from projections.liveness import NS_PER_S, LivenessState
+from projections.liveness import LivenessState
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, missing_slots, pending
 from schemas.values import Assignment, WorkKind

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from core.clock import NS_PER_S
 from core.placement import Candidate
 from core.pricing import CPU_GPU_TYPE
-from core.tiers import MIN_OBSERVATION_S, NS_PER_S, WINDOW_S, Tier, family_of, tier_for
+from core.tiers import MIN_OBSERVATION_S, WINDOW_S, Tier, family_of, tier_for
 from projections.endpoints import EndpointsState
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord, uptime

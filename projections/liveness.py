@@ -10,13 +10,12 @@ from typing import Any
 
 import msgspec
 
-from core.placement import LOST_AFTER_INTERVALS
+from core.clock import LOST_AFTER_INTERVALS, NS_PER_S, silent_at
 from projections.base import Projection
 from schemas.envelope import Recorded
 from schemas.values import GpuTelemetry
 from schemas.workers import Heartbeat
 
-NS_PER_S = 1_000_000_000
 """A worker silent for this many of its own heartbeat intervals is lost."""
 
 
@@ -90,6 +89,6 @@ def overdue(state: LivenessState, now_ns: int, intervals: float = LOST_AFTER_INT
     late = []
     for worker_id in sorted(state.beats):
         beat = state.beats[worker_id]
-        if now_ns - beat.time_ns > intervals * beat.interval_s * NS_PER_S:
+        if silent_at(now_ns, beat.time_ns, beat.interval_s, intervals):
             late.append(worker_id)
     return late

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from core.tiers import NS_PER_S
+from core.clock import NS_PER_S
 from projections.registry import WorkerRecord
 
 RETRY_AFTER_S = 300.0

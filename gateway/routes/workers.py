@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from core.placement import LOST_AFTER_INTERVALS
+from core.clock import LOST_AFTER_INTERVALS
 from gateway.api import Call, Router
 from gateway.errors import not_found
 from gateway.paging import decode_cursor, encode_cursor

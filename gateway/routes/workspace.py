@@ -13,6 +13,7 @@ from gateway import workspace as ws
 from gateway.api import Call, Router
 from gateway.auth import tenant_of
 from gateway.errors import ApiError, not_found
+from gateway.paging import encode_cursor
 from projections import TENANTS
 from projections.tenants import TenantsState
 from schemas.api.common import Page
@@ -182,10 +183,10 @@ async def list_objects(call: Call[None, ListObjectsQuery]) -> Page[WorkspaceObje
     """The workspace's objects under ``prefix``, in key order, with a cursor to the next page."""
     query = call.query
     ws.check_prefix(query.prefix)
-    after = ws.decode_cursor(query.after, query.prefix) if query.after is not None else None
+    after = ws.key_after(query.after, query.prefix) if query.after is not None else None
     bucket = bucket_of(call)
     items, more = await ws.s3_call(ws.list_page, call.kernel.s3, bucket, query.prefix, query.limit, after)
-    return Page(items=items, next=ws.encode_cursor(items[-1].key) if more else None)
+    return Page(items=items, next=encode_cursor(ws.CURSOR_SCOPE, items[-1].key) if more else None)
 
 
 @router.get(

@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 from core.log import EventLog
 from gateway import workspace as ws
 from gateway.errors import ApiError
+from gateway.paging import encode_cursor
 from schemas.audit import RequestRecorded
 from tests.gateway.conftest import Api
 from tests.support import records
@@ -437,11 +438,11 @@ async def test_listing_pages_with_a_cursor_and_refuses_a_bad_one(api: Api) -> No
     assert [o["key"] for o in everything["items"]] == keys and everything.get("next") is None
     partial = (await api.request("GET", "/v1/workspace/objects", member, params={"prefix": "scr"})).json()
     assert [o["key"] for o in partial["items"]] == ["scripts/train.py"]
-    outside = ws.encode_cursor("scripts/train.py")
+    outside = encode_cursor(ws.CURSOR_SCOPE, "scripts/train.py")
     for params in (
         {"after": "!!not a cursor!!"},
         {"after": base64.urlsafe_b64encode(b"\xff\xfe").decode()},
-        {"after": ws.encode_cursor("../etc/passwd")},
+        {"after": encode_cursor(ws.CURSOR_SCOPE, "../etc/passwd")},
         {"prefix": "jobs/", "after": outside},
         {"limit": 0},
         {"limit": 1001},
