@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from core.errors import ResontechError
+
 ORG = "resontech"
 ADMIN_USER = "kernel@resontech.local"
 """The kernel's identity on every federation's admin port (role ``project_admin``)."""
@@ -33,8 +35,10 @@ client with the same name registers at once anyway; this only bounds how long a 
 RunOutcome = Literal["running", "completed", "failed", "aborted"]
 
 
-class ShardsMissing(ValueError):
+class ShardsMissing(ResontechError, ValueError):
     """The workspace lacks shard ZIPs for some slots; the message names what is missing."""
+
+    code = "shards_missing"
 
 
 def site_name(slot: int) -> str:
@@ -113,18 +117,21 @@ def server_resources(
 
 
 def shard_keys(keys: Iterable[str], prefix: str, shards: int) -> list[str]:
-    """The shard ZIP of each slot: the ``.zip`` objects directly under ``prefix``, in name order.
+    """The shard ZIP of each slot: the ``.zip`` objects directly under ``prefix``, in name order; none
+    at all when there is none (shards are optional: a job whose training code reads no data, or makes
+    its own, has its sites start with an empty data folder).
 
     Raises:
-        ShardsMissing: fewer than ``shards`` ZIPs are there.
+        ShardsMissing: some ZIPs are there, but fewer than ``shards``.
     """
     found = sorted(
         k for k in keys if k.startswith(prefix) and k.endswith(".zip") and "/" not in k[len(prefix) :]
     )
-    if len(found) < shards:
+    if 0 < len(found) < shards:
         missing = ", ".join(f"slot {slot}" for slot in range(len(found), shards))
         raise ShardsMissing(
-            f"the job has {shards} shards but {prefix} holds {len(found)} shard ZIP(s): nothing for {missing}"
+            f"the job has {shards} shards but {prefix} holds {len(found)} shard ZIP(s): "
+            f"nothing for {missing} (upload one ZIP per shard, or none for training code that reads no data)"
         )
     return found[:shards]
 

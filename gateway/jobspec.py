@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from core import flarejob
+from core import flare, flarejob
 from core.placement import Candidate
 from gateway.api import Call
 from gateway.errors import ApiError
@@ -181,13 +181,29 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
 
 def federated_inputs(spec: SubmitJob) -> list[str]:
     """What a federated job reads, checked to exist like its ``inputs``: its script or job folder, its
-    initial model, its persistor's file and its shards' folder."""
+    initial model and its persistor's file. Not its shards' folder, which may be empty
+    (:func:`check_shards`)."""
     if spec.federated is None:
         return []
     f = spec.federated
     persistor = flarejob.persistor_ref(f.persistor).key if f.persistor else None
     named = (f.script, f.job_folder, f.initial_model, persistor)
-    return [*(key for key in named if key), f"jobs/{spec.name}/shards/"]
+    return [key for key in named if key]
+
+
+def shards_prefix(name: str) -> str:
+    """Where a federated job's shard ZIPs are: shard ``i`` is the ``i``-th ZIP, by name."""
+    return f"jobs/{name}/shards/"
+
+
+def check_shards(event: JobSubmitted, objects: list[tuple[str, int]]) -> None:
+    """422 ``missing_objects`` when the listing of a federated job's shards folder holds some shard
+    ZIPs but fewer than its ``shards`` (:func:`core.flare.shard_keys`). None at all is fine: the
+    sites start with an empty data folder."""
+    try:
+        flare.shard_keys((key for key, _ in objects), shards_prefix(event.name), event.shards)
+    except flare.ShardsMissing as exc:
+        raise invalid_spec(str(exc), "missing_objects") from None
 
 
 def check_job_folder(prefix: str, objects: list[tuple[str, int]]) -> None:

@@ -90,32 +90,29 @@ def federated_spec(
     """The spec of one ``federated`` shard, or ``None`` while the job's federation is not ready.
 
     It runs the ``nvflare-client`` runtime (:mod:`agent.runtimes.nvflare`) with the slot's NVFlare
-    identity (``options["site"]``) and two presigned GETs, one hour each: the slot's client startup
-    kit from the kernel's kit bucket (fetched as :data:`agent.runtimes.nvflare.KIT_FILE`) and the
-    slot's shard ZIP from the tenant's workspace (fetched under its workspace key). Not the job's
-    other inputs: a federated shard sees its own shard and nothing else of the workspace (its
-    training code reaches it through NVFlare). A replacement for a lost worker gets the same
-    identity and shard.
+    identity (``options["site"]``) and presigned GETs, one hour each: the slot's client startup kit
+    from the kernel's kit bucket (fetched as :data:`agent.runtimes.nvflare.KIT_FILE`) and, when the
+    job has shards, the slot's shard ZIP from the tenant's workspace (fetched under its workspace
+    key, named by ``options["shard"]``; a job without shards has neither, and its sites start with an
+    empty data folder). Not the job's other inputs: a federated shard sees its own shard and nothing
+    else of the workspace (its training code reaches it through NVFlare). A replacement for a lost
+    worker gets the same identity and shard.
     """
     federation = job.federation
     if federation is None or assignment.slot >= len(federation.sites):
         return None
     slot = assignment.slot
-    shard = federation.shards[slot]
+    shard = federation.shards[slot] if federation.shards else None
+    downloads = {KIT_FILE: presigner.url(federation.kit_bucket, federation.kits[slot])}
+    options = {
+        "site": federation.sites[slot],
+        "server": federation.server,
+        "rounds": str(job.rounds or 0),
+        "local_epochs": str(job.local_epochs or 1),
+    }
+    if shard is not None:
+        downloads[shard] = presigner.url(bucket_for(job.tenant), shard)
+        options["shard"] = shard
     return msgspec.structs.replace(
-        base,
-        runtime="nvflare-client",
-        command=[],
-        resume_from=None,
-        downloads={
-            KIT_FILE: presigner.url(federation.kit_bucket, federation.kits[slot]),
-            shard: presigner.url(bucket_for(job.tenant), shard),
-        },
-        options={
-            "site": federation.sites[slot],
-            "server": federation.server,
-            "shard": shard,
-            "rounds": str(job.rounds or 0),
-            "local_epochs": str(job.local_epochs or 1),
-        },
+        base, runtime="nvflare-client", command=[], resume_from=None, downloads=downloads, options=options
     )

@@ -17,7 +17,10 @@ Rules, in the order the coordinator relies on them:
   So a revoked shard sends a running job back to ``queued``, keeping the surviving assignments, and
   :func:`pending` offers it to the coordinator, which re-places only the missing slots.
 * ``completed``, ``cancelled`` and a non-retryable job-wide ``failed`` are terminal and sticky: later
-  events change nothing but ``last_seq``. A shard failure or a retryable failure is counted
+  events change nothing but ``last_seq``. ``completed`` marks every current assignment ``done``: the
+  coordinator completes a job once all its shards are done, but the kernel completes a federated job
+  when its FL run ends, then stops its clients, which report nothing (their shards must not read as
+  running forever). A shard failure or a retryable failure is counted
   (``failures``, and a retryable shard failure in the slot's ``retries``) and recorded; the
   coordinator's revocation that follows re-queues the shard, or it fails the job once the slot was
   retried too often.
@@ -118,7 +121,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         assignments: the current assignment of each slot, by ``str(slot)``.
         started: ``str(slot) -> epoch`` for current assignments that started.
         done: ``str(slot) -> epoch`` for current assignments whose shard completed (a done shard is
-            never re-placed; the coordinator completes the job once every shard is done).
+            never re-placed; the coordinator completes the job once every shard is done); every
+            current assignment once the job completed.
         failed_slots: ``str(slot) -> retryable`` for current assignments whose shard failed: the
             coordinator fails the job (not retryable) or re-places the shard (retryable).
         epoch: the highest assignment epoch placed for this job.
@@ -385,7 +389,8 @@ def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
         case JobRoundCompleted(round=done):
             return _replace(job, round=done) if done > job.round else None
         case JobCompleted(outputs=outputs):
-            return _replace(job, state="completed", outputs=outputs, ended_ns=t)
+            every_shard = {slot: a.epoch for slot, a in job.assignments.items()}  # see the module docstring
+            return _replace(job, state="completed", outputs=outputs, ended_ns=t, done=every_shard)
         case JobFailed():
             return _failed(job, event, t)
         case JobFederationReady(server=server, sites=sites, kit_bucket=bucket, kits=kits, shards=shards):
@@ -425,7 +430,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=8,
+    version=9,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,

@@ -217,7 +217,8 @@ class JobFederationReady(Event, tag="job.federation_ready", frozen=True, kw_only
             it lands on: a replacement gets the same identity).
         kit_bucket: the kernel bucket that holds the startup kits (never a tenant's).
         kits: object key of each slot's startup kit ZIP (its certificate and key) in ``kit_bucket``.
-        shards: workspace key of each slot's shard ZIP.
+        shards: workspace key of each slot's shard ZIP; empty when the job has no shards (its
+            sites get no data).
     """
 
     server: str

@@ -21,8 +21,10 @@ from core import flare
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import job_subject
+from gateway.routes.jobs import job_view
 from ops.federation.server import TAG
 from ops.federation.workspace import list_keys
+from ops.usercli import job_detail
 from projections.schedule import ScheduleState, evolve
 from projections.why import explain_job
 from schemas import (
@@ -162,6 +164,63 @@ async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(
     assert [r["round"] for r in metrics] == [1, 2] and all(r["clients"] == 2 for r in metrics)
 
 
+MAKES_ITS_OWN_DATA = """
+import json, os
+import numpy as np
+import nvflare.client as flare
+
+site = int(os.environ["RESONTECH_SITE"].split("-")[1])
+data_files = len(os.listdir(os.environ["RESONTECH_DATA_ROOT"]))  # no shards: an empty folder
+rng = np.random.default_rng(site)
+x = rng.normal(size=(40 * site, 3))
+y = x @ np.array([1.0, -2.0, 0.5]) + 0.3
+flare.init()
+while flare.is_running():
+    model = flare.receive()
+    params = model.params or {}
+    w, b = params.get("w", np.zeros(3)), params.get("b", np.zeros(1))
+    for epoch in range(int(os.environ["RESONTECH_LOCAL_EPOCHS"])):
+        error = x @ w + b - y
+        w, b = w - 0.1 * 2 * x.T @ error / len(y), b - 0.1 * 2 * np.mean(error, keepdims=True)
+    loss = float(np.mean((x @ w + b - y) ** 2))
+    report = {"round": model.current_round + 1, "loss": loss, "metrics": {"data_files": data_files}}
+    print("RESONTECH_PROGRESS " + json.dumps(report), flush=True)
+    flare.send(flare.FLModel(params={"w": w, "b": b}, metrics={"loss": loss},
+                             meta={"NUM_STEPS_CURRENT_ROUND": len(y)}))
+"""
+
+
+async def test_a_federated_job_without_shards_runs_with_empty_data_folders_and_ends_with_every_shard_done(
+    log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    # Like NVFlare's hello-numpy: the training code reads no data, so nothing is uploaded but the script.
+    upload(settings, "jobs/np-nodata/scripts/train.py", MAKES_ITS_OWN_DATA.encode())
+    await registered(log, agents("nd-a", *HEARTBEAT))
+    await registered(log, agents("nd-b", *HEARTBEAT))
+    with kernel(settings, tmp_path / "kernel"):
+        await submit(log, "np-nodata", rounds=3, local_epochs=2)
+        found = await wait_for(log, JobCompleted, "job.completed")
+        await all_stopped(found, "np-nodata")
+    found = await records(log, "JOBS")  # with whatever the stopped clients reported
+    assert not of(found, JobFailed), of(found, JobFailed)
+    [ready] = of(found, JobFederationReady)
+    assert ready.sites == ["site-1", "site-2"] and ready.shards == []
+    site_progress = [e for e in of(found, JobProgress) if e.slot is not None]
+    assert {e.slot for e in site_progress} == {0, 1}
+    assert all(e.metrics == {"data_files": 0.0} for e in site_progress)
+    losses = [e.metrics["loss"] for e in of(found, JobRoundCompleted)]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2]
+    with np.load(io.BytesIO(read_object(settings, "jobs/np-nodata/model_out/model.npz"))) as model:
+        assert model["w"].shape == (3,) and model["b"].shape == (1,)
+    # Issue 13: the kernel completes a federated job and stops its clients, which report nothing:
+    # its shards must read as done, not as still running, in the API and in `resontech status`.
+    view = job_view(_schedule(found).jobs[f"{TENANT}/np-nodata"])
+    assert view.state == "completed"
+    assert [(a.slot, a.started, a.done) for a in view.assignments] == [(0, True, True), (1, True, True)]
+    detail = job_detail(view)
+    assert "shard 0: done" in detail and "shard 1: done" in detail and "running" not in detail
+
+
 async def test_sigkill_of_a_client_agent_rejoins_its_site_elsewhere_and_keeps_every_round(
     log: EventLog, settings: Settings, agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
@@ -278,7 +337,7 @@ async def test_missing_or_corrupt_shards_fail_the_job_naming_the_shard(
     [failed] = of(short, JobFailed)
     assert failed.reason == (
         "federation failed: the job has 2 shards but jobs/np-short/shards/ holds 1 shard ZIP(s): "
-        "nothing for slot 1"
+        "nothing for slot 1 (upload one ZIP per shard, or none for training code that reads no data)"
     )
     job_failure = of(corrupt, JobFailed, slot=None)[0]
     assert job_failure.reason.startswith(

@@ -11,7 +11,10 @@ import pytest
 from cryptography import x509
 
 from agent.archives import BadArchive, unpack
-from agent.runtimes.nvflare import protocol_line
+from agent.runtimes import nvflare
+from agent.runtimes.base import StartFailed
+from agent.runtimes.nvflare import KIT_FILE, protocol_line
+from agent.sandbox import Sandbox
 from core import flare
 from core.settings import Settings
 from ops.coordinator import start_command
@@ -19,7 +22,7 @@ from ops.federation.server import clean_env, provision
 from ops.inputs import Presigner
 from ops.workspecs import federated_spec
 from projections.schedule import Federation, JobRecord
-from schemas import Assignment, FederatedTraining
+from schemas import Assignment, FederatedTraining, WorkSpec
 
 
 def test_the_project_names_the_server_after_its_host_and_the_kernel_as_admin() -> None:
@@ -70,6 +73,9 @@ def test_shards_go_to_slots_in_name_order_and_missing_ones_are_named() -> None:
     assert flare.shard_keys(keys, "jobs/x/shards/", 1) == ["jobs/x/shards/a.zip"]
     with pytest.raises(flare.ShardsMissing, match="holds 2 shard ZIP\\(s\\): nothing for slot 2, slot 3"):
         flare.shard_keys(keys, "jobs/x/shards/", 4)
+    # No shard at all is no data for every site (training code that makes its own), not an error.
+    assert flare.shard_keys(["jobs/x/shards/notes.txt", "jobs/x/shards/old/c.zip"], "jobs/x/shards/", 3) == []
+    assert flare.shard_keys([], "jobs/x/shards/", 1) == []
 
 
 @pytest.mark.parametrize(
@@ -205,3 +211,65 @@ def test_a_federated_shard_starts_only_once_its_federation_is_ready_with_only_it
     assert spec.options | expected == spec.options and spec.options["local_epochs"] == "2"
     beyond = Assignment(assignment_id="x", worker_id="w", slot=5, epoch=1)
     assert federated_spec(_job(federation), beyond, base, presigner) is None
+
+
+def test_a_federated_shard_of_a_job_without_shards_downloads_only_its_kit() -> None:
+    presigner = Presigner(Settings(s3_endpoint="http://127.0.0.1:9"))
+    assignment = Assignment(assignment_id="j1-s1-e2", worker_id="w-2", slot=1, epoch=2)
+    base = start_command(_job(None), assignment).spec
+    federation = Federation(
+        server="localhost:4321",
+        sites=["site-1", "site-2"],
+        kit_bucket=flare.KIT_BUCKET,
+        kits=["acme/j1/site-1.zip", "acme/j1/site-2.zip"],
+        shards=[],
+    )
+    spec = federated_spec(_job(federation), assignment, base, presigner)
+    assert spec is not None and spec.runtime == "nvflare-client"
+    assert list(spec.downloads) == [KIT_FILE] and "shard" not in spec.options
+    assert (spec.options["site"], spec.options["server"]) == ("site-2", "localhost:4321")
+
+
+def _kit(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("startup/fed_client.json", "{}")
+
+
+@pytest.mark.parametrize("with_shard", [False, True], ids=["no-shard", "shard"])
+async def test_the_nvflare_runtime_unpacks_the_kit_and_the_shard_if_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_shard: bool
+) -> None:
+    started: dict[str, Any] = {}
+
+    async def spawn(argv: list[str], workdir: Path, env: Any, **kw: Any) -> str:
+        started.update(argv=argv, workdir=workdir, env=dict(env))
+        return "workload"
+
+    monkeypatch.setattr(nvflare, "spawn", spawn)
+    runtime = nvflare.NvflareClientRuntime(Sandbox(bwrap=None))  # never used: spawn is replaced
+    shard = "jobs/x/shards/a.zip"
+    options = {"site": "site-1", "server": "localhost:1", "rounds": "2", "local_epochs": "3"}
+    downloads = {KIT_FILE: "http://kit"}
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    _kit(workdir / KIT_FILE)
+    if with_shard:
+        options["shard"], downloads[shard] = shard, "http://shard"
+        (workdir / shard).parent.mkdir(parents=True)
+        with zipfile.ZipFile(workdir / shard, "w") as archive:
+            archive.writestr("data.npz", b"x")
+    spec = WorkSpec(runtime="nvflare-client", downloads=downloads, options=options)
+    assert await runtime.start(spec, workdir, {"PATH": "/usr/bin"}) == "workload"
+    assert (workdir / "kit" / "startup" / "fed_client.json").exists() and not (workdir / KIT_FILE).exists()
+    data = sorted(p.name for p in (workdir / "data").iterdir())
+    assert data == (["data.npz"] if with_shard else [])  # RESONTECH_DATA_ROOT: empty without a shard
+    assert started["env"]["RESONTECH_SITE"] == "site-1" and started["env"]["RESONTECH_LOCAL_EPOCHS"] == "3"
+    # What the assignment names and what it downloads must agree.
+    other = {**downloads, "jobs/x/shards/b.zip": "http://other"}
+    for bad in (
+        WorkSpec(runtime="nvflare-client", downloads=other, options=options),
+        WorkSpec(runtime="nvflare-client", downloads={KIT_FILE: "k"}, options={**options, "shard": shard}),
+        WorkSpec(runtime="nvflare-client", downloads=downloads, options={**options, "site": ""}),
+    ):
+        with pytest.raises(StartFailed, match="needs a site"):
+            await runtime.start(bad, workdir, {})

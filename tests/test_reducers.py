@@ -63,6 +63,7 @@ from schemas import (
     JobQueued,
     JobRejected,
     JobRoundCompleted,
+    JobShardCompleted,
     JobStarted,
     JobSubmitted,
     Provenance,
@@ -564,6 +565,30 @@ def test_schedule_terminal_states_are_sticky(terminal: Event) -> None:
     assert msgspec.structs.replace(job.record, last_seq=ended.last_seq) == ended
     assert job.record.last_seq == log.seq
     assert pending(log.state) == []
+
+
+def test_schedule_a_completed_job_has_every_current_shard_done() -> None:
+    """A federated job is completed by the kernel (its FL server's run ended), not by its shards: its
+    clients are then stopped and never report ``shard_completed``. Its shards must not read as still
+    running (issue 13: ``resontech status`` listed a completed job's shards as ``running``)."""
+    log = Log(SCHEDULE)
+    job = Job(log)
+    job(JobSubmitted(name="fl", kind="federated", shards=3, rounds=2))
+    first, second, third = _asg(0, 1), _asg(1, 1, "w2"), _asg(2, 1, "w3")
+    job.place(first, second, third)
+    for a in (first, second, third):
+        job.start(a)
+    job(JobShardCompleted(assignment_id=third.assignment_id, worker_id="w3", slot=2, epoch=1))
+    job.revoke(first)  # lost after the last round: the job completes all the same
+    job.place(_asg(0, 2, "w4"))
+    job(JobCompleted(outputs=["jobs/fl/model_out/model.npz"]), t_s=30)
+    record = job.record
+    assert (record.state, record.ended_ns) == ("completed", 30 * S)
+    assert record.done == {"0": 2, "1": 1, "2": 1}
+    # A client's late report (it exited before its stop arrived) changes nothing.
+    job(JobShardCompleted(assignment_id=second.assignment_id, worker_id="w2", slot=1, epoch=1))
+    assert msgspec.structs.replace(job.record, last_seq=record.last_seq) == record
+    roundtrips(SCHEDULE, log.state)
 
 
 def test_schedule_pending_order_and_unknown_jobs() -> None:

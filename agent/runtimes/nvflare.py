@@ -1,13 +1,13 @@
 """The ``nvflare-client`` runtime: one NVFlare client of a federated job's federation.
 
 The assignment brings everything (``WorkSpec`` of :func:`ops.workspecs.federated_spec`), and the agent
-has fetched its two downloads into the working dir before the start (:mod:`agent.downloads`):
+has fetched its downloads into the working dir before the start (:mod:`agent.downloads`):
 
 * :data:`KIT_FILE`, the slot's client startup kit (its certificate and key), unpacked into
-  ``<workdir>/kit``; the slot's shard ZIP, fetched under its workspace key (``options["shard"]``),
-  unpacked into ``<workdir>/data``, the ``RESONTECH_DATA_ROOT`` the training script reads. Both ZIPs
-  are deleted once unpacked. A shard that cannot be fetched or unpacked fails the start with a message
-  that names it.
+  ``<workdir>/kit``; the slot's shard ZIP, if the job has shards, fetched under its workspace key
+  (``options["shard"]``), unpacked into ``<workdir>/data``, the ``RESONTECH_DATA_ROOT`` the training
+  script reads (without a shard that folder is empty). Both ZIPs are deleted once unpacked. A shard
+  that cannot be fetched or unpacked fails the start with a message that names it.
 * ``options``: ``site`` (the NVFlare identity, ``site-N``; a replacement for a lost worker gets the same
   one), ``rounds`` and ``local_epochs`` (given to the script as ``RESONTECH_ROUNDS`` and
   ``RESONTECH_LOCAL_EPOCHS``).
@@ -59,26 +59,28 @@ def client_argv(kit: Path, site: str) -> list[str]:
 
 
 def _unpack(workdir: Path, shard: str) -> None:
-    for name, dest, what in (
-        (KIT_FILE, workdir / "kit", "the startup kit"),
-        (shard, workdir / "data", f"shard {shard}"),
-    ):
+    archives = [(KIT_FILE, workdir / "kit", "the startup kit")]
+    if shard:
+        archives.append((shard, workdir / "data", f"shard {shard}"))
+    for name, dest, what in archives:
         archive = workdir / name
         unpack(archive, dest, what)
         archive.unlink()
 
 
 class NvflareClientRuntime:
-    """Starts an NVFlare client from the assignment's kit and shard in ``sandbox`` (see the module
-    docstring)."""
+    """Starts an NVFlare client from the assignment's kit (and shard, if any) in ``sandbox`` (see the
+    module docstring)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
         site, shard = spec.options.get("site", ""), spec.options.get("shard", "")
-        if not site or not shard or set(spec.downloads) != {KIT_FILE, shard}:
-            raise StartFailed(f"an nvflare-client assignment needs a site, its {KIT_FILE} and its shard")
+        if not site or set(spec.downloads) != {KIT_FILE, shard} - {""}:
+            raise StartFailed(
+                f"an nvflare-client assignment needs a site, its {KIT_FILE} and its shard (if it has one)"
+            )
         prepare(workdir)
         try:
             await asyncio.to_thread(_unpack, workdir, shard)

@@ -28,7 +28,15 @@ from core.wire import Position
 from gateway.api import Call, Router, respond
 from gateway.errors import ApiError, NotYetVisible, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
-from gateway.jobspec import check_admission, check_job_folder, idle_fleet, job_event, same_submission
+from gateway.jobspec import (
+    check_admission,
+    check_job_folder,
+    check_shards,
+    idle_fleet,
+    job_event,
+    same_submission,
+    shards_prefix,
+)
 from gateway.paging import decode_seq_cursor, encode_cursor
 from gateway.references import listing, require_objects
 from gateway.scope import iso, scoped_tenant
@@ -229,6 +237,9 @@ async def submit_job(call: Call[SubmitJob, TenantQuery]) -> Any:
     hosts = idle_fleet(call).hosts(kernel.state(REGISTRY), now_ns)
     check_admission(tenant, job_id, event, quotas(kernel.state(TENANTS)), hosts, now_ns)
     await require_objects(kernel.s3, bucket_for(tenant), event.inputs, kernel.seen_objects)
+    if event.federated is not None:
+        shards = shards_prefix(event.name)
+        check_shards(event, await listing(kernel.s3, bucket_for(tenant), shards, flarejob.MAX_FILES))
     if event.federated is not None and event.federated.job_folder:
         folder = event.federated.job_folder
         check_job_folder(folder, await listing(kernel.s3, bucket_for(tenant), folder, flarejob.MAX_FILES))

@@ -46,10 +46,11 @@ def list_keys(s3: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
 
 
 def resolve_shards(s3: Any, tenant: str, name: str, shards: int) -> list[str]:
-    """Each slot's shard ZIP under ``jobs/{name}/shards/`` (:func:`core.flare.shard_keys`).
+    """Each slot's shard ZIP under ``jobs/{name}/shards/`` (:func:`core.flare.shard_keys`); none when
+    the folder holds no ZIP (the sites get no data).
 
     Raises:
-        FederationError: too few shards (the message names the slots without one).
+        FederationError: some shards, but too few (the message names the slots without one).
     """
     prefix = f"jobs/{name}/shards/"
     try:

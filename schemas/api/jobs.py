@@ -50,8 +50,8 @@ class FederatedSpec(Request, frozen=True, kw_only=True):
     Attributes:
         script: workspace key of the script each site runs (e.g. ``jobs/{name}/scripts/train.py``);
             the files beside and below it ship with it. It reads its shard from the directory in
-            ``RESONTECH_DATA_ROOT`` and sends each round's model with ``NUM_STEPS_CURRENT_ROUND`` set to
-            its sample count (FedAvg weighs by it).
+            ``RESONTECH_DATA_ROOT`` (empty when the job has no shards) and sends each round's model
+            with ``NUM_STEPS_CURRENT_ROUND`` set to its sample count (FedAvg weighs by it).
         job_folder: workspace prefix (ending in ``/``) of an NVFlare job folder: ``meta.json`` with its
             ``deploy_map``, and apps with ``config/config_fed_server.json``,
             ``config/config_fed_client.json`` and ``custom/``. Its client names become the job's
@@ -85,7 +85,8 @@ class SubmitJob(Request, frozen=True, kw_only=True):
         kind: ``process`` (a command on each shard's worker); ``ddp`` (one torchrun node per
             shard; ``command`` starts with the training script, a key among ``inputs``);
             ``federated`` (NVFlare: one client per shard, FedAvg on the kernel; shard ``i`` is the
-            ``i``-th ZIP, by name, under ``jobs/{name}/shards/``).
+            ``i``-th ZIP, by name, under ``jobs/{name}/shards/``; with no ZIP there, each site
+            starts with an empty data folder, and some but fewer than ``shards`` is a 422).
         job_id: the job's id (default: generated; derived from the ``Idempotency-Key`` header
             when one is sent). A duplicate id is a 409.
         shards: how many workers run it at once (gang-placed: all or none).

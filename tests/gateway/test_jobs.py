@@ -225,7 +225,34 @@ async def test_a_job_folder_is_checked_from_its_listing_and_a_persistor_must_exi
     assert no_file.json()["error"]["code"] == "missing_objects" and "persistor.py" in no_file.text
     [submitted] = [r.event for r in await job_events(log)]
     assert submitted.federated.job_folder == "jobs/fl/flare/" and submitted.federated.script == ""
-    assert submitted.inputs == ["jobs/fl/flare/", "jobs/fl/shards/"]
+    assert submitted.inputs == ["jobs/fl/flare/"]  # the shards' folder is checked on its own
+
+
+async def test_a_federated_job_needs_no_shards_but_one_per_shard_if_it_has_any(
+    api: Api, log: EventLog
+) -> None:
+    tenant, admin = await api.tenant()
+    for name in ("fl-none", "fl-some"):
+        put(api, tenant, f"jobs/{name}/scripts/train.py")
+    federated = {"script": "jobs/fl-none/scripts/train.py"}
+    body = spec(name="fl-none", kind="federated", rounds=2, shards=2, command=[], federated=federated)
+    none = await submit(api, admin, body)
+    assert none.status_code == 201, none.text
+    assert none.json()["inputs"] == ["jobs/fl-none/scripts/train.py"]
+
+    put(api, tenant, "jobs/fl-some/shards/shard-0.zip")
+    put(api, tenant, "jobs/fl-some/shards/notes.txt")  # not a shard
+    put(api, tenant, "jobs/fl-some/shards/old/shard-1.zip")  # not directly in the folder
+    some = {**body, "name": "fl-some", "federated": {"script": "jobs/fl-some/scripts/train.py"}}
+    short = await submit(api, admin, some)
+    assert short.status_code == 422 and short.json()["error"] == {
+        "code": "missing_objects",
+        "message": "the job has 2 shards but jobs/fl-some/shards/ holds 1 shard ZIP(s): nothing for slot 1 "
+        "(upload one ZIP per shard, or none for training code that reads no data)",
+    }
+    put(api, tenant, "jobs/fl-some/shards/shard-1.zip")
+    assert (await submit(api, admin, some)).status_code == 201
+    assert [r.event.name for r in await job_events(log)] == ["fl-none", "fl-some"]
 
 
 async def test_a_job_over_the_tenants_whole_quota_is_refused(api: Api, log: EventLog) -> None:
