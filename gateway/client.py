@@ -5,12 +5,16 @@
 
     with Client() as rt:                      # URL and key from the environment or `resontech login`
         rt.upload("data/shard-0.zip", "jobs/mnist/shards/0.zip", progress=print)
-        job = rt.submit_job({...})
+        job = rt.submit_job({...})            # a Job: job.job_id, job.state, job.assignments...
 
-Every call returns typed values (the API's own msgspec bodies from :mod:`schemas.api`) and raises
-:class:`ApiError` with the API's error code and message. Both clients share one description of each
-call (:class:`_Calls`): a method builds the request and names the type to decode into; only sending
-differs. Uploads pick a single presigned PUT or a multipart upload by size, send up to
+Every call returns typed values (the API's own msgspec bodies from :mod:`schemas.api`: ``rt.job(id)``
+is a :class:`~schemas.api.jobs.Job`, ``rt.jobs()`` a ``Page[Job]``) and raises :class:`ApiError`
+with the API's error code and message; an answer that does not decode into its type is an
+:class:`ApiError` too (``invalid_response``), never a decoding traceback. Both clients share one
+description of each call (a :class:`_Call` in :class:`_Calls`): a method builds the request and
+names the decoder of its answer; only sending differs, and the descriptor types each method for the
+client it is read from (``T`` on :class:`Client`, an awaitable of ``T`` on :class:`AsyncClient`).
+Uploads pick a single presigned PUT or a multipart upload by size, send up to
 :data:`PARALLEL_PARTS` parts at once, report progress, and abort the multipart upload on failure.
 
 One module on purpose: it is the SDK users import (``from gateway import Client``), and the sync
@@ -29,20 +33,45 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 import httpx
 import msgspec
 
+from core.errors import ResontechError
 from schemas.api.billing import Invoice, InvoiceSummary, Payouts, Usage
-from schemas.api.common import Me, Page
-from schemas.api.endpoints import Endpoint
-from schemas.api.jobs import Job, JobEventItem
-from schemas.api.tenants import KeyInfo, NewKey, Tenant, TenantCreatedBody
-from schemas.api.workers import Worker
-from schemas.api.workspace import Download, MultipartUpload, PartUrl, PartUrls, SingleUpload, WorkspaceObject
+from schemas.api.common import ErrorBody, Me, Page
+from schemas.api.endpoints import DeployEndpoint, Endpoint, EndpointStateName
+from schemas.api.feed import FeedError, FeedMessage
+from schemas.api.jobs import Job, JobEventItem, JobStateName, Kind, SubmitJob
+from schemas.api.tenants import (
+    CreateTenant,
+    IssueKey,
+    KeyInfo,
+    NewKey,
+    Role,
+    SetQuota,
+    Tenant,
+    TenantCreatedBody,
+)
+from schemas.api.workers import Worker, WorkerStateName
+from schemas.api.workspace import (
+    CompletedPart,
+    CompleteUpload,
+    CreateUpload,
+    Download,
+    MultipartUpload,
+    PartsRequest,
+    PartUrl,
+    PartUrls,
+    SingleUpload,
+    WorkspaceObject,
+)
 
 T = TypeVar("T")
+P = ParamSpec("P")
+Plan = Literal["payg", "managed", "private"]
+"""A tenant's plan (the values :class:`schemas.api.tenants.CreateTenant` accepts)."""
 PARALLEL_PARTS = 5
 """Multipart upload parts in flight at once."""
 CHUNK = 1 << 20
@@ -55,15 +84,24 @@ Progress = Callable[[int, int], None]
 """``progress(bytes_done, bytes_total)``."""
 
 
-class ApiError(Exception):
-    """The API refused a request: ``status``, the stable ``code``, a ``message`` that says what to fix."""
+class ApiError(ResontechError):
+    """The API refused a request: ``status``, the stable ``code``, a ``message`` that says what to fix.
+
+    Besides the API's own codes: ``unreachable`` (status 0: no connection to the gateway),
+    ``http_error`` (an error answer without the API's error body, e.g. from a proxy),
+    ``invalid_response`` (an answer that does not decode into the type the API promises) and
+    ``accepted`` (status 202: the change is stored but the gateway could not show it yet; read it
+    back shortly instead of repeating the request).
+    """
 
     def __init__(self, status: int, code: str, message: str, request_id: str = "") -> None:
-        super().__init__(f"{message} ({code}, HTTP {status})")
+        super().__init__(message)
         self.status = status
         self.code = code
-        self.message = message
         self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code}, HTTP {self.status})"
 
 
 class TransferError(ApiError):
@@ -89,191 +127,349 @@ def resolve(url: str | None = None, key: str | None = None, env: Mapping[str, st
     return Config(url=url.rstrip("/"), key=key)
 
 
+# -- how a call is described, sent and decoded ------------------------------------------------------
+
+_ENCODE = msgspec.json.Encoder().encode
+_ERROR_BODY = msgspec.json.Decoder(ErrorBody).decode
+_FEED_MESSAGE = msgspec.json.Decoder(FeedMessage).decode
+# One typed decoder per answer type (msgspec.json.Decoder(T).decode is a ``bytes -> T``).
+_ME = msgspec.json.Decoder(Me).decode
+_TENANT = msgspec.json.Decoder(Tenant).decode
+_TENANTS = msgspec.json.Decoder(list[Tenant]).decode
+_TENANT_CREATED = msgspec.json.Decoder(TenantCreatedBody).decode
+_KEYS = msgspec.json.Decoder(list[KeyInfo]).decode
+_NEW_KEY = msgspec.json.Decoder(NewKey).decode
+_OBJECT = msgspec.json.Decoder(WorkspaceObject).decode
+_OBJECTS = msgspec.json.Decoder(Page[WorkspaceObject]).decode
+_DOWNLOAD = msgspec.json.Decoder(Download).decode
+_UPLOAD_PLAN: Callable[[bytes], SingleUpload | MultipartUpload] = msgspec.json.Decoder(
+    SingleUpload | MultipartUpload  # a union: mypy needs the annotation to know the decoded type
+).decode
+_PART_URLS = msgspec.json.Decoder(PartUrls).decode
+_JOB = msgspec.json.Decoder(Job).decode
+_JOBS = msgspec.json.Decoder(Page[Job]).decode
+_JOB_EVENTS = msgspec.json.Decoder(Page[JobEventItem]).decode
+_ENDPOINT = msgspec.json.Decoder(Endpoint).decode
+_ENDPOINTS = msgspec.json.Decoder(Page[Endpoint]).decode
+_WORKER = msgspec.json.Decoder(Worker).decode
+_WORKERS = msgspec.json.Decoder(Page[Worker]).decode
+_USAGE = msgspec.json.Decoder(Usage).decode
+_INVOICE = msgspec.json.Decoder(Invoice).decode
+_INVOICES = msgspec.json.Decoder(list[InvoiceSummary]).decode
+_PAYOUTS = msgspec.json.Decoder(Payouts).decode
+
+
+class _Accepted(msgspec.Struct, frozen=True):
+    """The body of a 202 that has no resource to show (``gateway.errors.accepted_response``)."""
+
+    message: str
+
+
+_ACCEPTED = msgspec.json.Decoder(_Accepted).decode
+
+
+def _no_body(content: bytes) -> None:
+    """The decoder of calls answered without a body (204)."""
+    return None
+
+
 @dataclass(frozen=True)
 class _Req(Generic[T]):
+    """One HTTP call to the API: what to send, and ``decode``, how its answer becomes a ``T``.
+
+    ``body`` is a request Struct or a mapping of its fields (a spec file's content), sent as JSON.
+    """
+
     method: str
     path: str
-    into: Any = None
-    json: Any = None
-    params: dict[str, Any] | None = None
-    headers: dict[str, str] | None = None
+    decode: Callable[[bytes], T]
+    body: msgspec.Struct | Mapping[str, object] | None = None
+    params: Mapping[str, str | int] | None = None
+    headers: Mapping[str, str] | None = None
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        headers = dict(self.headers or {})
+        content = None
+        if self.body is not None:
+            content = _ENCODE(self.body)
+            headers["Content-Type"] = "application/json"
+        return http.build_request(
+            self.method, self.path, content=content, params=self.params, headers=headers
+        )
+
+    def answer(self, response: httpx.Response) -> T:
+        """The answer decoded into ``T``, or the API's refusal raised as :class:`ApiError`."""
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            return self.decode(response.content)
+        except msgspec.DecodeError as exc:  # msgspec.ValidationError too: the right JSON, wrong shape
+            raise _undecodable(f"{self.method} {self.path}", response, exc) from None
+
+
+def _undecodable(call: str, response: httpx.Response, exc: msgspec.DecodeError) -> ApiError:
+    request_id = response.headers.get("x-request-id", "")
+    if response.status_code == 202:  # stored, not yet visible, and no resource to show for it
+        with contextlib.suppress(msgspec.DecodeError):
+            return ApiError(202, "accepted", _ACCEPTED(response.content).message, request_id)
+    message = f"the gateway's answer to {call} is not what the API promises: {exc}"
+    return ApiError(response.status_code, "invalid_response", message, request_id)
 
 
 def _error(response: httpx.Response) -> ApiError:
     request_id = response.headers.get("x-request-id", "")
     try:
-        detail = response.json()["error"]
-        return ApiError(response.status_code, detail["code"], detail["message"], request_id)
-    except (ValueError, KeyError, TypeError):
+        detail = _ERROR_BODY(response.content).error
+    except msgspec.DecodeError:
         text = (
             response.text.strip().splitlines()[0][:200] if response.text.strip() else response.reason_phrase
         )
         return ApiError(response.status_code, "http_error", text, request_id)
+    return ApiError(response.status_code, detail.code, detail.message, request_id)
 
 
-def _decode(response: httpx.Response, into: Any) -> Any:
-    if response.status_code >= 400:
-        raise _error(response)
-    if into is None or response.status_code == 204:
-        return None
-    return msgspec.json.decode(response.content, type=into)
+def _unreachable(config: Config, exc: httpx.TransportError) -> ApiError:
+    return ApiError(0, "unreachable", f"cannot reach the gateway at {config.url}: {exc}")
 
 
-def _body(value: Any) -> Any:
-    return msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value
-
-
-def _params(**values: Any) -> dict[str, Any]:
+def _params(**values: str | int | None) -> dict[str, str | int]:
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _spec(spec: Mapping[str, object] | msgspec.Struct) -> Mapping[str, object] | msgspec.Struct:
+    """A spec as given: a request Struct, or a mapping of its fields (copied: msgspec encodes dicts)."""
+    return spec if isinstance(spec, msgspec.Struct) else dict(spec)
+
+
+class _Call(Generic[P, T]):
+    """One API call, described once: ``describe(self, *args) -> _Req[T]``.
+
+    Read from a :class:`Client` it is a method ``(*args) -> T``; from an :class:`AsyncClient`, a
+    method ``(*args) -> Awaitable[T]``: each sends the described request with its own ``_send``.
+    """
+
+    def __init__(self, describe: Callable[Concatenate[_Calls, P], _Req[T]]) -> None:
+        self.describe = describe
+        self.__doc__ = describe.__doc__
+
+    @overload
+    def __get__(self, client: None, owner: type[_Calls] | None = None) -> _Call[P, T]: ...
+    @overload
+    def __get__(
+        self, client: AsyncClient, owner: type[_Calls] | None = None
+    ) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __get__(self, client: Client, owner: type[_Calls] | None = None) -> Callable[P, T]: ...
+    def __get__(
+        self, client: _Calls | None, owner: type[_Calls] | None = None
+    ) -> _Call[P, T] | Callable[P, object]:
+        if client is None:
+            return self
+        describe, send = self.describe, client._send
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> object:
+            return send(describe(client, *args, **kwargs))
+
+        call.__name__ = call.__qualname__ = describe.__name__
+        call.__doc__ = describe.__doc__
+        return call
 
 
 class _Calls:
     """Every API call, described once; :meth:`_send` (sync or async) runs it."""
 
-    def _send(self, req: _Req[Any]) -> Any:
+    def _send(self, req: _Req[T]) -> object:
         raise NotImplementedError
 
     # -- identity and tenancy --------------------------------------------------------------------
 
-    def me(self) -> Any:
-        """Who the key is (:class:`schemas.api.common.Me`)."""
-        return self._send(_Req("GET", "/v1/me", Me))
+    @_Call
+    def me(self) -> _Req[Me]:
+        """Who the key is."""
+        return _Req("GET", "/v1/me", _ME)
 
-    def create_tenant(self, tenant: str, display_name: str, plan: str = "payg") -> Any:
+    @_Call
+    def create_tenant(self, tenant: str, display_name: str, plan: Plan = "payg") -> _Req[TenantCreatedBody]:
         """Operator: create a tenant; the result carries its first admin key (shown once)."""
-        body = {"tenant": tenant, "display_name": display_name, "plan": plan}
-        return self._send(_Req("POST", "/v1/tenants", TenantCreatedBody, json=body))
+        body = CreateTenant(tenant=tenant, display_name=display_name, plan=plan)
+        return _Req("POST", "/v1/tenants", _TENANT_CREATED, body)
 
-    def tenants(self) -> Any:
-        return self._send(_Req("GET", "/v1/tenants", list[Tenant]))
+    @_Call
+    def tenants(self) -> _Req[list[Tenant]]:
+        """Operator: every tenant."""
+        return _Req("GET", "/v1/tenants", _TENANTS)
 
-    def tenant(self, tenant: str) -> Any:
-        return self._send(_Req("GET", f"/v1/tenants/{tenant}", Tenant))
+    @_Call
+    def tenant(self, tenant: str) -> _Req[Tenant]:
+        return _Req("GET", f"/v1/tenants/{tenant}", _TENANT)
 
-    def keys(self, tenant: str) -> Any:
-        return self._send(_Req("GET", f"/v1/tenants/{tenant}/keys", list[KeyInfo]))
+    @_Call
+    def keys(self, tenant: str) -> _Req[list[KeyInfo]]:
+        """The tenant's API keys (never their secrets)."""
+        return _Req("GET", f"/v1/tenants/{tenant}/keys", _KEYS)
 
-    def issue_key(self, tenant: str, role: str = "member", label: str = "") -> Any:
-        return self._send(
-            _Req("POST", f"/v1/tenants/{tenant}/keys", NewKey, json={"role": role, "label": label})
-        )
+    @_Call
+    def issue_key(self, tenant: str, role: Role = "member", label: str = "") -> _Req[NewKey]:
+        """A new API key; its ``key`` is shown this once."""
+        return _Req("POST", f"/v1/tenants/{tenant}/keys", _NEW_KEY, IssueKey(role=role, label=label))
 
-    def revoke_key(self, tenant: str, key_id: str) -> Any:
-        return self._send(_Req("DELETE", f"/v1/tenants/{tenant}/keys/{key_id}"))
+    @_Call
+    def revoke_key(self, tenant: str, key_id: str) -> _Req[None]:
+        return _Req("DELETE", f"/v1/tenants/{tenant}/keys/{key_id}", _no_body)
 
-    def set_quota(self, tenant: str, pool: str, gpus: int | None) -> Any:
-        return self._send(_Req("PUT", f"/v1/tenants/{tenant}/quotas/{pool}", Tenant, json={"gpus": gpus}))
+    @_Call
+    def set_quota(self, tenant: str, pool: str, gpus: int | None) -> _Req[Tenant]:
+        """Operator: at most ``gpus`` GPUs at once in ``pool`` (``None``: no limit)."""
+        return _Req("PUT", f"/v1/tenants/{tenant}/quotas/{pool}", _TENANT, SetQuota(gpus=gpus))
 
     # -- workspace -------------------------------------------------------------------------------
 
-    def objects(self, prefix: str = "", *, limit: int = 100, after: str | None = None) -> Any:
+    @_Call
+    def objects(
+        self, prefix: str = "", *, limit: int = 100, after: str | None = None
+    ) -> _Req[Page[WorkspaceObject]]:
         """One page of the workspace listing (``.items``, ``.next``)."""
         params = _params(prefix=prefix, limit=limit, after=after)
-        return self._send(_Req("GET", "/v1/workspace/objects", Page[WorkspaceObject], params=params))
+        return _Req("GET", "/v1/workspace/objects", _OBJECTS, params=params)
 
-    def download_url(self, key: str) -> Any:
-        """A presigned GET of ``key``, valid one hour (:class:`schemas.api.workspace.Download`)."""
-        return self._send(_Req("GET", "/v1/workspace/download", Download, params={"key": key}))
+    @_Call
+    def download_url(self, key: str) -> _Req[Download]:
+        """A presigned GET of ``key``, valid one hour."""
+        return _Req("GET", "/v1/workspace/download", _DOWNLOAD, params={"key": key})
 
-    def delete_object(self, key: str) -> Any:
-        return self._send(_Req("DELETE", "/v1/workspace/objects", params={"key": key}))
+    @_Call
+    def delete_object(self, key: str) -> _Req[None]:
+        return _Req("DELETE", "/v1/workspace/objects", _no_body, params={"key": key})
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    def submit_job(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> Any:
-        """Submit a job spec (the fields of ``POST /v1/jobs``); returns the :class:`Job`. With an
-        ``idempotency_key``, a retried submission is stored once and returns the same job."""
+    @_Call
+    def submit_job(
+        self, spec: Mapping[str, object] | SubmitJob, *, idempotency_key: str | None = None
+    ) -> _Req[Job]:
+        """Submit a job spec (a :class:`SubmitJob`, or a mapping of its fields, e.g. a spec file's);
+        returns the :class:`Job`. With an ``idempotency_key``, a retried submission is stored once
+        and returns the same job."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._send(_Req("POST", "/v1/jobs", Job, json=dict(spec), headers=headers))
+        return _Req("POST", "/v1/jobs", _JOB, _spec(spec), headers=headers)
 
+    @_Call
     def jobs(
         self,
         *,
-        state: str | None = None,
-        kind: str | None = None,
+        state: JobStateName | None = None,
+        kind: Kind | None = None,
         name_prefix: str | None = None,
         limit: int = 50,
         after: str | None = None,
-    ) -> Any:
+    ) -> _Req[Page[Job]]:
         """One page of jobs, newest first (``.items``, ``.next``)."""
         params = _params(state=state, kind=kind, name_prefix=name_prefix, limit=limit, after=after)
-        return self._send(_Req("GET", "/v1/jobs", Page[Job], params=params))
+        return _Req("GET", "/v1/jobs", _JOBS, params=params)
 
-    def job(self, job_id: str, *, tenant: str | None = None) -> Any:
+    @_Call
+    def job(self, job_id: str, *, tenant: str | None = None) -> _Req[Job]:
         """One job, with its assignments, progress and ``why`` (the operator names the tenant)."""
-        return self._send(_Req("GET", f"/v1/jobs/{job_id}", Job, params=_params(tenant=tenant)))
+        return _Req("GET", f"/v1/jobs/{job_id}", _JOB, params=_params(tenant=tenant))
 
-    def cancel_job(self, job_id: str, *, tenant: str | None = None) -> Any:
-        return self._send(_Req("POST", f"/v1/jobs/{job_id}/cancel", Job, params=_params(tenant=tenant)))
+    @_Call
+    def cancel_job(self, job_id: str, *, tenant: str | None = None) -> _Req[Job]:
+        """Cancel a job (running shards checkpoint and stop); returns it as it now reads."""
+        return _Req("POST", f"/v1/jobs/{job_id}/cancel", _JOB, params=_params(tenant=tenant))
 
-    def job_events(self, job_id: str, *, after: str | None = None, limit: int = 100) -> Any:
+    @_Call
+    def job_events(
+        self, job_id: str, *, after: str | None = None, limit: int = 100
+    ) -> _Req[Page[JobEventItem]]:
+        """One page of the job's stored events, in log order."""
         params = _params(after=after, limit=limit)
-        return self._send(_Req("GET", f"/v1/jobs/{job_id}/events", Page[JobEventItem], params=params))
+        return _Req("GET", f"/v1/jobs/{job_id}/events", _JOB_EVENTS, params=params)
 
     # -- endpoints -------------------------------------------------------------------------------
 
-    def deploy(self, spec: Mapping[str, Any]) -> Any:
-        """Deploy an endpoint (the fields of ``POST /v1/endpoints``)."""
-        return self._send(_Req("POST", "/v1/endpoints", Endpoint, json=dict(spec)))
+    @_Call
+    def deploy(self, spec: Mapping[str, object] | DeployEndpoint) -> _Req[Endpoint]:
+        """Deploy an endpoint (a :class:`DeployEndpoint`, or a mapping of its fields)."""
+        return _Req("POST", "/v1/endpoints", _ENDPOINT, _spec(spec))
 
-    def endpoints(self, *, state: str | None = None, limit: int = 50, after: str | None = None) -> Any:
+    @_Call
+    def endpoints(
+        self, *, state: EndpointStateName | None = None, limit: int = 50, after: str | None = None
+    ) -> _Req[Page[Endpoint]]:
+        """One page of endpoints, newest first (``.items``, ``.next``)."""
         params = _params(state=state, limit=limit, after=after)
-        return self._send(_Req("GET", "/v1/endpoints", Page[Endpoint], params=params))
+        return _Req("GET", "/v1/endpoints", _ENDPOINTS, params=params)
 
-    def endpoint(self, endpoint_id: str, *, tenant: str | None = None) -> Any:
+    @_Call
+    def endpoint(self, endpoint_id: str, *, tenant: str | None = None) -> _Req[Endpoint]:
         """One endpoint, with its replicas and its traffic (the operator names the tenant)."""
-        return self._send(
-            _Req("GET", f"/v1/endpoints/{endpoint_id}", Endpoint, params=_params(tenant=tenant))
-        )
+        return _Req("GET", f"/v1/endpoints/{endpoint_id}", _ENDPOINT, params=_params(tenant=tenant))
 
+    @_Call
     def scale(
         self, endpoint_id: str, *, min_replicas: int | None = None, max_replicas: int | None = None
-    ) -> Any:
+    ) -> _Req[Endpoint]:
+        """New replica bounds (the API needs both: a bound left ``None`` is not sent, and refused)."""
         body = _params(min_replicas=min_replicas, max_replicas=max_replicas)
-        return self._send(_Req("PUT", f"/v1/endpoints/{endpoint_id}/scale", Endpoint, json=body))
+        return _Req("PUT", f"/v1/endpoints/{endpoint_id}/scale", _ENDPOINT, body)
 
-    def delete_endpoint(self, endpoint_id: str) -> Any:
-        return self._send(_Req("DELETE", f"/v1/endpoints/{endpoint_id}"))
+    @_Call
+    def delete_endpoint(self, endpoint_id: str) -> _Req[None]:
+        return _Req("DELETE", f"/v1/endpoints/{endpoint_id}", _no_body)
 
     # -- workers and billing ---------------------------------------------------------------------
 
-    def workers(self, *, state: str | None = None, limit: int = 50, after: str | None = None) -> Any:
-        """Provider: its own nodes (operator: all)."""
+    @_Call
+    def workers(
+        self, *, state: WorkerStateName | None = None, limit: int = 50, after: str | None = None
+    ) -> _Req[Page[Worker]]:
+        """Provider: one page of its own nodes (operator: all)."""
         params = _params(state=state, limit=limit, after=after)
-        return self._send(_Req("GET", "/v1/workers", Page[Worker], params=params))
+        return _Req("GET", "/v1/workers", _WORKERS, params=params)
 
-    def worker(self, worker_id: str) -> Any:
-        return self._send(_Req("GET", f"/v1/workers/{worker_id}", Worker))
+    @_Call
+    def worker(self, worker_id: str) -> _Req[Worker]:
+        return _Req("GET", f"/v1/workers/{worker_id}", _WORKER)
 
-    def usage(self, period: str | None = None) -> Any:
-        return self._send(_Req("GET", "/v1/billing/usage", Usage, params=_params(period=period)))
+    @_Call
+    def usage(self, period: str | None = None) -> _Req[Usage]:
+        """The tenant's usage by period (``YYYY-MM``; default every period with usage)."""
+        return _Req("GET", "/v1/billing/usage", _USAGE, params=_params(period=period))
 
-    def invoices(self) -> Any:
-        return self._send(_Req("GET", "/v1/billing/invoices", list[InvoiceSummary]))
+    @_Call
+    def invoices(self) -> _Req[list[InvoiceSummary]]:
+        return _Req("GET", "/v1/billing/invoices", _INVOICES)
 
-    def invoice(self, period: str) -> Any:
-        return self._send(_Req("GET", f"/v1/billing/invoices/{period}", Invoice))
+    @_Call
+    def invoice(self, period: str) -> _Req[Invoice]:
+        return _Req("GET", f"/v1/billing/invoices/{period}", _INVOICE)
 
-    def payouts(self, period: str | None = None) -> Any:
-        return self._send(_Req("GET", "/v1/billing/payouts", Payouts, params=_params(period=period)))
+    @_Call
+    def payouts(self, period: str | None = None) -> _Req[Payouts]:
+        """Provider: what it earned, by period and uptime tier."""
+        return _Req("GET", "/v1/billing/payouts", _PAYOUTS, params=_params(period=period))
 
-    def _plan_upload(self, key: str, size: int, content_type: str | None, sha256: str | None) -> Any:
-        body = _params(key=key, size=size, content_type=content_type, sha256=sha256)
-        return self._send(_Req("POST", "/v1/workspace/uploads", SingleUpload | MultipartUpload, json=body))
+    @_Call
+    def _plan_upload(
+        self, key: str, size: int, content_type: str | None, sha256: str | None
+    ) -> _Req[SingleUpload | MultipartUpload]:
+        body = CreateUpload(key=key, size=size, content_type=content_type, sha256=sha256)
+        return _Req("POST", "/v1/workspace/uploads", _UPLOAD_PLAN, body)
 
-    def _part_urls(self, upload_id: str, key: str, size: int, first: int, count: int) -> Any:
-        body = {"key": key, "size": size, "first": first, "count": count}
-        return self._send(_Req("POST", f"/v1/workspace/uploads/{upload_id}/parts", PartUrls, json=body))
+    @_Call
+    def _part_urls(self, upload_id: str, key: str, size: int, first: int, count: int) -> _Req[PartUrls]:
+        body = PartsRequest(key=key, size=size, first=first, count=count)
+        return _Req("POST", f"/v1/workspace/uploads/{upload_id}/parts", _PART_URLS, body)
 
-    def _complete(self, upload_id: str, key: str, etags: dict[int, str]) -> Any:
-        parts = [{"part_number": n, "etag": etags[n]} for n in sorted(etags)]
-        body = {"key": key, "parts": parts}
-        return self._send(
-            _Req("POST", f"/v1/workspace/uploads/{upload_id}/complete", WorkspaceObject, json=body)
-        )
+    @_Call
+    def _complete(self, upload_id: str, key: str, etags: dict[int, str]) -> _Req[WorkspaceObject]:
+        parts = [CompletedPart(part_number=n, etag=etags[n]) for n in sorted(etags)]
+        body = CompleteUpload(key=key, parts=parts)
+        return _Req("POST", f"/v1/workspace/uploads/{upload_id}/complete", _OBJECT, body)
 
-    def _abort(self, upload_id: str, key: str) -> Any:
-        return self._send(_Req("DELETE", f"/v1/workspace/uploads/{upload_id}", params={"key": key}))
+    @_Call
+    def _abort(self, upload_id: str, key: str) -> _Req[None]:
+        return _Req("DELETE", f"/v1/workspace/uploads/{upload_id}", _no_body, params={"key": key})
 
 
 def _sha256(path: Path) -> str:
@@ -320,7 +516,7 @@ def _stored(response: httpx.Response, what: str) -> str:
         raise TransferError(
             response.status_code, "object_store_refused", f"{what}: {text or response.reason_phrase}"
         )
-    return response.headers.get("etag", "").strip('"')
+    return str(response.headers.get("etag", "")).strip('"')
 
 
 class Client(_Calls):
@@ -342,16 +538,12 @@ class Client(_Calls):
         self.http.close()
         self._store.close()
 
-    def _send(self, req: _Req[Any]) -> Any:
+    def _send(self, req: _Req[T]) -> T:
         try:
-            response = self.http.request(
-                req.method, req.path, json=_body(req.json), params=req.params, headers=req.headers
-            )
+            response = self.http.send(req.request(self.http))
         except httpx.TransportError as exc:
-            raise ApiError(
-                0, "unreachable", f"cannot reach the gateway at {self.config.url}: {exc}"
-            ) from None
-        return _decode(response, req.into)
+            raise _unreachable(self.config, exc) from None
+        return req.answer(response)
 
     def upload(
         self,
@@ -376,8 +568,7 @@ class Client(_Calls):
             return WorkspaceObject(key=key, size=size, etag=etag, last_modified="")
         try:
             etags = self._upload_parts(source, plan, meter)
-            result: WorkspaceObject = self._complete(plan.upload_id, key, etags)
-            return result
+            return self._complete(plan.upload_id, key, etags)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._abort(plan.upload_id, key)
@@ -396,7 +587,7 @@ class Client(_Calls):
                     etags[number] = future.result()
                 batch = []
                 if next_part is not None:
-                    more: PartUrls = self._part_urls(plan.upload_id, plan.key, plan.size, next_part, 20)
+                    more = self._part_urls(plan.upload_id, plan.key, plan.size, next_part, 20)
                     batch, next_part = list(more.parts), more.next_part
         return etags
 
@@ -408,12 +599,13 @@ class Client(_Calls):
         kind: str | None = None,
         after: str | None = None,
         tenant: str | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """``for event in client.feed(job=...)``: the live feed, resuming by itself (the WebSocket
-        runs on an event loop in a background thread; closing the generator stops it)."""
+    ) -> Iterator[FeedMessage]:
+        """``for event in client.feed(job=...)``: the live feed as :class:`FeedMessage` events,
+        resuming by itself (the WebSocket runs on an event loop in a background thread; closing the
+        generator stops it). The arguments are :func:`follow_feed`'s."""
         import queue
 
-        items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
+        items: queue.Queue[FeedMessage | Exception] = queue.Queue(maxsize=1000)
         stop = threading.Event()
 
         async def pump() -> None:
@@ -429,14 +621,14 @@ class Client(_Calls):
                 ):
                     while not stop.is_set():
                         try:
-                            items.put(("event", message), timeout=0.2)
+                            items.put(message, timeout=0.2)
                             break
                         except queue.Full:
                             continue
                     if stop.is_set():
                         return
             except Exception as exc:
-                items.put(("error", exc))
+                items.put(exc)
 
         def run() -> None:
             loop = asyncio.new_event_loop()
@@ -457,10 +649,10 @@ class Client(_Calls):
         thread.start()
         try:
             while True:
-                kind_, value = items.get()
-                if kind_ == "error":
-                    raise value
-                yield value
+                item = items.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
         finally:
             stop.set()
             thread.join(5)
@@ -474,7 +666,7 @@ class Client(_Calls):
     def download(self, key: str, dest: str | os.PathLike[str], *, progress: Progress | None = None) -> Path:
         """Download ``key`` to ``dest`` (a file path, or a directory to put it in); checks the size
         and, when the object has one, its SHA-256."""
-        info: Download = self.download_url(key)
+        info = self.download_url(key)
         target = _target(Path(dest), key)
         partial = target.with_name(target.name + ".part")
         meter = _Meter(info.size, progress)
@@ -527,19 +719,12 @@ class AsyncClient(_Calls):
         await self.http.aclose()
         await self._store.aclose()
 
-    def _send(self, req: _Req[Any]) -> Awaitable[Any]:
-        async def send() -> Any:
-            try:
-                response = await self.http.request(
-                    req.method, req.path, json=_body(req.json), params=req.params
-                )
-            except httpx.TransportError as exc:
-                raise ApiError(
-                    0, "unreachable", f"cannot reach the gateway at {self.config.url}: {exc}"
-                ) from None
-            return _decode(response, req.into)
-
-        return send()
+    async def _send(self, req: _Req[T]) -> T:
+        try:
+            response = await self.http.send(req.request(self.http))
+        except httpx.TransportError as exc:
+            raise _unreachable(self.config, exc) from None
+        return req.answer(response)
 
     async def upload(
         self,
@@ -573,10 +758,9 @@ class AsyncClient(_Calls):
                 etags.update(zip((p.part_number for p in batch), tags, strict=True))
                 batch = []
                 if next_part is not None:
-                    more: PartUrls = await self._part_urls(plan.upload_id, plan.key, plan.size, next_part, 20)
+                    more = await self._part_urls(plan.upload_id, plan.key, plan.size, next_part, 20)
                     batch, next_part = list(more.parts), more.next_part
-            result: WorkspaceObject = await self._complete(plan.upload_id, key, etags)
-            return result
+            return await self._complete(plan.upload_id, key, etags)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._abort(plan.upload_id, key)
@@ -589,10 +773,18 @@ class AsyncClient(_Calls):
         endpoint: str | None = None,
         kind: str | None = None,
         after: str | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """``async for event in client.feed(job=...)``: the live feed, resuming by itself."""
+        tenant: str | None = None,
+    ) -> AsyncIterator[FeedMessage]:
+        """``async for event in client.feed(job=...)``: the live feed as :class:`FeedMessage` events,
+        resuming by itself. The arguments are :func:`follow_feed`'s."""
         return follow_feed(
-            self.config.url, self.config.key, job=job, endpoint=endpoint, kind=kind, after=after
+            self.config.url,
+            self.config.key,
+            job=job,
+            endpoint=endpoint,
+            kind=kind,
+            after=after,
+            tenant=tenant,
         )
 
     async def _put_part(
@@ -608,7 +800,7 @@ class AsyncClient(_Calls):
         self, key: str, dest: str | os.PathLike[str], *, progress: Progress | None = None
     ) -> Path:
         """As :meth:`Client.download`."""
-        info: Download = await self.download_url(key)
+        info = await self.download_url(key)
         target = await asyncio.to_thread(_target, Path(dest), key)
         partial = target.with_name(target.name + ".part")
         meter = _Meter(info.size, progress)
@@ -648,12 +840,12 @@ class _Cursor:
             if seq.isdigit():
                 self.positions[name] = max(self.positions.get(name, 0), int(seq))
 
-    def see(self, message: Mapping[str, Any]) -> None:
-        name = CURSOR_STREAMS.get(str(message.get("stream")))
-        if name and isinstance(message.get("seq"), int):
-            self.positions[name] = max(self.positions.get(name, 0), message["seq"])
-        if isinstance(message.get("cursor"), str):
-            self.take(message["cursor"])
+    def see(self, message: FeedMessage) -> None:
+        name = CURSOR_STREAMS.get(message.stream or "")
+        if name and message.seq is not None:
+            self.positions[name] = max(self.positions.get(name, 0), message.seq)
+        if message.cursor is not None:
+            self.take(message.cursor)
 
     def __str__(self) -> str:
         return ",".join(f"{name}:{seq}" for name, seq in sorted(self.positions.items()))
@@ -669,13 +861,25 @@ async def follow_feed(
     after: str | None = None,
     tenant: str | None = None,
     max_backoff_s: float = 10.0,
-) -> AsyncIterator[dict[str, Any]]:
-    """The caller's events from ``/v1/feed`` as dicts, forever: after a drop (a restart, a slow
-    consumer closed with 4008) it reconnects with its cursor, so nothing is missed or repeated.
-    Control messages (``feed.ready``, ``feed.ping``, ``feed.error``) only move the cursor.
+) -> AsyncIterator[FeedMessage]:
+    """The caller's events from ``/v1/feed``, forever: after a drop (a restart, a slow consumer
+    closed with 4008) it reconnects with its cursor, so nothing is missed or repeated. Control
+    messages (``feed.ready``, ``feed.ping``, ``feed.error``) only move the cursor.
+
+    Args:
+        job / endpoint: only events of these jobs / endpoints (comma-separated ids).
+        kind: only these kinds (comma-separated): an event tag, a family (``job``) or ``telemetry``.
+        after: resume after this cursor (``jobs:<seq>,endpoints:<seq>``); default: start live.
+        tenant: the tenant to watch (the operator only).
+        max_backoff_s: the longest wait between two reconnection attempts, in seconds.
+
+    Yields:
+        Each event as a :class:`FeedMessage` (``kind``, ``seq``, ``time``, ``event``...; ``event``
+        is the stored event as JSON builtins).
 
     Raises:
-        ApiError: the gateway refused the key, the filters or the tenant (4400/4401/4403/4404).
+        ApiError: the gateway refused the key, the filters or the tenant (4400/4401/4403/4404), or
+            sent a message that is not a :class:`FeedMessage` (``invalid_response``).
     """
     from urllib.parse import urlencode
 
@@ -701,20 +905,21 @@ async def follow_feed(
             await asyncio.sleep(backoff)
             backoff = min(max_backoff_s, backoff * 2)
             continue
-        error: dict[str, Any] = {}
+        error: FeedError | None = None
         try:
             async for raw in ws:
-                message = json.loads(raw)
+                message = _feed_message(raw)
                 cursor.see(message)
                 backoff = 0.2
-                if message.get("kind") == "feed.error":
-                    error = message.get("error") or {}
-                elif not str(message.get("kind", "")).startswith("feed."):
+                if message.kind == "feed.error":
+                    error = message.error
+                elif not message.kind.startswith("feed."):
                     yield message
         except ConnectionClosed as closed:
             if closed.code in FATAL_CLOSES:
-                code = error.get("code") or FATAL_CLOSES[closed.code]
-                raise ApiError(closed.code - 4000, code, error.get("message") or closed.reason) from None
+                code = (error.code if error else "") or FATAL_CLOSES[closed.code]
+                reason = (error.message if error else "") or closed.reason
+                raise ApiError(closed.code - 4000, code, reason) from None
         except OSError:
             pass
         finally:
@@ -722,6 +927,13 @@ async def follow_feed(
                 await ws.close()
         await asyncio.sleep(backoff)
         backoff = min(max_backoff_s, backoff * 2)
+
+
+def _feed_message(raw: str | bytes) -> FeedMessage:
+    try:
+        return _FEED_MESSAGE(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiError(0, "invalid_response", f"a feed message is not what the API promises: {exc}") from None
 
 
 def _read(path: Path, offset: int, size: int, meter: _Meter) -> bytes:

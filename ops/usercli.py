@@ -19,14 +19,20 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 
 from core.settings import read_env_file
 from gateway.client import CREDENTIALS, ApiError, Client, Progress
+from schemas.api.billing import Usage
+from schemas.api.endpoints import Endpoint, Traffic
+from schemas.api.feed import FeedMessage, FeedTelemetry
+from schemas.api.jobs import Job
+from schemas.api.workers import Worker
 
 Command = Callable[[argparse.Namespace], int]
+T = TypeVar("T")
 
 
 def _defaults(args: argparse.Namespace) -> dict[str, str]:
@@ -46,7 +52,8 @@ def client(args: argparse.Namespace) -> Client:
     return Client(url, key)
 
 
-def show(args: argparse.Namespace, value: Any, human: Callable[[Any], str]) -> None:
+def show(args: argparse.Namespace, value: T, human: Callable[[T], str]) -> None:
+    """``value`` as ``human`` says, or with ``--json`` as the API's JSON (Structs as their fields)."""
     if args.json:
         print(json.dumps(msgspec.to_builtins(value), indent=2, sort_keys=True))
     else:
@@ -171,7 +178,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_spec(path: str) -> dict[str, Any]:
+def read_spec(path: str) -> dict[str, object]:
     """A job or endpoint spec from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
     source = Path(path)
     if not source.is_file():
@@ -181,7 +188,7 @@ def read_spec(path: str) -> dict[str, Any]:
         if source.suffix == ".toml":
             import tomllib
 
-            spec: Any = tomllib.loads(text)
+            spec: object = tomllib.loads(text)
         elif source.suffix in (".yaml", ".yml"):
             import yaml
 
@@ -203,7 +210,7 @@ def job_ref(ref: str) -> tuple[str, str | None]:
     return (job_id, tenant) if sep else (ref, None)
 
 
-def job_line(job: Any) -> str:
+def job_line(job: Job) -> str:
     progress = ""
     if job.progress is not None:
         parts = [
@@ -215,7 +222,7 @@ def job_line(job: Any) -> str:
     return f"{job.job_id:<28} {job.name:<20} {job.kind:<9} {job.state:<10} {job.shards} shard(s){progress}"
 
 
-def job_detail(job: Any) -> str:
+def job_detail(job: Job) -> str:
     lines = [
         f"job {job.job_id} ({job.name}, {job.kind}) of {job.tenant}: {job.state}",
         f"  submitted {job.submitted_at} by {job.submitted_by}"
@@ -276,9 +283,8 @@ def cmd_why(args: argparse.Namespace) -> int:
     job_id, tenant = job_ref(args.job)
     with client(args) as rt:
         job = rt.job(job_id, tenant=tenant)
-    show(
-        args, {"job": job.job_id, "state": job.state, "lines": job.why or []}, lambda a: "\n".join(a["lines"])
-    )
+    lines = job.why or []
+    show(args, {"job": job.job_id, "state": job.state, "lines": lines}, lambda _: "\n".join(lines))
     return 0
 
 
@@ -289,20 +295,25 @@ WATCHED_FIELDS = (
 )
 
 
-def describe(message: dict[str, Any]) -> str:
+def event_fields(message: FeedMessage) -> dict[str, object]:
+    """The fields of a feed message's event (its stored event, as JSON)."""
+    return message.event if isinstance(message.event, dict) else {}
+
+
+def describe(message: FeedMessage) -> str:
     """One line for a feed event."""
-    kind = str(message.get("kind", ""))
-    event = message.get("event") or {}
-    stamp = str(message.get("time", ""))[11:19]
-    if kind == "telemetry":
-        gpus = event.get("gpus") or []
-        utils = ", ".join(f"gpu{g.get('index')} {g.get('util_pct', 0):.0f}%" for g in gpus) or "no GPU"
-        return f"{stamp}  telemetry {message.get('worker')}: {utils}"
+    event = event_fields(message)
+    stamp = (message.time or "")[11:19]
+    if message.kind == "telemetry":
+        gpus = msgspec.convert(event, FeedTelemetry).gpus
+        utils = ", ".join(f"gpu{g.index} {g.util_pct or 0:.0f}%" for g in gpus) or "no GPU"
+        return f"{stamp}  telemetry {message.worker}: {utils}"
     details = {k: v for k, v in event.items() if k in WATCHED_FIELDS and v not in (None, "")}
-    metrics = event.get("metrics") or {}
-    details.update({k: v for k, v in list(metrics.items())[:4]})
+    metrics = event.get("metrics")
+    if isinstance(metrics, dict):
+        details.update(list(metrics.items())[:4])
     text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in details.items())
-    return f"{stamp}  {kind.removeprefix('job.')}" + (f": {text}" if text else "")
+    return f"{stamp}  {message.kind.removeprefix('job.')}" + (f": {text}" if text else "")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -316,11 +327,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
             return 0 if job.state == "completed" else 1
         for message in rt.feed(job=job_id, tenant=tenant, after="jobs:0"):  # its history, then live
             if args.json:
-                print(json.dumps(message), flush=True)
+                print(json.dumps(msgspec.to_builtins(message)), flush=True)
             else:
                 print(describe(message), flush=True)
-            ended = ENDED.get(str(message.get("kind")))
-            if ended == "failed" and (message.get("event") or {}).get("slot") is not None:
+            ended = ENDED.get(message.kind)
+            if ended == "failed" and event_fields(message).get("slot") is not None:
                 ended = None  # one shard's failure: the kernel places it again, or fails the job
             if ended is not None:
                 if not args.json:
@@ -337,7 +348,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def traffic_text(t: Any) -> str:
+def traffic_text(t: Traffic) -> str:
     """An endpoint's traffic through the gateway (its last 60 s) in one phrase: requests, RPS, error
     rate and P50/P95/P99 latency, or that nothing was served."""
     if t.requests == 0:
@@ -348,7 +359,7 @@ def traffic_text(t: Any) -> str:
     )
 
 
-def endpoint_line(e: Any) -> str:
+def endpoint_line(e: Endpoint) -> str:
     """One line per endpoint; a failed one adds why on the next line."""
     replicas = f"{e.ready_replicas}/{e.desired_replicas} ready"
     line = (
@@ -358,7 +369,7 @@ def endpoint_line(e: Any) -> str:
     return line + (f"\n{'':<28} failed: {e.scale_reason}" if e.state == "failed" else "")
 
 
-def endpoint_detail(e: Any) -> str:
+def endpoint_detail(e: Endpoint) -> str:
     """An endpoint, its replicas, its traffic, and the latest replica failure with the engine's last
     lines."""
     zero = (
@@ -415,6 +426,7 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     """Ask an endpoint through the gateway's OpenAI-compatible routes, with the official client."""
     import openai
+    from openai.types.chat import ChatCompletionMessageParam
 
     with client(args) as rt:
         config = rt.config
@@ -424,12 +436,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
             vector = api.embeddings.create(model=args.endpoint, input=args.prompt).data[0].embedding
             print(json.dumps(vector) if args.json else f"{len(vector)} dimensions: {vector[:4]}...")
             return 0
-        messages = [{"role": "user", "content": args.prompt}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": args.prompt}]
         stream = api.chat.completions.create(
-            model=args.endpoint,
-            messages=messages,
-            max_tokens=args.max_tokens,
-            stream=True,  # type: ignore[arg-type]
+            model=args.endpoint, messages=messages, max_tokens=args.max_tokens, stream=True
         )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -445,7 +454,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
     with client(args) as rt:
         page = rt.workers(limit=args.limit)
 
-    def human(items: list[Any]) -> str:
+    def human(items: list[Worker]) -> str:
         rows = []
         for w in items:
             gpus = f"{len(w.gpus)}x {w.gpus[0].model}" if w.gpus else f"no GPU, {w.cpus} CPUs"
@@ -514,7 +523,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     with client(args) as rt:
         usage = rt.usage(args.period)
 
-    def human(u: Any) -> str:
+    def human(u: Usage) -> str:
         rows = []
         for p in u.periods:
             rows.append(f"{p.period}: {p.gpu_seconds:,.0f} GPU-s, {p.cpu_seconds:,.0f} CPU-s, "

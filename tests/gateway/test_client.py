@@ -1,6 +1,6 @@
-"""The SDK against a real served gateway and the real object store: typed results, API errors as
-exceptions, uploads single and multipart (parallel, with progress, aborted on failure), downloads
-checked by size and SHA-256."""
+"""The SDK against a real served gateway and the real object store: typed results (at run time and
+for mypy), API errors as exceptions (a malformed answer included), uploads single and multipart
+(parallel, with progress, aborted on failure), downloads checked by size and SHA-256."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from botocore.exceptions import ClientError
 
@@ -19,6 +20,13 @@ from core.streams import job_subject
 from gateway import AsyncClient, Client
 from gateway.client import ApiError, TransferError
 from ops.objectstore import ObjectStoreServer
+from schemas.api.billing import Usage
+from schemas.api.common import Me, Page
+from schemas.api.endpoints import DeployEndpoint, Endpoint, Traffic
+from schemas.api.feed import FeedMessage
+from schemas.api.jobs import Job, JobEventItem, SubmitJob
+from schemas.api.tenants import KeyInfo, Tenant
+from schemas.api.workspace import WorkspaceObject
 from schemas.jobs import JobCompleted
 from tests.gateway.conftest import GatewayServer, ServeGateway
 from tests.gateway.test_feed import progress, submit
@@ -51,6 +59,123 @@ def test_identity_tenancy_and_errors(gateway_server: GatewayServer) -> None:
     with Client("http://127.0.0.1:1", key) as nowhere, pytest.raises(ApiError) as unreachable:
         nowhere.me()
     assert unreachable.value.code == "unreachable"
+
+
+def test_every_call_returns_the_api_body_as_its_struct(gateway_server: GatewayServer) -> None:
+    tenant, key = make_tenant(gateway_server)
+    with Client(gateway_server.url, key) as rt:
+        me = rt.me()
+        assert isinstance(me, Me) and me.account == tenant
+        assert isinstance(rt.tenant(tenant), Tenant)
+        assert [type(k) for k in rt.keys(tenant)] == [KeyInfo]
+        job = rt.submit_job(SubmitJob(name="typed", kind="process", command=["true"]))  # a Struct spec
+        assert isinstance(job, Job) and job.state == "queued" and job.resources.gpus == 0
+        page = rt.jobs(state="queued")
+        assert isinstance(page, Page) and [(type(j), j.job_id) for j in page.items] == [(Job, job.job_id)]
+        detail = rt.job(job.job_id)
+        assert isinstance(detail, Job) and detail.why  # the detail view says why it waits
+        events = rt.job_events(job.job_id)
+        assert isinstance(events.items[0], JobEventItem) and events.items[0].type == "job.submitted"
+        cancelled = rt.cancel_job(job.job_id)
+        assert isinstance(cancelled, Job) and cancelled.state == "cancelled"
+        endpoint = rt.deploy(DeployEndpoint(name="chat", model="HuggingFaceTB/SmolLM2-135M-Instruct"))
+        assert isinstance(endpoint, Endpoint) and isinstance(endpoint.traffic, Traffic)
+        assert [e.endpoint_id for e in rt.endpoints().items] == [endpoint.endpoint_id]
+        assert rt.delete_endpoint(endpoint.endpoint_id) is None
+        objects = rt.objects()
+        assert isinstance(objects, Page) and objects.items == [] and objects.next is None
+        assert isinstance(rt.usage(), Usage) and rt.invoices() == []
+
+
+def _answering(status: int, body: bytes) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda request: httpx.Response(status, content=body))
+
+
+MALFORMED = [
+    (200, b'{"job_id": 7}', "invalid_response"),  # JSON, but not a Job
+    (200, b"<html>down for maintenance</html>", "invalid_response"),  # not JSON at all
+    (400, b'{"error": "no"}', "http_error"),  # an error without the API's error body
+    (502, b"<html>bad gateway</html>", "http_error"),
+    # stored but not yet visible, with no resource to show: the server's message says what to do
+    (202, b'{"status": "accepted", "stream": "JOBS", "seq": 9, "message": "stored"}', "accepted"),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "code"), MALFORMED)
+def test_a_malformed_answer_is_an_api_error_not_a_decoding_traceback(
+    status: int, body: bytes, code: str
+) -> None:
+    """A unit test: a canned answer in place of the gateway (a real one only answers well)."""
+    with Client("http://gateway.invalid", "k") as rt:
+        rt.http.close()
+        rt.http = httpx.Client(base_url=rt.config.url, transport=_answering(status, body))
+        with pytest.raises(ApiError) as refused:
+            rt.job("j1")
+    assert type(refused.value) is ApiError
+    assert (refused.value.status, refused.value.code) == (status, code)
+    if code == "invalid_response":
+        assert "GET /v1/jobs/j1" in refused.value.message
+
+
+async def test_the_async_client_refuses_a_malformed_answer_too() -> None:
+    async with AsyncClient("http://gateway.invalid", "k") as rt:
+        await rt.http.aclose()
+        rt.http = httpx.AsyncClient(base_url=rt.config.url, transport=_answering(200, b'{"items": 1}'))
+        with pytest.raises(ApiError) as refused:
+            await rt.jobs()
+    assert refused.value.code == "invalid_response" and "Expected `array`" in refused.value.message
+
+
+TYPED_USE = """
+from typing import assert_type
+
+from gateway import AsyncClient, Client
+from schemas.api.common import Me, Page
+from schemas.api.feed import FeedMessage
+from schemas.api.jobs import Job
+from schemas.api.workspace import WorkspaceObject
+
+
+def sync(rt: Client) -> None:
+    assert_type(rt.me(), Me)
+    assert_type(rt.job("j1"), Job)
+    assert_type(rt.jobs(state="running"), Page[Job])
+    assert_type(rt.submit_job({"name": "x", "kind": "process"}), Job)
+    assert_type(rt.delete_endpoint("e1"), None)
+    assert_type(rt.upload("f", "k"), WorkspaceObject)
+    for message in rt.feed(job="j1"):
+        assert_type(message, FeedMessage)
+
+
+async def asynchronous(rt: AsyncClient) -> None:
+    assert_type(await rt.job("j1"), Job)
+    assert_type(await rt.objects("jobs/"), Page[WorkspaceObject])
+    async for message in rt.feed(job="j1"):
+        assert_type(message, FeedMessage)
+
+
+def misuse(rt: Client) -> None:
+    rt.job(1)
+    rt.jobs(state="sleeping")
+    rt.job("j1").no_such_field
+"""
+
+
+def test_mypy_sees_the_types_of_every_call(tmp_path: Path) -> None:
+    """What a user's type checker sees: each method's own return type, and its arguments checked."""
+    use = tmp_path / "use_sdk.py"
+    use.write_text(TYPED_USE)
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-error-summary", str(use)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line.split(": error: ")[1] for line in checked.stdout.splitlines() if ": error: " in line]
+    assert [error.rsplit("  [", 1)[1] for error in errors] == ["arg-type]", "arg-type]", "attr-defined]"], (
+        checked.stdout + checked.stderr
+    )
 
 
 def test_small_and_multipart_uploads_round_trip_with_progress(
@@ -123,9 +248,13 @@ async def test_async_client_uploads_and_downloads(gateway_server: GatewayServer,
     big.write_bytes(os.urandom(11_000_000))
     async with AsyncClient(gateway_server.url, key) as rt:
         me = await rt.me()
-        assert me.account == tenant
+        assert isinstance(me, Me) and me.account == tenant
+        spec = {"name": "a", "kind": "process", "command": ["true"]}
+        first = await rt.submit_job(spec, idempotency_key="retry-1")
+        again = await rt.submit_job(spec, idempotency_key="retry-1")  # the header is sent: stored once
+        assert isinstance(first, Job) and again.job_id == first.job_id
         stored = await rt.upload(big, "jobs/a/data.bin")
-        assert stored.size == 11_000_000
+        assert isinstance(stored, WorkspaceObject) and stored.size == 11_000_000
         back = await rt.download("jobs/a/data.bin", tmp_path / "back.bin")
         assert back.read_bytes() == big.read_bytes()
 
@@ -141,7 +270,8 @@ async def test_the_feed_iterator_resumes_by_itself_after_being_dropped(
     async with AsyncClient(server.url, key) as rt:
         feed = rt.feed(job="j1", after="jobs:0")  # from the start (without a cursor the feed starts live)
         async for message in feed:
-            seen.append(message["seq"])
+            assert isinstance(message, FeedMessage) and message.seq is not None
+            seen.append(message.seq)
             await asyncio.sleep(0.01)  # slower than the gateway sends: it closes us with 4008
             if len(seen) == 2:
                 appended += [await progress(log, tenant, "j1", step) for step in range(60, 120)]
@@ -182,8 +312,8 @@ def test_the_sync_feed_and_watch_follow_a_job_to_its_end(
         asyncio.run(finish())
         kinds = []
         for message in feed:
-            kinds.append(message["kind"])
-            if message["kind"] == "job.completed":
+            kinds.append(message.kind)
+            if message.kind == "job.completed":
                 break
         feed.close()
     assert kinds[-2:] == ["job.progress", "job.completed"]
