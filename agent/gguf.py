@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import ResontechError
+
 _MAGIC = b"GGUF"
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -32,8 +34,10 @@ _F32, _F16, _Q4_1, _Q8_0 = 0, 1, 3, 8
 _BLOCKS = {_F32: (1, 4), _F16: (1, 2), _Q4_1: (32, 20), _Q8_0: (32, 34)}
 
 
-class GGUFError(ValueError):
+class GGUFError(ResontechError, ValueError):
     """The file is not a GGUF we can convert (wrong magic, unknown tensor type, not llama)."""
+
+    code = "gguf"
 
 
 @dataclass(frozen=True, slots=True)

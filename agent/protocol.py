@@ -39,6 +39,8 @@ from typing import Any
 
 import msgspec
 
+from core.errors import ResontechError
+
 KEYWORD_PREFIX = "RESONTECH_"
 """Every keyword starts with it: a line that does not is ordinary output."""
 PROGRESS = "RESONTECH_PROGRESS"
@@ -82,8 +84,10 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
 }
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ResontechError, ValueError):
     """A line that starts with a protocol keyword but does not carry a valid report."""
+
+    code = "protocol"
 
 
 def parse_line(line: str) -> Report | None:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from core.errors import ResontechError
+
 COMPONENT_MODULE = "resontech_flare"
 """The kernel's server components, shipped into the server app of every run
 (``ops/federation/resontech_flare.py``)."""
@@ -59,8 +61,10 @@ _PERSISTOR = re.compile(r"^(?P<key>[^:]+\.py):(?P<cls>[A-Za-z_][A-Za-z0-9_]*)$")
 _VARIABLE = re.compile(r"^\{(\w+)\}$")
 
 
-class JobFolderInvalid(ValueError):
+class JobFolderInvalid(ResontechError, ValueError):
     """The tenant's job folder cannot run; the message says what to fix."""
+
+    code = "job_folder_invalid"
 
 
 @dataclass(frozen=True)

@@ -195,10 +195,12 @@ def endpoint(operation: Operation) -> Callable[[Request], Awaitable[Response]]:
             )
             try:
                 result = await operation.handler(call)
-            except ResontechError as exc:
-                raise as_api_error(exc) from None
+            except ApiError:
+                raise
             except NotYetVisible as exc:  # stored: never a 5xx, which would invite a duplicate
                 result = accepted_response(exc)
+            except ResontechError as exc:
+                raise as_api_error(exc) from None
             response = respond(result, operation.status)
         except ApiError as exc:
             response = error_response(exc.status, exc.code, exc.message, exc.headers)

@@ -30,7 +30,7 @@ from gateway.metrics import GatewayMetrics, RequestMetrics
 from gateway.routes import ROUTERS, openai
 from gateway.routes.feed import websocket_routes
 from gateway.settings import GatewaySettings, load_gateway_settings
-from gateway.tokens import TokenMeter
+from gateway.token_meter import TokenMeter
 
 VERSION = "0.1.0"
 DOCS_HTML = """<!doctype html>

@@ -30,8 +30,10 @@ log = logging.getLogger("resontech.gateway")
 _ENCODE = msgspec.json.Encoder().encode
 
 
-class ApiError(Exception):
+class ApiError(ResontechError):
     """An error with its HTTP status, a stable code and a message that says what to fix."""
+
+    code = "api"
 
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -41,7 +43,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-class NotYetVisible(Exception):
+class NotYetVisible(ResontechError):
     """The log acknowledged an append, but this gateway's projection did not apply it within the
     read-your-writes wait (:data:`gateway.kernel.READ_YOUR_WRITES_S`).
 
@@ -109,6 +111,8 @@ _MAPPED: tuple[tuple[type[ResontechError], int, str], ...] = (
 
 
 def as_api_error(exc: ResontechError) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
     for kind, status, code in _MAPPED:
         if isinstance(exc, kind):
             return ApiError(status, code, str(exc))

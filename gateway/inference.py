@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from core.errors import ResontechError
+
 EJECT_S = 5.0
 WINDOW_S = 60.0
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=2.0, sock_read=300.0)
@@ -102,8 +104,10 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[rank]
 
 
-class NoReplica(Exception):
+class NoReplica(ResontechError):
     """No ready replica could take the request (all ejected, or every attempt failed)."""
+
+    code = "no_replica"
 
 
 @dataclass(slots=True)
@@ -172,7 +176,7 @@ class InferenceProxy:
             traffic = self.traffic[key] = EndpointTraffic()
         return traffic
 
-    def order(self, key: str, addresses: Sequence[str]) -> list[str]:
+    def replicas_in_turn(self, key: str, addresses: Sequence[str]) -> list[str]:
         """The replicas to try for the next request of endpoint ``key``, round robin, ejected last
         out (an ejected replica is not tried while any other is in)."""
         traffic = self.traffic_of(key)
@@ -225,7 +229,7 @@ class InferenceProxy:
         last = "no ready replica"
         attempts = 0
         common = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        for address in self.order(key, addresses):
+        for address in self.replicas_in_turn(key, addresses):
             attempts += 1
             sent = common
             if api_key := (api_keys or {}).get(address):

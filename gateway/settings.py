@@ -38,7 +38,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
         agent_nats_url: the NATS URL(s) handed to enrolling agents (default: the gateway's own
             ``RESONTECH_NATS_URL``; set it when agents reach NATS at another address).
         token_tick_s: how often the tokens counted per replica are appended as usage ticks
-            (default 10 s; see :mod:`gateway.tokens`).
+            (default 10 s; see :mod:`gateway.token_meter`).
     """
 
     host: str = "127.0.0.1"

@@ -1,4 +1,4 @@
-"""Token counts read off the engines' own responses, for metering (:mod:`gateway.tokens`).
+"""Token counts read off the engines' own responses, for metering (:mod:`gateway.token_meter`).
 
 Why in the gateway: the tenant is billed for what the kernel counts, not for what a provider's agent
 says it served, and inference traffic never passes through the agent anyway. Every OpenAI-shaped

@@ -1,6 +1,6 @@
 """Token metering: the tokens each endpoint replica served, as ``meter.tokens`` events on METERING.
 
-The gateway counts them (:mod:`gateway.usage` reads them off every proxied response) because the
+The gateway counts them (:mod:`gateway.token_counts` reads them off every proxied response) because the
 tenant is billed for what the kernel measured, not for what the provider's agent reports. Tokens are
 summed per replica (assignment) and appended every :data:`INTERVAL_S` seconds, and once more when the
 gateway stops, as one :class:`~schemas.metering.TokensServed` per replica that served any, with the

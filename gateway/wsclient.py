@@ -24,14 +24,18 @@ import struct
 from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
+from core.errors import ResontechError
+
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 TEXT, BINARY, CLOSE, PING, PONG, CONTINUATION = 0x1, 0x2, 0x8, 0x9, 0xA, 0x0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """Messages larger than this end the connection (close 1009): a guard against a runaway peer."""
 
 
-class HandshakeError(Exception):
+class HandshakeError(ResontechError):
     """The server did not upgrade the connection; ``status`` is its HTTP status (0 if unreadable)."""
+
+    code = "handshake"
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)

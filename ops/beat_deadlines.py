@@ -1,7 +1,7 @@
 """Which workers' heartbeats stopped, without scanning every worker: the coordinator's lost detector.
 
-:class:`Silence` keeps a heap of heartbeat deadlines (a beat's time plus ``intervals`` of its own
-interval); :meth:`Silence.expire` pops the deadlines that passed, so a step costs the workers that
+:class:`BeatDeadlines` keeps a heap of heartbeat deadlines (a beat's time plus ``intervals`` of its own
+interval); :meth:`BeatDeadlines.expire` pops the deadlines that passed, so a step costs the workers that
 fell silent, not the fleet. Its answer equals :func:`projections.liveness.overdue` at the same
 instant.
 """
@@ -14,7 +14,7 @@ from core.clock import LOST_AFTER_INTERVALS, beat_deadline_ns
 from projections.liveness import LastBeat
 
 
-class Silence:
+class BeatDeadlines:
     """The workers silent for more than ``intervals`` of their own heartbeat interval.
 
     :attr:`overdue` holds the workers whose latest beat is more than ``intervals`` of its own

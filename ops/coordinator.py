@@ -24,16 +24,16 @@ collect the keys of the jobs, endpoints and workers whose events were applied; a
 those (the first step, about everything). Placement draws from a
 :class:`ops.live_capacity.LiveCapacity` built once after catch-up and kept equal to a rebuild from
 the projections by the same changes and every heartbeat. Silent workers come off a heap of
-heartbeat deadlines (:class:`ops.silence.Silence`). Queued jobs that did not change are tried again
-when capacity may have grown, and at least every ``RECHECK_S``.
+heartbeat deadlines (:class:`ops.beat_deadlines.BeatDeadlines`). Queued jobs that did not change
+are tried again when capacity may have grown, and at least every ``RECHECK_S``.
 
 It lives in ``ops/`` because it reads projections: ``core/`` holds the pure decisions it calls and
 must not import them. It runs past 500 lines because its steps are one loop over one state; the
-bookkeeping that makes a step cheap lives in :mod:`ops.live_capacity` and :mod:`ops.silence`.
+bookkeeping that makes a step cheap lives in :mod:`ops.live_capacity` and :mod:`ops.beat_deadlines`.
 
 Why it stays one module (~800 lines): it is the one service loop that orders every decision of a
 step (lost workers, revocations, failures, admission, placement, commands); index upkeep
-(ops/live_capacity.py), silence detection (ops/silence.py), work specs (ops/workspecs.py), inputs
+(ops/live_capacity.py), silence detection (ops/beat_deadlines.py), work specs (ops/workspecs.py), inputs
 (ops/inputs.py) and replicas already live beside it.
 """
 
@@ -56,13 +56,13 @@ from core.log import EventLog
 from core.pricing import list_price_micros
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
 from core.wire import Position
+from ops.beat_deadlines import BeatDeadlines
 from ops.inputs import InputError, Presigner
 from ops.live_capacity import LiveCapacity
 from ops.process import service_connection
 from ops.replicas import Replicas
-from ops.silence import Silence
 from ops.workspecs import WorkSpecError, ddp_spec, federated_spec
-from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs, recovery
 from projections.admission import Usage, Victim, health_verdicts, preemption_victims, request_for_job, triage
 from projections.capacity import tier_of
 from projections.endpoints import endpoint_key
@@ -72,7 +72,6 @@ from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key, mi
 from projections.tenants import quotas
 from schemas import (
     Assignment,
-    JobAssignmentRevoked,
     JobCompleted,
     JobFailed,
     JobPlaced,
@@ -80,8 +79,6 @@ from schemas import (
     StartWork,
     StopWork,
     WorkerCordoned,
-    WorkerLost,
-    WorkerRecovered,
     WorkSpec,
 )
 from schemas.envelope import Recorded
@@ -98,8 +95,6 @@ DEADLINE_SLACK_S = 0.005
 """Wake this long after a heartbeat deadline, so that it has passed by the clock ``step`` reads."""
 RECHECK_S = 1.0
 """How often queued jobs that nothing touched are tried again anyway (maintenance windows end)."""
-MAX_SHARD_ATTEMPTS = 3
-"""A shard whose agent stopped it (a retryable failure) this many times fails its job."""
 DECISIONS_KEPT = 100_000
 """Decision times kept in :attr:`Coordinator.decision_ms` (the newest)."""
 
@@ -147,7 +142,7 @@ class Coordinator:
         self.conflicts = 0
         self.decision_ms: deque[float] = deque(maxlen=DECISIONS_KEPT)
         self.capacity: LiveCapacity | None = None  # built at the first step
-        self._silence = Silence()
+        self._beat_deadlines = BeatDeadlines()
         self._queued: set[str] = set()  # keys of the jobs the schedule shows queued
         self._awaiting: dict[str, int] = {}  # job key -> sequence of our placement not yet applied
         self._unsent: set[str] = set()  # jobs whose start command failed to go out
@@ -186,7 +181,7 @@ class Coordinator:
     def _wait_s(self) -> float:
         """How long to wait for a change: ``tick_s``, or less when a heartbeat deadline comes first,
         so that a silent worker is noticed when its deadline passes, not up to a tick later."""
-        deadline = self._silence.next_deadline_ns()
+        deadline = self._beat_deadlines.next_deadline_ns()
         if deadline is None:
             return self.tick_s
         return min(self.tick_s, max(0.0, (deadline - time.time_ns()) / 1e9) + DEADLINE_SLACK_S)
@@ -226,7 +221,7 @@ class Coordinator:
 
     def _on_beat(self, record: Recorded[Any]) -> None:
         """Beats only wake the coordinator when they matter: a silent or lost worker is back, or
-        the telemetry reports hardware errors. Silence is noticed by the tick."""
+        the telemetry reports hardware errors. BeatDeadlines is noticed by the tick."""
         if self.capacity is None:
             return  # the first step reads every beat
         worker_id = record.token(1)
@@ -235,7 +230,7 @@ class Coordinator:
             return
         worker = self.registry.state.workers.get(worker_id)
         self.capacity.beat(worker_id, worker, beat, record.time_ns)
-        was_silent = self._silence.beat(worker_id, beat)
+        was_silent = self._beat_deadlines.beat(worker_id, beat)
         errors = any(g.ecc_errors or g.xid_errors for g in beat.gpus)
         if was_silent or errors or (worker is not None and worker.lost):
             self._dirty_workers.add(worker_id)
@@ -271,7 +266,7 @@ class Coordinator:
             endpoint_keys=endpoints,
             now_ns=now_ns,
         )
-        return workers | set(self._silence.expire(now_ns)), jobs
+        return workers | set(self._beat_deadlines.expire(now_ns)), jobs
 
     def _build(self, now_ns: int) -> set[str]:
         """The first step: capacity and silence from the whole state; returns every worker."""
@@ -286,7 +281,7 @@ class Coordinator:
         self._rebuilt_at = time.monotonic()
         self._queued = {key for key, job in self.schedule.state.jobs.items() if job.state == "queued"}
         for worker_id, beat in self.liveness.state.beats.items():
-            self._silence.beat(worker_id, beat)
+            self._beat_deadlines.beat(worker_id, beat)
         return set(self.registry.state.workers) | set(self.liveness.state.beats)
 
     def _ensure_capacity(self, now_ns: int) -> LiveCapacity:
@@ -316,38 +311,32 @@ class Coordinator:
             workers: the workers that changed or fell silent since the last step (``None``: all).
         """
         self._ensure_capacity(now_ns)
-        self._silence.expire(now_ns)
-        late = self._silence.overdue if workers is None else self._silence.overdue & set(workers)
+        self._beat_deadlines.expire(now_ns)
+        late = (
+            self._beat_deadlines.overdue if workers is None else self._beat_deadlines.overdue & set(workers)
+        )
         for worker_id in sorted(late):
             record = self.registry.state.workers.get(worker_id)
             if record is None or record.state in ("lost", "deregistered"):
                 continue
-            if worker_id not in self._silence.overdue:
+            if worker_id not in self._beat_deadlines.overdue:
                 continue  # it beat again while this step awaited the appends before
-            beat = self.liveness.state.beats[worker_id]
-            silent = (now_ns - beat.time_ns) / 1e9
-            if await self._append_worker(worker_id, WorkerLost(silent_s=silent, last_heartbeat_seq=beat.seq)):
-                log.warning("worker %s lost after %.1fs of silence", worker_id, silent)
+            event = recovery.lost(record, self.liveness.state.beats[worker_id], now_ns)
+            if event is not None and await self._append_worker(worker_id, event):
+                log.warning("worker %s lost after %.1fs of silence", worker_id, event.silent_s)
             await self.revoke_worker(worker_id, "worker lost")
 
     async def recover(self, now_ns: int, workers: Collection[str] | None = None) -> None:
         """Append ``worker.recovered`` for a lost worker that heartbeats again."""
         self._ensure_capacity(now_ns)
-        self._silence.expire(now_ns)
+        self._beat_deadlines.expire(now_ns)
         registry = self.registry.state.workers
         for worker_id in sorted(registry if workers is None else workers):
-            record = registry.get(worker_id)
             beat = self.liveness.state.beats.get(worker_id)
-            if (
-                record is None
-                or record.state != "lost"
-                or beat is None
-                or worker_id in self._silence.overdue
-                or beat.time_ns <= (record.lost_since_ns or 0)
-            ):
-                continue
-            down = (beat.time_ns - (record.lost_since_ns or beat.time_ns)) / 1e9
-            await self._append_worker(worker_id, WorkerRecovered(down_s=down))
+            silent = worker_id in self._beat_deadlines.overdue
+            event = recovery.recovered(registry.get(worker_id), beat, silent=silent)
+            if event is not None:
+                await self._append_worker(worker_id, event)
 
     async def revoke_worker(self, worker_id: str, reason: str) -> None:
         """Revoke every current assignment on ``worker_id``."""
@@ -355,19 +344,14 @@ class Coordinator:
         if self.capacity is not None:  # jobs holding the worker, and those changed since the last step
             keys = set(self.capacity.jobs_on.get(worker_id, ())) | self._dirty_jobs
         for _, job in self._jobs(keys):
-            if job.state in TERMINAL:
-                continue
-            for key, assignment in list(job.assignments.items()):
-                if assignment.worker_id == worker_id and key not in job.done:
-                    await self._revoke(job, assignment, reason)
+            for event in recovery.revocations_on(job, worker_id, reason):
+                await self._append_job(job, event)
 
     async def revoke_rejected(self, jobs: Collection[str] | None = None) -> None:
         """Revoke assignments their agent rejected, so that they are placed elsewhere."""
         for _, job in self._jobs(jobs):
-            for assignment in list(job.assignments.values()):
-                reason = job.rejected_by.get(assignment.worker_id)
-                if reason is not None:
-                    await self._revoke(job, assignment, f"rejected by the worker: {reason}")
+            for event in recovery.rejected_revocations(job):
+                await self._append_job(job, event)
 
     def _count_failure(self, record: Any) -> None:
         """Remember when a worker's assignment failed (not when the agent merely stopped): the health
@@ -397,16 +381,6 @@ class Coordinator:
             record = self.registry.state.workers.get(worker_id)
             if record is not None and record.state == "available":
                 await self._append_worker(worker_id, WorkerCordoned(reason=reason, by=self.name))
-
-    async def _revoke(self, job: JobRecord, assignment: Assignment, reason: str) -> None:
-        event = JobAssignmentRevoked(
-            assignment_id=assignment.assignment_id,
-            worker_id=assignment.worker_id,
-            slot=assignment.slot,
-            epoch=assignment.epoch,
-            reason=reason,
-        )
-        await self._append_job(job, event)
 
     # -- placement -----------------------------------------------------------------------------
 
@@ -528,16 +502,7 @@ class Coordinator:
         if job is None:
             return
         assignment = victim.assignment
-        revoked = await self._append_job(
-            job,
-            JobAssignmentRevoked(
-                assignment_id=assignment.assignment_id,
-                worker_id=assignment.worker_id,
-                slot=assignment.slot,
-                epoch=assignment.epoch,
-                reason=f"preempted by {by}",
-            ),
-        )
+        revoked = await self._append_job(job, recovery.revoked(assignment, f"preempted by {by}"))
         if revoked is not None:
             stop = StopWork(
                 work_id=job.job_id,
@@ -551,24 +516,10 @@ class Coordinator:
             )
 
     async def settle_failures(self, jobs: Collection[str] | None = None) -> None:
-        """A shard that failed fails its job (tenant code crashed); one stopped by its agent
-        (``retryable``) is revoked and placed again, until it was stopped :data:`MAX_SHARD_ATTEMPTS`
-        times: then the job fails with the last reason."""
+        """Fail or retry the jobs with failed shards (:func:`projections.recovery.settle_failures`)."""
         for _, job in self._jobs(jobs):
-            if job.state in TERMINAL or not job.failed_slots or gangs.is_gang(job):
-                continue
-            fatal = sorted(slot for slot, retryable in job.failed_slots.items() if not retryable)
-            spent = sorted(s for s in job.failed_slots if job.retries.get(s, 0) >= MAX_SHARD_ATTEMPTS)
-            if fatal or spent:
-                slot = (fatal or spent)[0]
-                how = "failed" if fatal else f"was stopped {job.retries[slot]} times, the last"
-                reason = f"shard {slot} {how}: {job.failure_reason}"
-                await self._append_job(job, JobFailed(reason=reason, log_tail=job.log_tail, retryable=False))
-                continue
-            for slot in job.failed_slots:
-                assignment = job.assignments.get(slot)
-                if assignment is not None:
-                    await self._revoke(job, assignment, f"retry: {job.failure_reason}")
+            for event in recovery.settle_failures(job, gang=gangs.is_gang(job)):
+                await self._append_job(job, event)
 
     # -- gangs ---------------------------------------------------------------------------------
 
@@ -616,13 +567,7 @@ class Coordinator:
         workloads of those whose worker is alive."""
         seq = job.last_seq
         for assignment in sorted(job.assignments.values(), key=lambda a: a.slot):
-            event = JobAssignmentRevoked(
-                assignment_id=assignment.assignment_id,
-                worker_id=assignment.worker_id,
-                slot=assignment.slot,
-                epoch=assignment.epoch,
-                reason=reason,
-            )
+            event = recovery.revoked(assignment, reason)
             try:
                 position = await self.log.append(
                     job_subject(job.tenant, job.job_id, event),

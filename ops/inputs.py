@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from core.errors import ResontechError
 from core.objects import s3_client
 from core.settings import Settings
 
@@ -22,8 +23,10 @@ MAX_PREFIX_OBJECTS = 10_000
 BUCKET_PREFIX = "rt-"
 
 
-class InputError(Exception):
+class InputError(ResontechError):
     """A job's inputs cannot be presigned (the message says which and why)."""
+
+    code = "inputs"
 
 
 class Presigner:

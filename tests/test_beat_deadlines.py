@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ops.silence import Silence
+from ops.beat_deadlines import BeatDeadlines
 from projections.liveness import LastBeat, LivenessState, overdue
 
 S = 1_000_000_000
@@ -12,7 +12,7 @@ S = 1_000_000_000
 
 def test_silence_equals_overdue_and_names_the_next_real_deadline() -> None:
     rng = random.Random(1)
-    silence, state = Silence(), LivenessState()
+    silence, state = BeatDeadlines(), LivenessState()
     now = 0
     for seq in range(1, 2000):
         now += rng.choice([0, S // 10, S // 2])

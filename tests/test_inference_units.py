@@ -135,12 +135,12 @@ def test_round_robin_skips_ejected_replicas() -> None:
     proxy = InferenceProxy.__new__(InferenceProxy)
     proxy.traffic, proxy.ejected, proxy._probes = {}, {}, {}
     addresses = ["a", "b", "c"]
-    firsts = [proxy.order("k", addresses)[0] for _ in range(6)]
+    firsts = [proxy.replicas_in_turn("k", addresses)[0] for _ in range(6)]
     assert firsts == ["a", "b", "c", "a", "b", "c"]
     import time
 
     proxy.ejected["b"] = time.monotonic() + EJECT_S
-    assert proxy.order("k", addresses) == ["a", "c"]
+    assert proxy.replicas_in_turn("k", addresses) == ["a", "c"]
 
 
 def test_percentiles_rps_and_error_rate_over_the_window() -> None:

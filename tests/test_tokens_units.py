@@ -8,8 +8,8 @@ import time
 
 import msgspec
 
-from gateway.tokens import TokenMeter, token_tick
-from gateway.usage import SseUsage, ask_for_usage, tokens_of
+from gateway.token_counts import SseUsage, ask_for_usage, tokens_of
+from gateway.token_meter import TokenMeter, token_tick
 from projections.endpoints import EndpointRecord, ReplicaRecord
 from projections.ledger import LEDGER, evolve
 from projections.registry import WorkerRecord

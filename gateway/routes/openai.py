@@ -7,7 +7,7 @@ error body, ``{"error": {"message", "type", "param", "code"}}``, where the rest 
 included) passed through, never re-encoded. They are also not in the OpenAPI document (OpenAI's
 own specification describes them).
 
-Tokens are metered here (:mod:`gateway.usage`, :mod:`gateway.tokens`): the ``usage`` of every
+Tokens are metered here (:mod:`gateway.token_counts`, :mod:`gateway.token_meter`): the ``usage`` of every
 response is counted for the replica that served it. A streaming request is sent with
 ``stream_options.include_usage`` (its only change), and the usage chunk that asks for is not passed
 on unless the client asked for it too.
@@ -38,14 +38,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from core.errors import ResontechError
 from gateway.api import TOO_DEEP, read_body
 from gateway.auth import authenticate, bearer
 from gateway.autoscaler import wake
 from gateway.errors import ApiError
 from gateway.inference import InferenceProxy, NoReplica, UpstreamError
 from gateway.kernel import Kernel
-from gateway.tokens import TokenMeter
-from gateway.usage import SseUsage, ask_for_usage, tokens_of
+from gateway.token_counts import SseUsage, ask_for_usage, tokens_of
+from gateway.token_meter import TokenMeter
 from projections import ENDPOINTS
 from projections.endpoints import EndpointRecord, ReplicaRecord, endpoint_key, ready_replicas
 
@@ -69,8 +70,10 @@ _ERROR_TYPES = {
 _FORWARD_HEADERS = ("accept", "content-type")
 
 
-class OpenAIError(Exception):
+class OpenAIError(ResontechError):
     """An error in OpenAI's shape."""
+
+    code = "openai"
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)

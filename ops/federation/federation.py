@@ -106,8 +106,10 @@ class Run:
     aborting: bool = False
 
 
-class JobEnded(Exception):
+class JobEnded(ResontechError):
     """The federation must fail the job: ``reason`` and ``log_tail`` go into ``job.failed``."""
+
+    code = "job_ended"
 
     def __init__(self, reason: str, log_tail: str = "") -> None:
         super().__init__(reason)

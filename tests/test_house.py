@@ -1,0 +1,127 @@
+"""The house rules, read from the source with ``ast``: the arrows between packages, and one error root.
+
+Arrows point inward (README, "Architecture"): ``gateway``, ``agent``, ``ops`` -> ``projections`` ->
+``core`` -> ``schemas``; ``schemas`` imports nothing of ours. The three edge packages do not import
+each other, except where :data:`EDGE_IMPORTS` says why.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("schemas", "core", "projections", "gateway", "agent", "ops")
+INWARD = {
+    "schemas": set(),
+    "core": {"schemas"},
+    "projections": {"core", "schemas"},
+    "gateway": {"projections", "core", "schemas"},
+    "agent": {"projections", "core", "schemas"},
+    "ops": {"projections", "core", "schemas"},
+}
+EDGE_IMPORTS: dict[str, str] = {
+    "ops/cli.py -> agent.cli": "the one `resontech` command runs every process, the agent's too",
+    "ops/cli.py -> gateway.serve": "the one `resontech` command runs every process, the gateway's too",
+    "ops/cli.py -> gateway.settings": "the one `resontech` command runs every process, the gateway's too",
+    "ops/cli.py -> gateway.client": "the CLI speaks to the API through the SDK",
+    "ops/usercli.py -> gateway.client": "the CLI speaks to the API through the SDK",
+    "ops/devstack.py -> agent.enroll": "the dev stack enrolls its two local agents as a provider would",
+    "ops/workers.py -> agent.identity": "enrolling a state dir writes the agent's identity",
+    "ops/federation/server.py -> agent.sandbox": "the kernel runs tenant FL code in the agent's sandbox",
+    "ops/federation/server.py -> agent.runtimes.process": "finds an FL server's processes by their tag",
+    "ops/federation/service.py -> agent.runtimes.process": "finds an FL server's processes by their tag",
+    "ops/federation/federation.py -> gateway.workspace": "the tenant's bucket (its layout)",
+    "ops/federation/workspace.py -> gateway.workspace": "the tenant's bucket (its layout)",
+    "ops/workspecs.py -> gateway.workspace": "the tenant's bucket (its layout)",
+    "ops/workspecs.py -> agent.runtimes.nvflare": "the kit's file name in a federated shard's downloads",
+}
+"""Edge-to-edge imports and why; ``ops/bench/`` drives every part and may import any of them."""
+OUTSIDE_THE_ROOT: dict[str, str] = {
+    "UnknownFamily": "schemas imports nothing of ours, so its one error cannot derive from core's root",
+    "ConnectionClosed": "a WebSocket close frame: its code is the frame's number, not an error code",
+    "FeedClose": "a WebSocket close frame: its code is the frame's number, not an error code",
+}
+"""Exception classes that stand outside :class:`core.errors.ResontechError`, and why."""
+
+
+def _modules() -> list[tuple[str, Path, ast.Module]]:
+    return [
+        (package, path, ast.parse(path.read_text()))
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+    ]
+
+
+def _imports(tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return [name for name in found if name.split(".")[0] in PACKAGES]
+
+
+def test_arrows_point_inward_and_edges_import_each_other_only_where_the_rule_says_why() -> None:
+    wrong, used = [], set()
+    for package, path, tree in _modules():
+        relative = path.relative_to(REPO).as_posix()
+        for name in _imports(tree):
+            target = name.split(".")[0]
+            if target == package or target in INWARD[package]:
+                continue
+            edge = f"{relative} -> {name}"
+            if relative.startswith("ops/bench/") and package == "ops":
+                continue
+            if edge in EDGE_IMPORTS:
+                used.add(edge)
+                continue
+            wrong.append(edge)
+    assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
+    assert set(EDGE_IMPORTS) == used, f"exceptions no longer needed: {set(EDGE_IMPORTS) - used}"
+
+
+Klass = tuple[str, str]  # (module path, class name)
+
+
+def _classes() -> dict[Klass, list[str]]:
+    return {
+        (path.relative_to(REPO).as_posix(), node.name): [ast.unparse(b).split(".")[-1] for b in node.bases]
+        for _, path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def _bases(classes: dict[Klass, list[str]], klass: Klass) -> list[Klass]:
+    """The classes ``klass`` derives from: of its own module first, else of any module by name."""
+    found = []
+    for name in classes[klass]:
+        same = (klass[0], name)
+        found += [same] if same in classes else [k for k in classes if k[1] == name]
+    return found
+
+
+def _derives(classes: dict[Klass, list[str]], klass: Klass, roots: set[str]) -> bool:
+    if klass[1] in roots or any(b in roots for b in classes[klass]):
+        return True
+    return any(_derives(classes, base, roots) for base in _bases(classes, klass) if base != klass)
+
+
+def test_every_error_derives_from_the_one_root() -> None:
+    classes = _classes()
+    errors = [
+        k for k in classes if _derives(classes, k, {"Exception", "ValueError", "RuntimeError", "OSError"})
+    ]
+    outside = sorted(
+        f"{path}: {name}" for path, name in errors if not _derives(classes, (path, name), {"ResontechError"})
+    )
+    assert {line.split(": ")[1] for line in outside} == set(OUTSIDE_THE_ROOT), outside
+
+
+@pytest.mark.parametrize("name", sorted(OUTSIDE_THE_ROOT))
+def test_each_exception_outside_the_root_says_why(name: str) -> None:
+    assert len(OUTSIDE_THE_ROOT[name]) > 20
