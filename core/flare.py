@@ -23,6 +23,8 @@ from core.errors import ResontechError
 ORG = "resontech"
 ADMIN_USER = "kernel@resontech.local"
 """The kernel's identity on every federation's admin port (role ``project_admin``)."""
+KIT_FILE = "startup-kit.zip"
+"""A client's startup kit's name in its assignment's downloads (the shard's is its workspace key)."""
 KIT_BUCKET = "resontech-federations"
 """The kernel's bucket for client startup kits. Tenant buckets are ``rt-<tenant>``: no tenant can own it."""
 SERVER_ERROR_LOG = "error_log.txt"

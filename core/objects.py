@@ -1,4 +1,5 @@
-"""The object store client: one way to build a boto3 S3 client for any S3-compatible endpoint.
+"""The object store: a tenant's bucket, and one way to build a boto3 S3 client for any S3-compatible
+endpoint.
 
 Path-style addressing and SigV4 everywhere, presigning included: boto3 presigns with SigV2 for a
 custom endpoint unless told otherwise, and S3-compatible servers (rclone, Garage) refuse SigV2.
@@ -10,6 +11,27 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
+
+BUCKET_PREFIX = "rt-"
+"""A tenant's workspace is the bucket ``rt-<tenant>`` (tenant ids are valid bucket-name material)."""
+
+
+def bucket_for(tenant: str) -> str:
+    """The tenant's bucket name."""
+    return f"{BUCKET_PREFIX}{tenant}"
+
+
+def provision(s3: Any, bucket: str) -> None:
+    """Create ``bucket`` if it does not exist (idempotent: a retried tenant creation is fine)."""
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in (
+            "BucketAlreadyOwnedByYou",
+            "BucketAlreadyExists",
+        ):
+            raise
 
 
 def s3_client(

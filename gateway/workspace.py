@@ -47,7 +47,6 @@ from gateway.errors import ApiError
 from gateway.paging import decode_cursor
 from schemas.api.workspace import PartUrl, WorkspaceObject
 
-BUCKET_PREFIX = "rt-"
 MB = 1_000_000
 SINGLE_PUT_BELOW = 10 * MB
 """Files smaller than this get one presigned PUT; larger ones a multipart plan."""
@@ -67,23 +66,6 @@ OUTPUT_DIRS = ("files_out", "model_out")
 _SEGMENT = re.compile(r"^[A-Za-z0-9._=-]+$")
 _UPLOAD_ID = re.compile(r"^[A-Za-z0-9._~=+-]{1,1024}$")
 T = TypeVar("T")
-
-
-def bucket_for(tenant: str) -> str:
-    """The tenant's bucket name (tenant ids are already valid bucket-name material)."""
-    return f"{BUCKET_PREFIX}{tenant}"
-
-
-def provision(s3: Any, bucket: str) -> None:
-    """Create ``bucket`` if it does not exist (idempotent: a retried tenant creation is fine)."""
-    try:
-        s3.create_bucket(Bucket=bucket)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") not in (
-            "BucketAlreadyOwnedByYou",
-            "BucketAlreadyExists",
-        ):
-            raise
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.errors import ResontechError
-from core.objects import s3_client
+from core.objects import bucket_for, s3_client
 from core.settings import Settings
 
 URL_TTL_S = 3600
 MAX_PREFIX_OBJECTS = 10_000
 """A prefix with more objects than this is refused: a job is not a bulk copy."""
-BUCKET_PREFIX = "rt-"
 
 
 class InputError(ResontechError):
@@ -48,7 +47,7 @@ class Presigner:
 
     def downloads(self, tenant: str, inputs: Sequence[str]) -> dict[str, str]:
         """``{workspace key: presigned GET}`` for every object ``inputs`` names (blocking)."""
-        bucket = f"{BUCKET_PREFIX}{tenant}"
+        bucket = bucket_for(tenant)
         keys: list[str] = []
         for name in inputs:
             keys += self._expand(bucket, name) if name.endswith("/") else [name]

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 
 import msgspec
 
-from agent.runtimes.nvflare import KIT_FILE
 from core.errors import ResontechError
+from core.flare import KIT_FILE
+from core.objects import bucket_for
 from core.rendezvous import rendezvous
-from gateway.workspace import bucket_for
 from ops.inputs import Presigner
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord

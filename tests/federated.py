@@ -14,10 +14,9 @@ from typing import Any
 
 from agent.runtimes.process import kill_tagged
 from core.log import EventLog
-from core.objects import s3_client
+from core.objects import bucket_for, provision, s3_client
 from core.settings import Settings
 from core.streams import job_subject
-from gateway.workspace import bucket_for, provision
 from ops.federation.server import TAG
 from schemas import FederatedTraining, JobResources, JobSubmitted
 from tests.support import REPO

@@ -13,9 +13,10 @@ from cryptography import x509
 from agent.archives import BadArchive, unpack
 from agent.runtimes import nvflare
 from agent.runtimes.base import StartFailed
-from agent.runtimes.nvflare import KIT_FILE, protocol_line
+from agent.runtimes.nvflare import protocol_line
 from agent.sandbox import Sandbox
 from core import flare
+from core.flare import KIT_FILE
 from core.settings import Settings
 from ops.coordinator import start_command
 from ops.federation.server import clean_env, provision

@@ -33,10 +33,6 @@ EDGE_IMPORTS: dict[str, str] = {
     "ops/federation/server.py -> agent.sandbox": "the kernel runs tenant FL code in the agent's sandbox",
     "ops/federation/server.py -> agent.runtimes.process": "finds an FL server's processes by their tag",
     "ops/federation/service.py -> agent.runtimes.process": "finds an FL server's processes by their tag",
-    "ops/federation/federation.py -> gateway.workspace": "the tenant's bucket (its layout)",
-    "ops/federation/workspace.py -> gateway.workspace": "the tenant's bucket (its layout)",
-    "ops/workspecs.py -> gateway.workspace": "the tenant's bucket (its layout)",
-    "ops/workspecs.py -> agent.runtimes.nvflare": "the kit's file name in a federated shard's downloads",
 }
 """Edge-to-edge imports and why; ``ops/bench/`` drives every part and may import any of them."""
 OUTSIDE_THE_ROOT: dict[str, str] = {

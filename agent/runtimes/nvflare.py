@@ -36,11 +36,8 @@ from agent.protocol import PROGRESS
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, prepare, spawn
 from agent.sandbox import Sandbox
+from core.flare import KIT_FILE, ORG
 from schemas.commands import WorkSpec
-
-KIT_FILE = "startup-kit.zip"
-"""The kit's name in ``WorkSpec.downloads`` (the shard's is its workspace key)."""
-ORG = "resontech"
 
 
 def protocol_line(line: str) -> str:

@@ -23,6 +23,7 @@ import msgspec
 from starlette.responses import Response
 
 from core.errors import ConcurrencyConflict
+from core.objects import bucket_for
 from core.streams import command_subject, endpoint_filter, endpoint_subject
 from core.wire import Position
 from gateway.api import Call, Router, respond
@@ -32,7 +33,6 @@ from gateway.jobspec import idle_fleet
 from gateway.paging import decode_seq_cursor, encode_cursor
 from gateway.references import key_problem, require_objects
 from gateway.scope import iso, scoped_tenant
-from gateway.workspace import bucket_for
 from projections import ENDPOINTS, REGISTRY, TENANTS
 from projections.admission import Wait, check_quota, never_fits, replica_gpus, request_for_endpoint
 from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key, ready_replicas

@@ -23,6 +23,7 @@ import msgspec
 
 from core import flarejob
 from core.errors import ConcurrencyConflict
+from core.objects import bucket_for
 from core.streams import command_subject, job_filter, job_subject
 from core.wire import Position
 from gateway.api import Call, Router, respond
@@ -40,7 +41,6 @@ from gateway.jobspec import (
 from gateway.paging import decode_seq_cursor, encode_cursor
 from gateway.references import listing, require_objects
 from gateway.scope import iso, scoped_tenant
-from gateway.workspace import bucket_for
 from projections import REGISTRY, SCHEDULE, TENANTS
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from projections.tenants import quotas

@@ -7,11 +7,11 @@ import datetime as dt
 from typing import Any
 
 from core.errors import ConcurrencyConflict
+from core.objects import bucket_for, provision
 from core.streams import tenant_subject
 from gateway.api import Call, Router
 from gateway.auth import new_key
 from gateway.errors import ApiError, conflict, forbidden, not_found
-from gateway.workspace import bucket_for, provision
 from projections import TENANTS
 from projections.tenants import TenantRecord, TenantsState
 from schemas.api.tenants import CreateTenant, IssueKey, KeyInfo, NewKey, SetQuota, Tenant, TenantCreatedBody

@@ -51,10 +51,9 @@ import uvloop
 from agent.runtimes.process import kill_tagged, tagged_pids
 from core import flare, flarejob
 from core.log import EventLog
-from core.objects import s3_client
+from core.objects import bucket_for, provision, s3_client
 from core.settings import Settings
 from core.streams import job_subject
-from gateway.workspace import bucket_for, provision
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, table
 from ops.bench.schedule import Agent, child_env, stop_child
 from ops.federation.jobfolder import write_run

@@ -50,8 +50,8 @@ from typing import Any
 from core import flare, flarejob
 from core.errors import ConcurrencyConflict, ResontechError
 from core.log import EventLog
+from core.objects import bucket_for
 from core.streams import command_subject, job_filter, job_subject
-from gateway.workspace import bucket_for
 from ops.federation import jobfolder
 from ops.federation import workspace as ws
 from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned, provision

@@ -20,7 +20,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from core import flare, flarejob
-from gateway.workspace import bucket_for, provision
+from core.objects import bucket_for, provision
 from ops.federation.server import FederationError
 
 

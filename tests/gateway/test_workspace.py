@@ -20,6 +20,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from core.log import EventLog
+from core.objects import bucket_for
 from gateway import workspace as ws
 from gateway.errors import ApiError
 from gateway.paging import encode_cursor
@@ -230,7 +231,7 @@ async def test_a_52_mb_file_goes_up_in_two_50_mb_plan_parts(api: Api) -> None:
 async def test_a_multipart_upload_at_the_s3_minimum_part_size(api: Api) -> None:
     """The routes' own functions, with 5 MiB parts: three parts, the last one short."""
     tenant, _ = await api.tenant()
-    s3, bucket, key = api.kernel.s3, ws.bucket_for(tenant), "jobs/mnist/shards/1.zip"
+    s3, bucket, key = api.kernel.s3, bucket_for(tenant), "jobs/mnist/shards/1.zip"
     data = os.urandom(12 * ws.MB)
     plan = ws.plan_parts(len(data), ws.MIN_PART)
     upload_id = ws.start_multipart(s3, bucket, key, "application/zip", None)
@@ -307,7 +308,7 @@ async def test_an_aborted_upload_is_gone(api: Api) -> None:
     upload = f"{UPLOADS}/{plan['upload_id']}"
     assert (await api.request("DELETE", upload, member, params={"key": key})).status_code == 204
     with pytest.raises(ClientError, match="NoSuchUpload"):
-        api.kernel.s3.list_parts(Bucket=ws.bucket_for(tenant), Key=key, UploadId=plan["upload_id"])
+        api.kernel.s3.list_parts(Bucket=bucket_for(tenant), Key=key, UploadId=plan["upload_id"])
     complete = await api.request("POST", f"{upload}/complete", member, json={"key": key, "parts": parts})
     assert complete.status_code == 404
     assert "completed or aborted" in complete.json()["error"]["message"]
@@ -346,7 +347,7 @@ async def test_a_bad_completion_is_refused_and_the_upload_survives_it(api: Api) 
 async def test_expired_presigned_urls_are_refused_by_the_store(api: Api) -> None:
     tenant, member = await api.tenant()
     await upload_small(api, "configs/ok.json", member, b"{}")
-    s3, bucket = api.kernel.s3, ws.bucket_for(tenant)
+    s3, bucket = api.kernel.s3, bucket_for(tenant)
     put_url, _, _ = ws.presign_put(s3, bucket, "configs/late.json", size=2, expires_s=1)
     get_url, _ = ws.presign_get(s3, bucket, "configs/ok.json", expires_s=1)
     await asyncio.sleep(2.5)
@@ -418,7 +419,7 @@ async def test_auth_is_required_and_viewers_only_read(api: Api) -> None:
 
 async def test_listing_pages_with_a_cursor_and_refuses_a_bad_one(api: Api) -> None:
     tenant, member = await api.tenant()
-    s3, bucket = api.kernel.s3, ws.bucket_for(tenant)
+    s3, bucket = api.kernel.s3, bucket_for(tenant)
     keys = [f"jobs/mnist/shards/{i}.zip" for i in range(5)] + ["scripts/train.py"]
     for key in keys:
         s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
