@@ -1,4 +1,4 @@
-"""Provider availability tiers (seed 001): a pure function of a worker's record and an instant.
+"""Provider availability tiers: a pure function of a worker's record and an instant.
 
 | tier | uptime over 30 days | hardware |
 |---|---|---|
@@ -44,7 +44,7 @@ family_of = functools.lru_cache(maxsize=4096)(gpu_family)
 """:func:`core.pricing.gpu_family`, memoised: a fleet has few distinct model names."""
 
 TIER_FACTORS: dict[str, float] = {"platinum": 1.0, "gold": 0.9, "silver": 0.75, "unverified": 0.5}
-"""The default ranking factor of each tier, in (0, 1]: platinum gets first assignment (seed 001);
+"""The default ranking factor of each tier, in (0, 1]: platinum gets first assignment;
 unverified workers still take work (fresh agents must be usable), ranked last."""
 
 

@@ -1,6 +1,6 @@
 """The verification job: its computation and the kernel's judgement of a worker's report.
 
-Seed 001: a new provider "earns nothing and gets only test work until verified". Every new (or
+A new provider earns nothing and gets only test work until it is verified. Every new (or
 hardware-changed) worker gets one verification job before it takes tenant work. The job is:
 
 * a short integer benchmark (:func:`answer`) whose input is derived from a fresh seed, so no answer

@@ -1,6 +1,6 @@
 """Each tenant's workspace: a private bucket in the object store, reached only through presigned URLs.
 
-The layout follows seed 000. Who writes where:
+The layout, and who writes where:
 
 ==============================================  ===================================  =======  ====
 prefix                                          holds                                tenant   jobs

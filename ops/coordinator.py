@@ -497,7 +497,7 @@ class Coordinator:
     async def _preempt(self, victim: Victim, *, by: str) -> None:
         """Checkpoint-and-requeue one assignment: revoke it, then tell its agent to checkpoint and stop."""
         if victim.kind != "job":
-            return  # endpoint replicas are preempted by the inference issue's autoscaler
+            return  # endpoint replicas are scaled down by the autoscaler, never preempted here
         job = self.schedule.state.jobs.get(victim.key)
         if job is None:
             return
@@ -749,7 +749,7 @@ def start_command(
 
 
 RUNTIME_OF_KIND = {"process": "process", "federated": "nvflare-client", "ddp": "torchrun"}
-"""The agent runtime that runs each job kind (the training issue adds the last two)."""
+"""The agent runtime that runs each job kind."""
 
 
 async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event | None = None) -> None:

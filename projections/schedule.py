@@ -463,7 +463,7 @@ def find_tenure(job: JobRecord, assignment_id: str) -> Tenure | None:
 
 def pending(state: ScheduleState) -> list[JobRecord]:
     """Queued jobs in the order the coordinator places them: managed and private work before shared
-    work (reserved capacity has priority queue access, seed 001; it is also what capacity freed by
+    work (reserved capacity has priority queue access; it is also what capacity freed by
     a preemption was freed for), then priority (highest first), then submission order."""
     queued = [job for job in state.jobs.values() if job.state == "queued"]
     queued.sort(key=lambda job: (job.pool == "shared", -job.priority, job.submitted_seq))

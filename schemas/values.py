@@ -7,7 +7,7 @@ from typing import Literal
 from schemas._base import Value
 
 Pool = Literal["shared", "managed", "private"]
-"""The three GPU runtime pools of seed 001: multi-tenant, reserved for one organisation, the owner's own."""
+"""The three GPU runtime pools: multi-tenant, reserved for one organisation, the owner's own."""
 
 WorkKind = Literal["job", "endpoint"]
 """What a piece of placed work belongs to."""

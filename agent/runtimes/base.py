@@ -3,7 +3,7 @@
 A runtime turns a :class:`~schemas.commands.WorkSpec` into a running :class:`Workload` in a
 per-assignment working directory. The agent drives every workload the same way: it reads its output
 lines (the :mod:`agent.protocol` reports among them), waits for its exit status, and cancels it with
-a grace period. Later issues add runtimes (``nvflare-client``, ``torchrun``, ``vllm``) to
+a grace period. The runtimes (``process``, ``nvflare-client``, ``torchrun``, ``vllm``) are in
 :data:`agent.runtimes.RUNTIMES`.
 """
 

@@ -1,6 +1,6 @@
 """One federated job's federation, driven from provisioning to teardown.
 
-:meth:`Federation.drive` runs as one task per live federated job, from its submission. Set-up, at
+:meth:`FederationTask.drive` runs as one task per live federated job, from its submission. Set-up, at
 once (so that a job that cannot run fails without waiting in the queue): resolve each slot's shard,
 provision the federation, fetch the training code into the job's FL job folder and check it
 (:mod:`ops.federation.jobfolder`), fetch the initial model, upload the client kits to the kernel's kit
@@ -118,7 +118,7 @@ class JobEnded(ResontechError):
 
 
 @dataclass
-class Federation:
+class FederationTask:
     """The federation of job ``tenant/job_id`` (see the module docstring)."""
 
     ctx: Context

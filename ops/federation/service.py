@@ -1,7 +1,7 @@
 """The federation service (``resontech federation``): one federation per live federated job.
 
 It follows the schedule projection; every federated job that is not terminal gets a
-:class:`~ops.federation.federation.Federation` task, which provisions, serves (while the job can run)
+:class:`~ops.federation.federation.FederationTask`, which provisions, serves (while the job can run)
 and tears down that job's federation. The FL servers run here, on the kernel side, rather than on one
 of the job's agents: the server holds the global model and the job's certificates, its loss would
 cost the whole job (not one shard), and every agent of the job stays interchangeable. The tenant's
@@ -33,7 +33,7 @@ from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.objects import s3_client
 from core.settings import Settings
-from ops.federation.federation import IDLE_S, Context, Federation
+from ops.federation.federation import IDLE_S, Context, FederationTask
 from ops.federation.server import TAG
 from ops.process import service_connection
 from projections import SCHEDULE
@@ -120,7 +120,7 @@ class FederationService:
             if now - self.crashed.get(key, -RETRY_S) < RETRY_S:
                 continue
             if job.kind == "federated" and job.state not in TERMINAL and key not in self.tasks:
-                federation = Federation(ctx, job.tenant, job.job_id)
+                federation = FederationTask(ctx, job.tenant, job.job_id)
                 self.tasks[key] = asyncio.create_task(federation.drive(), name=f"federation {key}")
 
     def _reap_ended(self) -> None:

@@ -1,6 +1,6 @@
 """Bodies of the endpoints routes: deploy, scale, and the endpoint with its replicas.
 
-Serving itself (the OpenAI-compatible routes, the autoscaler, the engines) is the inference issue's;
+Serving itself (the OpenAI-compatible routes, the autoscaler, the engines) lives elsewhere;
 these bodies are the lifecycle a tenant controls.
 """
 
