@@ -6,7 +6,7 @@ Life of an agent:
    left behind and reports those assignments failed (retryable), then registers
    (``worker.<id>.registered``, and ``worker.<id>.policy_set`` when it has a policy file).
    Everything the agent says about its worker and its work is a *claim* on the intake
-   (``intake.<id>.<subject>``, :mod:`ops.intake`): the kernel checks it and stores its own event, or
+   (``intake.<id>.<subject>``, :mod:`ops.services.intake`): the kernel checks it and stores its own event, or
    refuses it. A refused registration comes back as a ``registration_refused`` command: the agent
    logs the reason and stops. A ``verify`` command runs the verification job
    (``python -m agent.verify``) and claims its answer.

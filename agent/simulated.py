@@ -14,7 +14,7 @@ long. Simulated workers never run anything.
 The fleet speaks as the kernel, not as agents: it needs kernel credentials, and it appends its
 workers' registrations (with a ``worker.verified`` vouching for them) and its shards' started and
 completed events straight to WORKERS and JOBS, where an agent's words pass through the intake
-(:mod:`ops.intake`). That is what a load test of placement and heartbeats wants; it is never an
+(:mod:`ops.services.intake`). That is what a load test of placement and heartbeats wants; it is never an
 agent's path.
 """
 

@@ -4,7 +4,7 @@ It runs in the gateway because the gateway is where the load is seen: every :dat
 each endpoint's requests per second (the proxy's window) and how long it has been idle, asks the
 pure decision, and appends ``endpoint.scaled`` (or ``endpoint.scaled_to_zero``) with the inputs it
 saw, at the endpoint's expected sequence (a conflict: decided again next tick). The coordinator does
-the rest (:mod:`ops.replicas`: places, or stops, replicas). A request at zero replicas calls
+the rest (:mod:`ops.coordinator.replicas`: places, or stops, replicas). A request at zero replicas calls
 :func:`wake`, which appends the scale-up the request then waits for.
 
 With several gateways each sees its share of the traffic; the expected sequence keeps their

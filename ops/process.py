@@ -1,6 +1,6 @@
 """A small toolkit for local servers run as child processes (Linux): start, wait until ready, stop
-gracefully, kill, restart. :mod:`ops.natsserver`, :mod:`ops.objectstore` and :mod:`ops.devstack`
-use it.
+gracefully, kill, restart. :mod:`ops.devstack.natsserver`, :mod:`ops.devstack.objectstore` and
+:mod:`ops.devstack.stack` use it.
 """
 
 from __future__ import annotations

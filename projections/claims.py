@@ -3,7 +3,7 @@
 An agent says things on the INTAKE stream, under its own worker id (``intake.<worker_id>.<subject>``:
 NATS lets its user publish there and nowhere else, so the sender is known). Each claim is judged
 here against the schedule, the endpoint table, the registry and the enrollments; the intake service
-(:mod:`ops.intake`) appends what is :class:`Accepted` (the kernel's own event, on the canonical
+(:mod:`ops.services.intake`) appends what is :class:`Accepted` (the kernel's own event, on the canonical
 subject) and quarantines what is :class:`Refused`, with the reason and the sender. Nothing an agent
 says reaches a projection any other way.
 
@@ -234,7 +234,7 @@ def _job_report(sender: str, tokens: list[str], subject: str, claim: Any, facts:
 
 
 def checkpoint_prefix(job: JobRecord) -> str:
-    """Where an agent may report ``job``'s checkpoints (:func:`ops.workspecs.checkpoint_keys`)."""
+    """Where an agent may report ``job``'s checkpoints (:func:`ops.coordinator.workspecs.checkpoint_keys`)."""
     return f"jobs/{job.name}/checkpoints/{job.job_id}/"
 
 

@@ -1,6 +1,6 @@
 """Workers on probation: which need a verification job now, and whose job went unanswered.
 
-A pure decision over a registry record (the intake applies it, :mod:`ops.verifier`). A worker is on
+A pure decision over a registry record (the intake applies it, :mod:`ops.services.verifier`). A worker is on
 probation while the registry shows it ``unverified`` (so not lost, cordoned or deregistered: a
 worker whose heartbeats stopped is marked lost by the coordinator and is not challenged). It gets a
 challenge when it has none open and either never failed one or failed its last more than

@@ -12,8 +12,8 @@ from agent.cgroups import detect
 from agent.sandbox import Sandbox
 from core.log import EventLog
 from core.settings import Settings
-from ops.natsserver import NatsAuth, NatsServer
-from ops.objectstore import ObjectStoreServer
+from ops.devstack.natsserver import NatsAuth, NatsServer
+from ops.devstack.objectstore import ObjectStoreServer
 from tests.secured import Stack, running_stack
 from tests.support import AgentProcess, IntakeProcess, wipe_streams
 

@@ -28,10 +28,10 @@ from gateway.app import create_app
 from gateway.auth import digest
 from gateway.kernel import Kernel
 from gateway.settings import GatewaySettings
-from ops.intake import Intake
-from ops.natsauth import AgentUsersSync
-from ops.natsserver import NatsServer
-from ops.objectstore import ObjectStoreServer
+from ops.devstack.natsserver import NatsServer
+from ops.devstack.objectstore import ObjectStoreServer
+from ops.services.intake import Intake
+from ops.services.natsauth import AgentUsersSync
 from projections import PROVIDERS
 from schemas.api.providers import Enrolled
 from tests.support import until, wipe_streams

@@ -20,8 +20,8 @@ from agent.runtimes.process import reap_orphans
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import STREAMS, endpoint_subject, job_subject, worker_subject
+from ops.cli.workers import enroll_state_dir
 from ops.coordinator import Coordinator, running
-from ops.workers import enroll_state_dir
 from schemas import (
     Assignment,
     EndpointDeployed,

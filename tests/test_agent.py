@@ -29,7 +29,7 @@ from core.log import EventLog
 from core.pricing import gpu_family
 from core.settings import Settings
 from core.streams import command_subject
-from ops.natsserver import NatsServer
+from ops.devstack.natsserver import NatsServer
 from schemas import (
     Heartbeat,
     JobCheckpointed,

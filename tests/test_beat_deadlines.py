@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ops.beat_deadlines import BeatDeadlines
+from ops.coordinator.beat_deadlines import BeatDeadlines
 from projections.liveness import LastBeat, LivenessState, overdue
 
 S = 1_000_000_000

@@ -22,7 +22,7 @@ import torch
 from agent.runtimes.process import kill_marked
 from core.log import EventLog
 from core.streams import job_subject
-from ops.objectstore import ObjectStoreServer
+from ops.devstack.objectstore import ObjectStoreServer
 from schemas import (
     JobAssignmentRevoked,
     JobCheckpointed,

@@ -22,9 +22,9 @@ from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, por
 from agent.sandbox import Sandbox
 from core.rendezvous import PORT_RANGE, master_port, rendezvous
 from core.settings import Settings
-from ops.inputs import Presigner
-from ops.objectstore import ObjectStoreServer
-from ops.workspecs import WorkSpecError, checkpoint_keys, ddp_spec
+from ops.coordinator.inputs import Presigner
+from ops.coordinator.workspecs import WorkSpecError, checkpoint_keys, ddp_spec
+from ops.devstack.objectstore import ObjectStoreServer
 from projections import gangs
 from projections.registry import WorkerRecord
 from projections.schedule import Checkpoint, JobRecord

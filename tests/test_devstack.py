@@ -22,8 +22,8 @@ from core.errors import ConfigError
 from core.objects import s3_client
 from core.settings import Settings, load
 from core.streams import STREAMS
-from ops import devstack
-from ops.objectstore import ObjectStoreServer
+from ops.devstack import stack as devstack
+from ops.devstack.objectstore import ObjectStoreServer
 from ops.ports import ensure_port_free, free_port
 
 REPO = Path(__file__).resolve().parents[1]

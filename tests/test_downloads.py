@@ -1,4 +1,5 @@
-"""A job's inputs: presigned by the kernel (ops/inputs.py), fetched by the agent (agent/downloads.py)
+"""A job's inputs: presigned by the kernel (ops/coordinator/inputs.py), fetched by the agent
+(agent/downloads.py)
 from the real object store into the assignment's working dir, never outside it."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import pytest
 from agent.downloads import fetch_all, target_of
 from agent.runtimes.base import StartFailed
 from core.settings import Settings
-from ops.inputs import InputError, Presigner
-from ops.objectstore import ObjectStoreServer
+from ops.coordinator.inputs import InputError, Presigner
+from ops.devstack.objectstore import ObjectStoreServer
 
 
 def files_under(root: Path) -> list[Path]:

@@ -10,7 +10,7 @@ from core.errors import AppendRejected, AppendTimeout, LogUnavailable
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import job_subject
-from ops.natsserver import NatsServer
+from ops.devstack.natsserver import NatsServer
 from schemas import JobProgress
 
 TOTAL = 3000

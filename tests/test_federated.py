@@ -22,9 +22,9 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import job_subject
 from gateway.routes.jobs import job_view
+from ops.cli.user import job_detail
 from ops.federation.server import TAG
 from ops.federation.workspace import list_keys
-from ops.usercli import job_detail
 from projections.schedule import ScheduleState, evolve
 from projections.why import explain_job
 from schemas import (

@@ -19,9 +19,9 @@ from core import flare
 from core.flare import KIT_FILE
 from core.settings import Settings
 from ops.coordinator import start_command
+from ops.coordinator.inputs import Presigner
+from ops.coordinator.workspecs import federated_spec
 from ops.federation.server import clean_env, provision
-from ops.inputs import Presigner
-from ops.workspecs import federated_spec
 from projections.schedule import Federation, JobRecord
 from schemas import Assignment, FederatedTraining, WorkSpec
 

@@ -12,7 +12,7 @@ import pytest
 from agent import gguf, models
 from agent.runtimes.vllm import engine_command, engine_env
 from gateway.inference import EJECT_S, EndpointTraffic, InferenceProxy, percentile
-from ops.replicas import retirements, start_command
+from ops.coordinator.replicas import retirements, start_command
 from projections.endpoints import EndpointRecord, ReplicaRecord
 
 

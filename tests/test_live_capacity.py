@@ -1,6 +1,6 @@
 """The coordinator's live capacity against a rebuild: random event sequences, compared after each.
 
-Events are folded by the real reducers; :class:`ops.live_capacity.LiveCapacity` hears of them the
+Events are folded by the real reducers; :class:`ops.coordinator.live_capacity.LiveCapacity` hears of them the
 way the coordinator tells it (``sync`` with the keys an event touched, ``beat`` for a heartbeat), and
 after every event it must hold what :func:`projections.capacity.candidates` and
 :func:`projections.admission.quota_usage` build from scratch, and decide as an index built from them.
@@ -16,7 +16,7 @@ import pytest
 from core.candidates import CandidateIndex
 from core.placement import PlacementRequest
 from core.streams import endpoint_subject, heartbeat_subject, job_subject, worker_subject
-from ops.live_capacity import LiveCapacity
+from ops.coordinator.live_capacity import LiveCapacity
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
 from projections.admission import quota_usage
 from projections.capacity import candidates

@@ -10,7 +10,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from ops.natsserver import NatsServer
+from ops.devstack.natsserver import NatsServer
 from ops.ports import PortInUse, ensure_port_free, free_port
 from ops.process import ServerStartError
 

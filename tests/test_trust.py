@@ -32,7 +32,7 @@ from core.streams import (
     metering_subject,
     worker_subject,
 )
-from ops.quarantine import show
+from ops.cli.quarantine import show
 from projections import ENDPOINTS, LEDGER, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
 from projections.base import Projection, state_hash
 from projections.runner import rebuild

@@ -1,6 +1,7 @@
 """The ``nvflare-client`` runtime: one NVFlare client of a federated job's federation.
 
-The assignment brings everything (``WorkSpec`` of :func:`ops.workspecs.federated_spec`), and the agent
+The assignment brings everything (the ``WorkSpec`` of
+:func:`ops.coordinator.workspecs.federated_spec`), and the agent
 has fetched its downloads into the working dir before the start (:mod:`agent.downloads`):
 
 * :data:`KIT_FILE`, the slot's client startup kit (its certificate and key), unpacked into

@@ -6,7 +6,7 @@ up: the ``provider.agent_enrolled`` event is appended with the provider's expect
 of two enrollments racing with one token exactly one wins, and the other is re-decided against the
 new state (the token is used: 409). The agent gets NATS credentials for its worker id alone
 (:mod:`core.natsauth`); the password is in the response once and stored only as a bcrypt hash, from
-which :mod:`ops.natsauth` renders the server's users.
+which :mod:`ops.services.natsauth` renders the server's users.
 
 A managed or private pool token enrolls nobody until approved (:mod:`gateway.routes.enrollment`);
 issuing one answers the same whether or not its ``owner_tenant`` exists, so that a provider key

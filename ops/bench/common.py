@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ops.natsserver import NatsServer
+from ops.devstack.natsserver import NatsServer
 
 
 @contextmanager

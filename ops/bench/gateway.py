@@ -52,7 +52,7 @@ from core.streams import job_subject
 from gateway.auth import digest
 from gateway.wsclient import WebSocket, connect
 from ops.bench.common import emit, machine, private_nats, process_peak_rss_mb, self_peak_rss_mb, table
-from ops.objectstore import ObjectStoreServer
+from ops.devstack.objectstore import ObjectStoreServer
 from ops.ports import free_port
 from ops.process import log_tail, spawn, terminate
 from schemas.jobs import JobProgress

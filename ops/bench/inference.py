@@ -36,12 +36,12 @@ import httpx
 
 from core.log import EventLog
 from gateway.inference import percentile
-from ops import intake
 from ops.bench.common import emit, machine, process_peak_rss_mb, table
 from ops.bench.gateway import REPO, ServedStack, create_tenants, served_stack
+from ops.cli.workers import enroll_state_dir
 from ops.coordinator import running
 from ops.process import spawn, terminate
-from ops.workers import enroll_state_dir
+from ops.services import intake
 from projections import ENDPOINTS
 from projections.runner import rebuild
 

@@ -7,7 +7,7 @@ tick. Both are measured in the same run on the same durable server (``sync_inter
 
 * direct: ``ticks`` usage ticks of ``assignments`` CPU assignments appended to METERING, pipelined,
   as agents did (ticks/s from the first publish to the last tick stored);
-* intake: the same number of ticks claimed on INTAKE while an :class:`ops.intake.Intake` judges
+* intake: the same number of ticks claimed on INTAKE while an :class:`ops.services.intake.Intake` judges
   them; ticks/s from the first claim to the last canonical tick stored;
 * both again on a server without per-write fsync (the client and the intake are the limit, not the
   disk), and both paced at :data:`RATE` ticks/s on the durable server: each tick's latency from its
@@ -31,7 +31,7 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import intake_subject, job_subject, metering_subject, worker_subject
 from ops.bench.common import emit, machine, private_nats, table
-from ops.intake import Intake
+from ops.services.intake import Intake
 from schemas import (
     Assignment,
     JobPlaced,

@@ -60,10 +60,10 @@ from core.log import EventLog, new_event_id
 from core.settings import Settings
 from core.streams import command_subject, heartbeat_subject, job_filter, job_subject
 from core.wire import EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, MSG_ID
-from ops import intake
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, self_peak_rss_mb, table
+from ops.cli.workers import enroll_state_dir
 from ops.coordinator import Coordinator
-from ops.workers import enroll_state_dir
+from ops.services import intake
 from projections import LIVENESS
 from projections.runner import ProjectionRunner
 from schemas import (

@@ -56,9 +56,9 @@ from core.settings import Settings
 from core.streams import job_subject
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, table
 from ops.bench.schedule import Agent, child_env, stop_child
+from ops.devstack.objectstore import ObjectStoreServer
 from ops.federation.jobfolder import write_run
 from ops.federation.server import TAG
-from ops.objectstore import ObjectStoreServer
 from schemas import FederatedTraining, JobResources, JobSubmitted
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from core.settings import Settings
 from core.streams import job_subject
 from gateway import AsyncClient, Client
 from gateway.client import ApiError, TransferError
-from ops.objectstore import ObjectStoreServer
+from ops.devstack.objectstore import ObjectStoreServer
 from schemas.api.billing import Usage
 from schemas.api.common import Me, Page
 from schemas.api.endpoints import DeployEndpoint, Endpoint, Traffic

@@ -19,7 +19,7 @@ import pytest
 from agent.models import MINILM, _package_dir
 from core.log import EventLog
 from gateway.client import Client
-from ops.replicas import MAX_START_FAILURES
+from ops.coordinator.replicas import MAX_START_FAILURES
 from schemas.endpoints import EndpointFailed, EndpointReplicaPlaced
 from schemas.metering import TokensServed, UsageTick
 from schemas.workers import Heartbeat

@@ -1,7 +1,7 @@
 """``resontech quarantine``: what the kernel refused, for the operator.
 
 QUARANTINE holds every stored message that failed to decode or to match its subject, and every
-claim the intake refused (:mod:`ops.intake`), with the reason and, for a claim, the worker that sent
+claim the intake refused (:mod:`ops.services.intake`), with the reason and, for a claim, the worker that sent
 it. This prints them oldest first: one line each, or one JSON object per line with ``--json``.
 """
 

@@ -51,8 +51,8 @@ from agent.enroll import ENROLLMENT_FILE
 from core.errors import ResontechError
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
-from ops.natsserver import NatsAuth, NatsServer
-from ops.objectstore import ObjectStoreServer
+from ops.devstack.natsserver import NatsAuth, NatsServer
+from ops.devstack.objectstore import ObjectStoreServer
 from ops.ports import ensure_port_free, free_port
 from ops.process import ensure_writable_dir, log_tail, run_async, signal_group, spawn, terminate
 

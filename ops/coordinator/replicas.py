@@ -36,7 +36,7 @@ from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.placement import parse_assignment_id
 from core.pricing import list_price_micros
 from core.streams import command_subject, endpoint_filter, endpoint_subject
-from ops.inputs import InputError
+from ops.coordinator.inputs import InputError
 from projections.admission import request_for_endpoint
 from projections.capacity import tier_of
 from projections.endpoints import EndpointRecord, ReplicaRecord, missing_replicas

@@ -70,13 +70,13 @@ def cmd_streams(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.tail import tail
+    from ops.cli.tail import tail
 
     return int(_run(tail(settings, args.subject, start_seq=args.from_seq, follow=not args.no_follow)))
 
 
 def cmd_projector(args: argparse.Namespace, settings: Settings) -> int:
-    from ops import projector
+    from ops.services import projector
 
     _run(projector.run(settings))
     return 0
@@ -172,7 +172,7 @@ def cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.demo import append_demo
+    from ops.cli.demo import append_demo
 
     counts = _run(append_demo(settings, tenant=args.tenant))
     print(f"appended {sum(counts.values())} events: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
@@ -194,7 +194,7 @@ def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_intake(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.settings import load_gateway_settings
-    from ops import intake
+    from ops.services import intake
 
     gateway = load_gateway_settings()
     kernel = intake.kernel_endpoints(settings, f"http://{gateway.host}:{gateway.port}")
@@ -203,7 +203,7 @@ def cmd_intake(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_quarantine(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.quarantine import show
+    from ops.cli.quarantine import show
 
     return int(_run(show(settings, after_seq=args.from_seq - 1, limit=args.limit, as_json=args.json)))
 
@@ -223,7 +223,7 @@ def cmd_gateway(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_nats_auth(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.natsauth import serve
+    from ops.services.natsauth import serve
 
     data_dir = _data_dir(args)
     agents_file = Path(args.agents_file) if args.agents_file else data_dir / "nats.agents.conf"
@@ -233,7 +233,7 @@ def cmd_nats_auth(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_cordon(args: argparse.Namespace, settings: Settings) -> int:
-    from ops.workers import cordon
+    from ops.cli.workers import cordon
 
     print(_run(cordon(settings, args.worker, args.reason, uncordon=args.command == "uncordon")))
     return 0
@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
     p.add_argument("--tenant", default="demo")
     add_agent_arguments(command("agent", cmd_agent, "run the worker agent on this host (until SIGTERM)"))
-    from ops.usercli import register
+    from ops.cli.user import register
 
     register(command)
     return parser

@@ -37,7 +37,7 @@ class AgentUsersSync:
     """Follows PROVIDERS and rewrites ``agents_file``, calling ``reload`` after every change.
 
     ``reload`` runs in a thread and may block until the server applied the file
-    (:meth:`ops.natsserver.NatsServer.reload` does).
+    (:meth:`ops.devstack.natsserver.NatsServer.reload` does).
 
     Attributes:
         synced_seq: the PROVIDERS sequence the file on disk reflects (0 before the first sync).

@@ -1,5 +1,5 @@
 """The kind-specific part of an assignment's ``start_work``: what the coordinator adds to the spec
-every job gets (the command, the environment and the presigned inputs of :mod:`ops.inputs`):
+every job gets (the command, the environment and the presigned inputs of :mod:`ops.coordinator.inputs`):
 :func:`ddp_spec` for a ``ddp`` shard, :func:`federated_spec` for a ``federated`` one.
 
 A ``ddp`` shard runs the ``torchrun`` runtime (:mod:`agent.runtimes.torchrun`), one node per shard,
@@ -26,7 +26,7 @@ from core.errors import ResontechError
 from core.flare import KIT_FILE
 from core.objects import bucket_for
 from core.rendezvous import rendezvous
-from ops.inputs import Presigner
+from ops.coordinator.inputs import Presigner
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
 from schemas import Assignment, WorkSpec

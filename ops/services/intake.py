@@ -19,7 +19,7 @@ which leaves the work queue. Several instances may share the consumer.
 * Progress: at most :data:`PROGRESS_PER_S` reports a second per assignment (burst
   :data:`PROGRESS_BURST`); an honest agent sends at most one a second (:mod:`agent.reports`).
 * Verification: every new worker (or one whose GPUs changed) gets a verification job
-  (:mod:`ops.verifier`, every round); its answer is checked by computing the expected checksum
+  (:mod:`ops.services.verifier`, every round); its answer is checked by computing the expected checksum
   (:func:`core.verification.answer`, in a thread) and :func:`core.verification.judge`; the outcome is
   the kernel's ``worker.verified`` or ``worker.verification_failed``.
 """
@@ -44,7 +44,7 @@ from core.settings import Settings
 from core.streams import command_subject, split_intake, worker_subject
 from core.wire import Position
 from ops.process import service_connection
-from ops.verifier import Verifier
+from ops.services.verifier import Verifier
 from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import Facts, Refused, Verdict, judge
 from projections.registry import RegistryState

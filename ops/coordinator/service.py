@@ -12,7 +12,7 @@ every ``tick_s``) it:
 4. places queued work with :func:`core.placement.place`, appending ``job.placed`` with the job's
    expected sequence, so that two coordinators never both place the same job;
 5. sends every placed assignment's ``start_work`` command (a ``ddp`` shard's with its rendezvous and
-   checkpoint URLs, :mod:`ops.workspecs`), idempotently (the command id is derived from the
+   checkpoint URLs, :mod:`ops.coordinator.workspecs`), idempotently (the command id is derived from the
    assignment id).
 
 Every append that depends on what the coordinator read carries the expected sequence of the
@@ -22,19 +22,16 @@ got there first, and the next step re-reads and re-decides.
 A step costs what changed since the last one, not the size of the fleet. The runners' listeners
 collect the keys of the jobs, endpoints and workers whose events were applied; a step decides about
 those (the first step, about everything). Placement draws from a
-:class:`ops.live_capacity.LiveCapacity` built once after catch-up and kept equal to a rebuild from
+:class:`ops.coordinator.live_capacity.LiveCapacity` built once after catch-up and kept equal to a rebuild from
 the projections by the same changes and every heartbeat. Silent workers come off a heap of
-heartbeat deadlines (:class:`ops.beat_deadlines.BeatDeadlines`). Queued jobs that did not change
+heartbeat deadlines (:class:`ops.coordinator.beat_deadlines.BeatDeadlines`). Queued jobs that did not change
 are tried again when capacity may have grown, and at least every ``RECHECK_S``.
 
 It lives in ``ops/`` because it reads projections: ``core/`` holds the pure decisions it calls and
-must not import them. It runs past 500 lines because its steps are one loop over one state; the
-bookkeeping that makes a step cheap lives in :mod:`ops.live_capacity` and :mod:`ops.beat_deadlines`.
-
-Why it stays one module (~800 lines): it is the one service loop that orders every decision of a
-step (lost workers, revocations, failures, admission, placement, commands); index upkeep
-(ops/live_capacity.py), silence detection (ops/beat_deadlines.py), work specs (ops/workspecs.py), inputs
-(ops/inputs.py) and replicas already live beside it.
+must not import them; the decisions that read projections (recovery, admission, gangs) are in
+``projections/``. The bookkeeping that makes a step cheap lives beside it in its package
+(:mod:`ops.coordinator.live_capacity`, :mod:`ops.coordinator.beat_deadlines`), and so do work specs,
+inputs and replicas.
 """
 
 from __future__ import annotations
@@ -56,12 +53,12 @@ from core.log import EventLog
 from core.pricing import list_price_micros
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
 from core.wire import Position
-from ops.beat_deadlines import BeatDeadlines
-from ops.inputs import InputError, Presigner
-from ops.live_capacity import LiveCapacity
+from ops.coordinator.beat_deadlines import BeatDeadlines
+from ops.coordinator.inputs import InputError, Presigner
+from ops.coordinator.live_capacity import LiveCapacity
+from ops.coordinator.replicas import Replicas
+from ops.coordinator.workspecs import WorkSpecError, ddp_spec, federated_spec
 from ops.process import service_connection
-from ops.replicas import Replicas
-from ops.workspecs import WorkSpecError, ddp_spec, federated_spec
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs, recovery
 from projections.admission import Usage, Victim, health_verdicts, preemption_victims, request_for_job, triage
 from projections.capacity import tier_of
@@ -721,7 +718,7 @@ def start_command(
     job: JobRecord, assignment: Any, tier: str = "unverified", downloads: dict[str, str] | None = None
 ) -> StartWork:
     """The ``start_work`` command for one assignment of ``job``; resumes from its last checkpoint.
-    ``downloads`` are the job's inputs, presigned (:mod:`ops.inputs`)."""
+    ``downloads`` are the job's inputs, presigned (:mod:`ops.coordinator.inputs`)."""
     resources = job.resources
     return StartWork(
         tenant=job.tenant,

@@ -9,7 +9,7 @@ On every round of the intake, for each worker on probation (:mod:`projections.pr
 * ``expire``: append ``worker.verification_failed`` ("no answer within ..."); the worker is
   challenged again :data:`projections.probation.RETRY_AFTER_S` later.
 
-The agent's answer is a claim like any other, judged by the intake (:meth:`ops.intake.Intake`).
+The agent's answer is a claim like any other, judged by the intake (:meth:`ops.services.intake.Intake`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,13 @@
+"""The local dev stack: everything ``make up`` starts on one machine.
+
+* :mod:`ops.devstack.stack`: ``up`` and ``down`` (``resontech up``, ``python -m ops.devstack``): the
+  embedded nats-server and object store, every kernel service, two enrolled local agents;
+* :mod:`ops.devstack.natsserver`: a ``nats-server`` from the wheel on a free loopback port, with its
+  accounts; :mod:`ops.devstack.objectstore`: ``rclone serve s3`` on loopback.
+
+Child processes and ports (:mod:`ops.process`, :mod:`ops.ports`) are shared with the other roles.
+"""
+
+from ops.devstack.stack import DevStackError, ServiceSpec, down, up
+
+__all__ = ["DevStackError", "ServiceSpec", "down", "up"]
