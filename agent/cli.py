@@ -95,7 +95,7 @@ async def run(args: argparse.Namespace, core: Settings, data_dir: Path) -> int:
 
 def check(settings: AgentSettings) -> int:
     """``resontech agent --check``: say how this host would run workloads; 0 if it can sandbox them."""
-    from agent.sandbox import host_sandbox
+    from agent.host import host_sandbox
 
     sandbox, problem = host_sandbox(settings)
     print(f"sandbox:  {sandbox.isolation if problem is None else 'unavailable'}")

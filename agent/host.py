@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+from core.cgroups import detect
+from core.sandbox import Sandbox, problem
+
+if TYPE_CHECKING:
+    from agent.settings import AgentSettings
 
 PROC = Path("/proc")
 
@@ -91,3 +98,18 @@ def route_address(url: str) -> str:
             return address
     except OSError:
         return socket.gethostname()
+
+
+def host_sandbox(settings: AgentSettings) -> tuple[Sandbox, str | None]:
+    """The sandbox an agent with ``settings`` runs workloads in, and why it cannot start here
+    (``None``: it can; always ``None`` unsandboxed)."""
+    from agent.models import model_cache
+
+    sandbox = Sandbox.for_host(
+        enabled=not settings.unsandboxed,
+        model_cache=model_cache(),
+        cgroups=detect(),
+        processes=settings.max_processes,
+        open_files=settings.max_open_files,
+    )
+    return sandbox, None if settings.unsandboxed else problem(sandbox)

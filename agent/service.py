@@ -58,18 +58,19 @@ from agent.devices import DeviceSource
 from agent.downloads import fetch_all
 from agent.forwarding import forward_reports
 from agent.heartbeat import Heartbeats, append_reliably
+from agent.host import host_sandbox
 from agent.identity import StateDirLock, owner_only, worker_id
 from agent.policy import decide, requested_vram_mb
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
 from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
 from agent.runtimes.process import cgroup_name, reap_orphans
-from agent.sandbox import Sandbox, host_sandbox
 from agent.settings import AgentSettings
 from agent.state import CommandState
 from agent.verify import run_verification
 from core.errors import AppendRejected, LogUnavailable, ResontechError
 from core.log import EventLog
+from core.sandbox import Sandbox
 from core.settings import Settings
 from core.streams import intake_subject, worker_subject
 from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker, WorkSpec

@@ -48,7 +48,7 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
             (load tests only, never chosen implicitly).
         simulated_gpus / simulated_gpu_model / simulated_vram_mb: the simulated devices.
         unsandboxed: LOCAL DEVELOPMENT ONLY: run workloads without the sandbox
-            (:mod:`agent.sandbox`); the worker then takes only its owner's work, so it needs a
+            (:mod:`core.sandbox`); the worker then takes only its owner's work, so it needs a
             ``managed`` or ``private`` pool and an owner.
         max_processes / max_open_files: each workload's processes (and threads) and open files
             per process (its memory is the assignment's).

@@ -17,7 +17,7 @@ Filters, in order; a rejected worker is counted under the first reason it fails:
   private workers. A managed or private worker without an owner takes no managed or private work.
   A worker whose host cannot sandbox workloads takes no work at all, and one started unsandboxed
   (local development) only its owner's own managed or private work, never shared work it would
-  borrow (:mod:`agent.sandbox`).
+  borrow (:mod:`core.sandbox`).
 * ``gpu_type``: GPU work with a ``gpu_type`` needs a worker of that family
   (:func:`core.pricing.gpu_family`); CPU work (``gpus == 0``) ignores ``gpu_type`` and fits any host.
 * ``state`` (cordoned, lost, deregistered, unverified), ``silent`` (no heartbeat, or the latest is older than

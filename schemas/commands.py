@@ -50,7 +50,7 @@ class WorkSpec(Value, frozen=True, kw_only=True):
         vram_mb: free VRAM per GPU the work needs (the agent's VRAM-fraction policy checks it).
         cpus: CPU cores the work uses (CPU work is metered as cores x time).
         memory_mb: host memory the workload may use, MiB (0: no limit of its own); the agent's
-            sandbox enforces it (:mod:`agent.cgroups`).
+            sandbox enforces it (:mod:`core.cgroups`).
         pool: the pool the work was placed in (the agent's allowed-pools policy checks it).
         tier: the provider's tier when placed, copied onto usage ticks for payouts.
         shards: how many shards the whole job has.

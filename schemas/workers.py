@@ -37,7 +37,7 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
     Attributes:
         address: the host address other workers reach this one at (the rendezvous of a distributed
             job whose shard 0 it holds); empty when the agent did not say.
-        sandbox: how the host isolates workloads (:mod:`agent.sandbox`): ``bubblewrap``; ``off``
+        sandbox: how the host isolates workloads (:mod:`core.sandbox`): ``bubblewrap``; ``off``
             (started ``--unsandboxed`` for local development: it takes only its owner's work);
             ``unavailable`` (the sandbox cannot start here: it takes no work, ``sandbox_problem``
             says why); empty from agents older than the sandbox and from simulated ones.

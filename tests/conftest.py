@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.cgroups import detect
-from agent.sandbox import Sandbox
+from core.cgroups import detect
 from core.log import EventLog
+from core.sandbox import Sandbox
 from core.settings import Settings
 from ops.devstack.natsserver import NatsAuth, NatsServer
 from ops.devstack.objectstore import ObjectStoreServer

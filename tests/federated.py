@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.objects import bucket_for, provision, s3_client
+from core.proctags import kill_tagged
 from core.settings import Settings
 from core.streams import job_subject
 from ops.federation.server import TAG

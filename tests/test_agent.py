@@ -21,10 +21,10 @@ import msgspec
 import nats
 import pytest
 
-from agent.cgroups import detect
 from agent.devices import NO_NVML_MESSAGE
 from agent.runtimes.process import cgroup_name
 from agent.simulated import SimulatedFleet
+from core.cgroups import detect
 from core.log import EventLog
 from core.pricing import gpu_family
 from core.settings import Settings

@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 
 from agent import host, reports
-from agent.cgroups import detect
 from agent.devices import NO_NVML_MESSAGE, NoGpu, NvmlDevices, SimulatedDevices, select_devices
 from agent.identity import StateDirLock, worker_id
 from agent.policy import decide, in_maintenance, load_policy
 from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, ReadyLine, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.process import ProcessRuntime, reap_orphans
-from agent.sandbox import Sandbox
 from agent.settings import AgentSettings, load_agent_settings
 from agent.state import CommandState
+from core.cgroups import detect
 from core.errors import ConfigError
+from core.sandbox import Sandbox
 from schemas import (
     EndpointReplicaLost,
     Gpu,

@@ -19,8 +19,8 @@ from agent.checkpoints import CheckpointUploads
 from agent.protocol import CheckpointLine, ProtocolError, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, port_free, threads
-from agent.sandbox import Sandbox
 from core.rendezvous import PORT_RANGE, master_port, rendezvous
+from core.sandbox import Sandbox
 from core.settings import Settings
 from ops.coordinator.inputs import Presigner
 from ops.coordinator.workspecs import WorkSpecError, checkpoint_keys, ddp_spec

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from agent.host import cpu_count
-from agent.runtimes.process import kill_tagged, tagged_pids
 from core import flare
 from core.log import EventLog
+from core.proctags import kill_tagged, tagged_pids
 from core.settings import Settings
 from core.streams import job_subject
 from gateway.routes.jobs import job_view

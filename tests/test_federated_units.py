@@ -14,9 +14,9 @@ from agent.archives import BadArchive, unpack
 from agent.runtimes import nvflare
 from agent.runtimes.base import StartFailed
 from agent.runtimes.nvflare import protocol_line
-from agent.sandbox import Sandbox
 from core import flare
 from core.flare import KIT_FILE
+from core.sandbox import Sandbox
 from core.settings import Settings
 from ops.coordinator import start_command
 from ops.coordinator.inputs import Presigner

@@ -30,9 +30,6 @@ EDGE_IMPORTS: dict[str, str] = {
     "ops/cli/user.py -> gateway.client": "the CLI speaks to the API through the SDK",
     "ops/devstack/stack.py -> agent.enroll": "the dev stack enrolls its two local agents as a provider would",
     "ops/cli/workers.py -> agent.identity": "enrolling a state dir writes the agent's identity",
-    "ops/federation/server.py -> agent.sandbox": "the kernel runs tenant FL code in the agent's sandbox",
-    "ops/federation/server.py -> agent.runtimes.process": "finds an FL server's processes by their tag",
-    "ops/federation/service.py -> agent.runtimes.process": "finds an FL server's processes by their tag",
 }
 """Edge-to-edge imports and why; ``ops/bench/`` drives every part and may import any of them."""
 OUTSIDE_THE_ROOT: dict[str, str] = {

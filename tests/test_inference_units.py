@@ -183,7 +183,7 @@ async def _engine(
 
     from agent.runtimes.process import ProcessRuntime
     from agent.runtimes.vllm import EngineWorkload, free_port
-    from agent.sandbox import Sandbox
+    from core.sandbox import Sandbox
     from schemas.commands import WorkSpec
 
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", script])

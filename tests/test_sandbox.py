@@ -16,16 +16,17 @@ from typing import Any
 
 import pytest
 
-from agent.cgroups import Limits, detect
+from agent.host import host_sandbox
 from agent.identity import owner_only, write_atomically
 from agent.models import model_cache
 from agent.runtimes import ProcessRuntime, StartFailed, TorchrunRuntime, workload_env
 from agent.runtimes.vllm import VllmRuntime
-from agent.sandbox import ETC, Sandbox, group_members, host_sandbox, python_paths
 from agent.settings import AgentSettings, load_agent_settings
+from core.cgroups import Limits, detect
 from core.errors import ConfigError
 from core.log import EventLog
 from core.placement import Candidate, lanes
+from core.sandbox import ETC, Sandbox, group_members, python_paths
 from schemas import (
     JobCompleted,
     JobFailed,
@@ -357,7 +358,7 @@ def test_the_sandbox_binds_the_assignment_writable_and_nothing_of_the_agent(tmp_
 
 
 def test_the_project_tree_is_bound_package_by_package_and_the_start_directory_never(tmp_path: Path) -> None:
-    from agent.sandbox import PROJECT_ROOT
+    from core.sandbox import PROJECT_ROOT
 
     paths = python_paths([str(tmp_path), "/tmp", "", str(PROJECT_ROOT), *sys.path])
     assert PROJECT_ROOT not in paths  # its data dirs and secrets stay out

@@ -13,7 +13,7 @@ from agent.runtimes.nvflare import NvflareClientRuntime
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.torchrun import TorchrunRuntime
 from agent.runtimes.vllm import VllmRuntime
-from agent.sandbox import Sandbox
+from core.sandbox import Sandbox
 
 RUNTIMES: dict[str, Callable[[Sandbox], Runtime]] = {
     "process": ProcessRuntime,
@@ -21,7 +21,7 @@ RUNTIMES: dict[str, Callable[[Sandbox], Runtime]] = {
     "nvflare-client": NvflareClientRuntime,
     "vllm": VllmRuntime,
 }
-"""Runtime name -> factory, given the host's sandbox (:mod:`agent.sandbox`)."""
+"""Runtime name -> factory, given the host's sandbox (:mod:`core.sandbox`)."""
 
 __all__ = [
     "RUNTIMES",

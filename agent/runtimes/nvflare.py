@@ -36,8 +36,8 @@ from agent.archives import BadArchive, unpack
 from agent.protocol import PROGRESS
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, prepare, spawn
-from agent.sandbox import Sandbox
 from core.flare import KIT_FILE, ORG
+from core.sandbox import Sandbox
 from schemas.commands import WorkSpec
 
 

@@ -1,6 +1,6 @@
 """The ``process`` runtime: ``spec.command`` as a child process in a per-assignment working dir.
 
-* The workload runs in the host's sandbox (:mod:`agent.sandbox`: its own mount, PID and user
+* The workload runs in the host's sandbox (:mod:`core.sandbox`: its own mount, PID and user
   namespaces, the assignment's directory its only writable place, its cgroup and rlimits), in its own
   session and process group, with the clean environment of :func:`agent.runtimes.base.workload_env`,
   stdin closed, and stdout and stderr captured together to ``<workdir>/log.txt`` (at most
@@ -30,7 +30,8 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from agent.runtimes.base import StartFailed, checkpoint_dir
-from agent.sandbox import Sandbox, signal_workload
+from core.proctags import marked
+from core.sandbox import Sandbox, signal_workload
 from schemas.commands import WorkSpec
 
 log = logging.getLogger("resontech.agent")
@@ -231,13 +232,6 @@ def log_tail(path: Path, n: int = 40) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def _marked(pid: str, marks: set[bytes]) -> bool:
-    try:
-        return marks <= set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-    except OSError:
-        return False
-
-
 def kill_marked(workdir: Path) -> list[int]:
     """SIGKILL every process marked as the workload of ``workdir``, whatever its session, and return
     their pids. The marks are what :func:`agent.runtimes.base.workload_env` sets and children
@@ -247,7 +241,7 @@ def kill_marked(workdir: Path) -> list[int]:
     marks = {f"HOME={workdir}".encode(), f"{MARKER}={workdir.name}".encode()}
     killed = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marks):
+        if pid.isdigit() and int(pid) != os.getpid() and marked(pid, marks):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(pid), signal.SIGKILL)
                 killed.append(int(pid))
@@ -276,23 +270,3 @@ def reap_orphans(work_dir: Path) -> list[str]:
         with contextlib.suppress(OSError):
             pid_file.unlink()
     return reaped
-
-
-def tagged_pids(name: str, value: str) -> list[int]:
-    """The processes whose environment holds ``name=value`` (children inherit it, whatever their
-    session): the kernel finds an FL server's whole tree by its ``RESONTECH_FEDERATION`` tag."""
-    marks = {f"{name}={value}".encode()}
-    return [
-        int(pid)
-        for pid in os.listdir("/proc")
-        if pid.isdigit() and int(pid) != os.getpid() and _marked(pid, marks)
-    ]
-
-
-def kill_tagged(name: str, value: str) -> list[int]:
-    """SIGKILL every process whose environment holds ``name=value``; return their pids."""
-    pids = tagged_pids(name, value)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    return pids

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from agent import downloads  # a module, not its names: agent.downloads imports agent.runtimes
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, log_tail, prepare, spawn
-from agent.sandbox import Sandbox
+from core.sandbox import Sandbox
 from schemas.commands import Rendezvous, WorkSpec
 
 FAILURE_REPORT = "failed (exitcode: "

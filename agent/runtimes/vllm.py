@@ -52,7 +52,7 @@ from agent.models import ResolvedModel, resolve
 from agent.protocol import KEYWORD_PREFIX, READY
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessRuntime, ProcessWorkload
-from agent.sandbox import Sandbox
+from core.sandbox import Sandbox
 from schemas.commands import WorkSpec
 
 HEALTH_INTERVAL_S = 0.5
@@ -65,7 +65,7 @@ OFFLINE_ENV = {
     "DO_NOT_TRACK": "1",
 }
 SANDBOX_TMP = Path("/tmp")
-"""A sandboxed engine's ``/tmp``: its own (:data:`agent.sandbox.TMP_BYTES`), under a short path."""
+"""A sandboxed engine's ``/tmp``: its own (:data:`core.sandbox.TMP_BYTES`), under a short path."""
 
 
 def free_port(host: str) -> int:

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.cgroups import detect
 from agent.runtimes import ProcessRuntime, workload_env
-from agent.sandbox import Sandbox
+from core.cgroups import detect
+from core.sandbox import Sandbox
 from ops.bench.common import emit, machine, median, table
 from schemas.commands import StartWork, WorkSpec
 

@@ -48,10 +48,10 @@ from typing import Any
 
 import uvloop
 
-from agent.runtimes.process import kill_tagged, tagged_pids
 from core import flare, flarejob
 from core.log import EventLog
 from core.objects import bucket_for, provision, s3_client
+from core.proctags import kill_tagged, tagged_pids
 from core.settings import Settings
 from core.streams import job_subject
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, table

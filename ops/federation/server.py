@@ -22,7 +22,7 @@ and stopped.
 
 The tenant's code runs in the server (a ``persistor``, a job folder's server components: NVFlare's
 run process inherits the server's environment and works in the server's workspace), so the server
-runs in the same bubblewrap sandbox as a workload on an agent's host (:mod:`agent.sandbox`): the
+runs in the same bubblewrap sandbox as a workload on an agent's host (:mod:`core.sandbox`): the
 federation's directory is the only place it sees and writes, minus the kernel's admin kit (an empty
 directory over it); the kernel's data directory, its credentials, every other job and the host's
 home directories are not there; the Python environment is read-only; it sees only its own
@@ -50,11 +50,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from agent.runtimes.process import kill_tagged
-from agent.sandbox import Sandbox
-from agent.sandbox import problem as sandbox_problem
 from core import flare
 from core.errors import ResontechError
+from core.proctags import kill_tagged
+from core.sandbox import Sandbox
+from core.sandbox import problem as sandbox_problem
 from ops.ports import free_port
 from ops.process import log_tail, spawn
 

@@ -29,9 +29,9 @@ import os
 import time
 from pathlib import Path
 
-from agent.runtimes.process import kill_tagged
 from core.log import EventLog
 from core.objects import s3_client
+from core.proctags import kill_tagged
 from core.settings import Settings
 from ops.federation.federation import IDLE_S, Context, FederationTask
 from ops.federation.server import TAG

@@ -1,5 +1,8 @@
 """Every workload in a bubblewrap sandbox: tenant code sees its own directory and nothing of the host's.
 
+(In ``core/`` because both edges run tenant code in it: the agent every workload, the kernel's
+federation service a job's FL server. An agent makes its host's with :func:`agent.host.host_sandbox`.)
+
 A workload is a stranger's code on a provider's host, beside other tenants' work and the agent that
 holds the host's NATS credentials. :meth:`Sandbox.command` wraps a workload's argv in ``bwrap``
 (Debian's ``bubblewrap``, the sandbox Flatpak uses; unprivileged, on user namespaces) so that it runs:
@@ -20,9 +23,9 @@ holds the host's NATS credentials. :meth:`Sandbox.command` wraps a workload's ar
   capabilities and ``no_new_privs`` (bwrap always sets it: no setuid binary gains anything);
 * ``--die-with-parent``: if the agent dies, however it dies, the whole sandbox is killed.
 
-Limits (:class:`agent.cgroups.Limits`) come from the assignment (memory) and the agent's settings
+Limits (:class:`core.cgroups.Limits`) come from the assignment (memory) and the agent's settings
 (processes, open files): a cgroup of the workload's own where the host gives the agent one
-(:mod:`agent.cgroups`), and rlimits always (``RLIMIT_NOFILE``, ``RLIMIT_CORE`` 0, and without a
+(:mod:`core.cgroups`), and rlimits always (``RLIMIT_NOFILE``, ``RLIMIT_CORE`` 0, and without a
 cgroup ``RLIMIT_DATA`` and ``RLIMIT_NPROC``), set in the child before it executes bwrap.
 
 What it does not isolate: the network (the workload shares the host's, so it reaches what the host
@@ -53,12 +56,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from agent.cgroups import Cgroups, Limits, detect, join
-
-if TYPE_CHECKING:
-    from agent.settings import AgentSettings
+from core.cgroups import Cgroups, Limits, join
 
 SANDBOX_UID = 65534
 """``nobody`` on Debian and most distributions: its name resolves through the bound ``/etc/passwd``
@@ -282,21 +281,6 @@ def _outermost(paths: Iterable[Path]) -> list[Path]:
         if not any(path.is_relative_to(outer) for outer in kept):
             kept.append(path)
     return kept
-
-
-def host_sandbox(settings: AgentSettings) -> tuple[Sandbox, str | None]:
-    """The sandbox an agent with ``settings`` runs workloads in, and why it cannot start here
-    (``None``: it can; always ``None`` unsandboxed)."""
-    from agent.models import model_cache
-
-    sandbox = Sandbox.for_host(
-        enabled=not settings.unsandboxed,
-        model_cache=model_cache(),
-        cgroups=detect(),
-        processes=settings.max_processes,
-        open_files=settings.max_open_files,
-    )
-    return sandbox, None if settings.unsandboxed else problem(sandbox)
 
 
 def problem(sandbox: Sandbox) -> str | None:

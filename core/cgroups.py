@@ -1,7 +1,7 @@
 """A cgroup per workload, where the host lets the agent make one: memory and process limits that hold.
 
 A workload's limits (:class:`Limits`) are enforced by the kernel's cgroups when the agent runs in a
-cgroup it may write to, and by rlimits otherwise (:mod:`agent.sandbox` applies both). rlimits are a
+cgroup it may write to, and by rlimits otherwise (:mod:`core.sandbox` applies both). rlimits are a
 weaker fence: ``RLIMIT_DATA`` bounds each process's heap, not the sum over its children, and
 ``RLIMIT_NPROC`` counts every process of the agent's user (and does not bind root at all), where a
 cgroup bounds the workload's whole tree, page cache and shared memory included.
