@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import msgspec
 from agent.identity import worker_id
 from agent.settings import AgentSettings
 from core.errors import ConfigError, LogUnavailable
+from core.files import write_private
 from core.log import EventLog
 from core.settings import Settings
 from schemas.api.providers import Enrolled
@@ -51,11 +51,7 @@ def load_enrollment(state_dir: Path) -> Enrolled | None:
 def save_enrollment(state_dir: Path, enrolled: Enrolled) -> Path:
     """Keep ``enrolled`` in ``state_dir`` (atomically, owner-readable only); returns the file."""
     path = state_dir / ENROLLMENT_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(msgspec.json.format(msgspec.json.encode(enrolled)) + b"\n")
-    os.replace(tmp, path)
+    write_private(path, msgspec.json.format(msgspec.json.encode(enrolled)) + b"\n")
     return path
 
 

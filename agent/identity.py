@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from core.errors import ConfigError
+from core.files import write_private
 
 WORKER_ID_FILE = "worker_id"
 LOCK_FILE = "agent.lock"
@@ -43,23 +44,10 @@ def worker_id(state_dir: Path) -> str:
                 raise ConfigError(f"{path}: {value[:40]!r} is not a valid worker id")
             return value
         value = new_worker_id()
-        write_atomically(path, value + "\n")
+        write_private(path, value + "\n")
         return value
     except OSError as exc:
         raise ConfigError(f"agent state dir {state_dir}: {exc.strerror or exc}") from None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash leaves the old or the new content, never half.
-    The file is the owner's alone (0600): the agent's state names every running assignment's
-    presigned URLs and environment."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def owner_only(state_dir: Path, work_dir: Path) -> None:

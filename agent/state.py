@@ -17,8 +17,8 @@ from pathlib import Path
 
 import msgspec
 
-from agent.identity import write_atomically
 from core.errors import ConfigError
+from core.files import write_private
 from schemas.commands import StartWork
 
 STATE_FILE = "commands.json"
@@ -66,7 +66,7 @@ class CommandState:
         """Write the state to disk, atomically."""
         stored = _Stored(handled=list(self._handled), epochs=dict(self._epochs), running=self.running)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, msgspec.json.encode(stored).decode())
+        write_private(self.path, msgspec.json.encode(stored))
 
     def handled(self, command_id: str) -> bool:
         """Whether this command id was handled before."""

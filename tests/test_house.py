@@ -118,3 +118,13 @@ def test_every_error_derives_from_the_one_root() -> None:
 @pytest.mark.parametrize("name", sorted(OUTSIDE_THE_ROOT))
 def test_each_exception_outside_the_root_says_why(name: str) -> None:
     assert len(OUTSIDE_THE_ROOT[name]) > 20
+
+
+def test_a_private_file_is_written_whole_and_for_its_owner_only(tmp_path: Path) -> None:
+    from core.files import write_private
+
+    path = tmp_path / "secret.json"
+    write_private(path, '{"key": 1}')
+    write_private(path, b'{"key": 2}')
+    assert path.read_text() == '{"key": 2}' and path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["secret.json"]  # no temporary file left

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from agent.host import host_sandbox
-from agent.identity import owner_only, write_atomically
+from agent.identity import owner_only
 from agent.models import model_cache
 from agent.runtimes import ProcessRuntime, StartFailed, TorchrunRuntime, workload_env
 from agent.runtimes.vllm import VllmRuntime
 from agent.settings import AgentSettings, load_agent_settings
 from core.cgroups import Limits, detect
 from core.errors import ConfigError
+from core.files import write_private
 from core.log import EventLog
 from core.placement import Candidate, lanes
 from core.sandbox import ETC, Sandbox, group_members, python_paths
@@ -77,8 +78,8 @@ class Host:
         self.work = self.state_dir / "work"
         owner_only(self.state_dir, self.work)
         self.password = secrets.token_urlsafe(24)
-        write_atomically(self.state_dir / "enrollment.json", json.dumps({"nats_password": self.password}))
-        write_atomically(self.state_dir / "commands.json", json.dumps({"running": {}}))
+        write_private(self.state_dir / "enrollment.json", json.dumps({"nats_password": self.password}))
+        write_private(self.state_dir / "commands.json", json.dumps({"running": {}}))
         self.kernel_dir = root / "kernel-data"
         self.kernel_dir.mkdir()
         (self.kernel_dir / "dev.env").write_text("RESONTECH_OPERATOR_KEY=secret\n")

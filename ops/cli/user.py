@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import msgspec
 
+from core.files import write_private
 from core.settings import read_env_file
 from gateway.client import CREDENTIALS, ApiError, Client, Progress
 from schemas.api.billing import Usage
@@ -94,9 +95,7 @@ def cmd_login(args: argparse.Namespace) -> int:
             raise SystemExit("error: give the key: resontech login --key rt_... [--url URL]")
         me = rt.me()
     CREDENTIALS.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(CREDENTIALS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"url": rt.config.url, "key": rt.config.key}, f)
+    write_private(CREDENTIALS, json.dumps({"url": rt.config.url, "key": rt.config.key}))
     show(
         args,
         me,

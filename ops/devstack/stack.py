@@ -49,6 +49,7 @@ import httpx
 
 from agent.enroll import ENROLLMENT_FILE
 from core.errors import ResontechError
+from core.files import write_private
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
 from ops.devstack.natsserver import NatsAuth, NatsServer
@@ -304,7 +305,7 @@ class _Stack:
     def mark_ready(self, supervised: bool) -> None:
         """Write dev.env and mark stack.json ready; unsupervised, ``down`` signals each process."""
         self._supervised = supervised
-        _write_private(self.data_dir / ENV_FILE, _env_file_text(self.env))
+        write_private(self.data_dir / ENV_FILE, _env_file_text(self.env))
         self._record(ready=True)
 
     def announce(self, foreground: bool) -> None:
@@ -380,7 +381,7 @@ class _Stack:
         ]
         me = {"pid": os.getpid(), "started": _start_time(os.getpid())}
         state = {"ready": ready, "supervisor": me if self._supervised else None, "processes": processes}
-        _write_private(self.data_dir / STACK_FILE, json.dumps(state, indent=2) + "\n")
+        write_private(self.data_dir / STACK_FILE, json.dumps(state, indent=2) + "\n")
         self._wrote_state = True
 
     def _operator_key(self) -> str:
@@ -389,7 +390,7 @@ class _Stack:
         if path.exists() and path.read_text().strip():
             return path.read_text().strip()
         key = f"rt_operator0000_{secrets.token_urlsafe(32)}"
-        _write_private(path, key + "\n")
+        write_private(path, key + "\n")
         return key
 
     def _secret(self, name: str) -> str:
@@ -397,7 +398,7 @@ class _Stack:
         if path.exists() and path.read_text().strip():
             return path.read_text().strip()
         secret = secrets.token_urlsafe(24)
-        _write_private(path, secret + "\n")
+        write_private(path, secret + "\n")
         return secret
 
 
@@ -475,15 +476,6 @@ def _env_file_text(env: dict[str, str]) -> str:
     # core.settings.read_env_file accepts the prefix.
     lines = ["# written by `resontech up`: source it to talk to this dev stack"]
     return "\n".join(lines + [f"export {key}={value}" for key, value in env.items()]) + "\n"
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write atomically (readers never see half a file), readable by the owner only (secrets)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _read_state(data_dir: Path) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.files import write_private
 from core.log import EventLog
 from core.natsauth import agent_users
 from core.settings import Settings
@@ -93,7 +94,7 @@ class AgentUsersSync:
         except FileNotFoundError:
             current = None
         if current != text:
-            _write_private(self.agents_file, text)
+            write_private(self.agents_file, text)
             await asyncio.to_thread(self.reload)
             log.info("agent users: %d live, server reloaded (PROVIDERS seq %d)", len(users), seq)
         async with self.synced:
@@ -128,12 +129,3 @@ async def serve(settings: Settings, agents_file: Path, pid_file: Path) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with await EventLog.connect(settings, name="resontech-nats-auth") as event_log:
         await AgentUsersSync(event_log, agents_file, reload_by_pid_file(pid_file)).run(stop)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Replace ``path`` atomically (the server never reads half a file), owner-readable only."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
