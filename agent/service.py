@@ -37,6 +37,10 @@ Life of an agent:
 5. On SIGTERM or SIGINT it stops taking commands, stops every workload (SIGTERM, then SIGKILL after
    ``stop_grace_s``), reports them failed with ``retryable=True`` so the kernel re-places them at once,
    and exits 0. Workloads never outlive their agent unmetered.
+
+(Just over 500 lines: one class whose methods are the agent's life above, in that order; what it
+delegates already lives beside it: the sandbox, the runtimes, reports, forwarding, heartbeats, the
+policy and the state file.)
 """
 
 from __future__ import annotations

@@ -82,16 +82,16 @@ class Cgroups:
         memory = str(limits.memory_mb * 1024 * 1024) if limits.memory_mb else None
         if self.version == 2:
             [d] = dirs
-            _write(d / "pids.max", str(limits.processes))
+            (d / "pids.max").write_text(str(limits.processes))
             if memory is not None:
-                _write(d / "memory.max", memory)
+                (d / "memory.max").write_text(memory)
                 with contextlib.suppress(FileNotFoundError):  # no swap accounting on this kernel
-                    _write(d / "memory.swap.max", "0")
+                    (d / "memory.swap.max").write_text("0")
         else:
             memory_dir, pids_dir = dirs
-            _write(pids_dir / "pids.max", str(limits.processes))
+            (pids_dir / "pids.max").write_text(str(limits.processes))
             if memory is not None:
-                _write(memory_dir / "memory.limit_in_bytes", memory)
+                (memory_dir / "memory.limit_in_bytes").write_text(memory)
         return tuple(d / "cgroup.procs" for d in dirs)
 
     def remove(self, name: str) -> None:
@@ -165,8 +165,8 @@ def _v2(path: str | None) -> Cgroups | None:
             leaf.mkdir(exist_ok=True)
             for pid in _members(own):
                 with contextlib.suppress(ProcessLookupError):
-                    _write(leaf / "cgroup.procs", str(pid))
-            _write(own / "cgroup.subtree_control", "+memory +pids")
+                    (leaf / "cgroup.procs").write_text(str(pid))
+            (own / "cgroup.subtree_control").write_text("+memory +pids")
         return _probe(Cgroups(2, (own,)))
     except OSError:
         return None
@@ -209,7 +209,3 @@ def _members(d: Path) -> list[int]:
         return [int(p) for p in (d / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
-
-
-def _write(path: Path, value: str) -> None:
-    path.write_text(value)

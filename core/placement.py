@@ -1,6 +1,6 @@
 """Placement: a pure decision from one request and the candidate workers to a gang of assignments.
 
-(About 570 lines, a fifth of them this docstring: the filters, the ranking, the gang and the
+(About 620 lines, a fifth of them this docstring: the filters, the ranking, the gang and the
 explanation of a refusal are one decision whose parts change together; the candidate index that
 speeds it up lives apart, in :mod:`core.candidates`.)
 

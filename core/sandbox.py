@@ -149,9 +149,12 @@ class Sandbox:
         """The limits of a workload with ``memory_mb`` of memory (0: none of its own)."""
         return Limits(memory_mb=memory_mb, processes=self.processes, open_files=self.open_files)
 
-    def command(self, argv: list[str], workdir: Path, *, gpus: bool = False) -> list[str]:
+    def command(
+        self, argv: list[str], workdir: Path, *, gpus: bool = False, hide: Iterable[Path] = ()
+    ) -> list[str]:
         """``argv`` as it runs in the sandbox of ``workdir`` (unchanged when unsandboxed). ``gpus``:
-        the NVIDIA device nodes are there too."""
+        the NVIDIA device nodes are there too; ``hide``: folders inside ``workdir`` the workload sees
+        empty (an empty tmpfs over each)."""
         if self.bwrap is None:
             return list(argv)
         workdir = workdir.absolute()
@@ -181,6 +184,7 @@ class Sandbox:
             args += ["--ro-bind-try", str(path), str(path)]
         args += [
             "--bind", str(workdir), str(workdir),
+            *(arg for path in hide for arg in ("--tmpfs", str(path))),
             "--remount-ro", "/",
             "--chdir", str(workdir),
             "--setenv", "PATH", self.search_path({}),

@@ -387,6 +387,7 @@ def test_a_registration_says_what_its_enrollment_says() -> None:
         ({"provider": "someone"}, "registers provider 'someone', but its enrollment says 'gpuco'"),
         ({"region": "us-east"}, "registers region 'us-east'"),
         ({"address": "http://evil/"}, "is not a host name or IP address"),
+        ({"sandbox": "unavailable", "sandbox_problem": "x" * 5_000}, "registration too large"),
     ):
         said = WorkerRegistered(**{"provider": "gpuco", "hostname": "h", "region": "eu-north", **lie})
         assert why in reason(claim(on, said, facts(enrolled=enrolled))), lie

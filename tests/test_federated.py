@@ -332,8 +332,9 @@ async def test_missing_or_corrupt_shards_fail_the_job_naming_the_shard(
     with kernel(settings, tmp_path / "kernel"):
         await submit(log, "np-short", rounds=1)
         await submit(log, "np-corrupt", rounds=1)
-        short = await wait_for(log, JobFailed, "np-short failed", subjects="job.acme.np-short.>")
-        corrupt = await wait_for(log, JobFailed, "np-corrupt failed", subjects="job.acme.np-corrupt.>")
+        # with JobCompleted, wait_for returns on the job's own failure, not on a shard's before it
+        short = await wait_for(log, JobCompleted, "np-short failed", subjects="job.acme.np-short.>")
+        corrupt = await wait_for(log, JobCompleted, "np-corrupt failed", subjects="job.acme.np-corrupt.>")
     [failed] = of(short, JobFailed)
     assert failed.reason == (
         "federation failed: the job has 2 shards but jobs/np-short/shards/ holds 1 shard ZIP(s): "

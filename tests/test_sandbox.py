@@ -4,6 +4,7 @@ and does nothing; the sandbox's own rules, unit by unit."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agent.host import host_sandbox
@@ -39,6 +41,7 @@ from schemas import (
     WorkerRegistered,
     WorkSpec,
 )
+from schemas.workers import WorkerPolicy
 from tests.support import AgentProcess, of, records, registered, wait_records
 from tests.test_agent import py, send, start_work
 
@@ -125,7 +128,7 @@ async def run_probe(host: Host, spec: WorkSpec, assignment_id: str, **targets: A
         workdir = host.work / assignment_id
         workdir.mkdir(mode=0o700)
         (workdir / "probe.py").write_text(PROBE.read_text())
-        spec = WorkSpec(**{**_fields(spec), "command": [*spec.command, json.dumps(target)]})
+        spec = msgspec.structs.replace(spec, command=[*spec.command, json.dumps(target)])
         env = workload_env(command("probe", assignment_id, spec), workdir, gpu_indices=[])
         runtime = {"process": ProcessRuntime, "torchrun": TorchrunRuntime}[spec.runtime](host.sandbox)
         workload = await runtime.start(spec, workdir, env)
@@ -133,10 +136,6 @@ async def run_probe(host: Host, spec: WorkSpec, assignment_id: str, **targets: A
         return await workload.wait(), lines
     finally:
         await other.cancel(1.0)
-
-
-def _fields(spec: WorkSpec) -> dict[str, Any]:
-    return {name: getattr(spec, name) for name in spec.__struct_fields__}
 
 
 async def test_a_probe_process_finds_nothing_and_does_nothing(tmp_path: Path) -> None:
@@ -204,22 +203,23 @@ async def test_the_sandbox_kills_a_runaway_workload_at_its_memory_and_process_li
     host = Host(tmp_path)
     hog = "b = []\nwhile True: b.append(bytearray(16 << 20))"
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", hog], memory_mb=128)
-    workdir = host.work / "hog"
-    env = workload_env(command("hog", "hog", spec), workdir, gpu_indices=[])
-    workload = await ProcessRuntime(host.sandbox).start(spec, workdir, env)
+    workload = await start(host.sandbox, spec, host.work / "hog")
     code = await asyncio.wait_for(workload.wait(), 60)
     assert code in (-signal.SIGKILL, 1), workload.log_tail()  # the OOM killer, or a MemoryError
     forks = (
         "import subprocess\nps = [subprocess.Popen(['sleep', '30']) for _ in range(64)]\nprint('forked all')"
     )
-    sandbox = Sandbox(**{**_dataclass_fields(host.sandbox), "processes": 32})
+    sandbox = dataclasses.replace(host.sandbox, processes=32)
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", forks])
-    workdir = host.work / "forks"
-    workload = await ProcessRuntime(sandbox).start(
-        spec, workdir, workload_env(command("f", "f", spec), workdir, gpu_indices=[])
-    )
+    workload = await start(sandbox, spec, host.work / "forks")
     lines = [line async for line in workload.lines()]
     assert await workload.wait() != 0 and "forked all" not in lines, lines
+
+
+async def start(sandbox: Sandbox, spec: WorkSpec, workdir: Path) -> Any:
+    """``spec`` started by the process runtime in ``sandbox``, as the agent starts it."""
+    env = workload_env(command(workdir.name, workdir.name, spec), workdir, gpu_indices=[])
+    return await ProcessRuntime(sandbox).start(spec, workdir, env)
 
 
 def read_proc(pid: int, name: str) -> bytes:
@@ -245,30 +245,20 @@ def assert_own_view(group: int, workdir: Path, host: Host) -> None:
             (cache / "poisoned").write_text("x")
 
 
-def _dataclass_fields(sandbox: Sandbox) -> dict[str, Any]:
-    return {name: getattr(sandbox, name) for name in sandbox.__dataclass_fields__}
-
-
 async def test_rlimits_bound_a_workload_where_the_host_gives_no_cgroup(tmp_path: Path) -> None:
     host = Host(tmp_path)
-    sandbox = Sandbox(**{**_dataclass_fields(host.sandbox), "cgroups": None, "open_files": 64})
+    sandbox = dataclasses.replace(host.sandbox, cgroups=None, open_files=64)
     code = "import os\nfds = []\ntry:\n    while True: fds.append(os.open('/dev/null', 0))\n"
     code += "except OSError: print(len(fds))"
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", code], memory_mb=64)
-    workdir = host.work / "rl"
-    workload = await ProcessRuntime(sandbox).start(
-        spec, workdir, workload_env(command("r", "r", spec), workdir, gpu_indices=[])
-    )
+    workload = await start(sandbox, spec, host.work / "rl")
     lines = [line async for line in workload.lines()]
     assert await workload.wait() == 0
     assert int(lines[-1]) < 64
     big = "try:\n    b = bytearray(256 << 20)\n    print('allocated')\n"
     big += "except MemoryError:\n    print('refused')"
     spec = WorkSpec(runtime="process", command=[sys.executable, "-c", big], memory_mb=64)
-    workdir = host.work / "rl2"
-    workload = await ProcessRuntime(sandbox).start(
-        spec, workdir, workload_env(command("r", "r", spec), workdir, gpu_indices=[])
-    )
+    workload = await start(sandbox, spec, host.work / "rl2")
     assert [line async for line in workload.lines()] == ["refused"]
 
 
@@ -382,23 +372,13 @@ def test_unsandboxed_is_for_an_owners_own_workers_only(tmp_path: Path) -> None:
 
 def test_placement_gives_an_unsandboxed_worker_its_owners_work_and_a_broken_one_nothing() -> None:
     managed = Candidate(worker_id="w", pool="managed", owner_tenant="acme")
-    lending = {"policy": msgspec_policy(allowed_pools=["managed", "shared"])}
-    assert lanes(Candidate(**{**_struct(managed), **lending})) == (("managed", "acme"), ("shared", ""))
-    off = Candidate(**{**_struct(managed), **lending, "sandbox": "off"})
+    lending = msgspec.structs.replace(managed, policy=WorkerPolicy(allowed_pools=["managed", "shared"]))
+    assert lanes(lending) == (("managed", "acme"), ("shared", ""))
+    off = msgspec.structs.replace(lending, sandbox="off")
     assert lanes(off) == (("managed", "acme"),)  # never another tenant's shared work
     assert lanes(Candidate(worker_id="w", sandbox="unavailable")) == ()
     assert lanes(Candidate(worker_id="w", sandbox="off")) == ()
     assert lanes(Candidate(worker_id="w", sandbox="bubblewrap")) == (("shared", ""),)
-
-
-def msgspec_policy(**kw: Any) -> Any:
-    from schemas.workers import WorkerPolicy
-
-    return WorkerPolicy(**kw)
-
-
-def _struct(c: Candidate) -> dict[str, Any]:
-    return {name: getattr(c, name) for name in c.__struct_fields__}
 
 
 def test_a_host_without_bubblewrap_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

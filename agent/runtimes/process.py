@@ -44,11 +44,6 @@ MARKER = "RESONTECH_ASSIGNMENT_ID"
 _POLL_S = 0.2
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 class ProcessRuntime:
     """Runs ``spec.command`` (argv, no shell) as a local process in ``sandbox``."""
 
@@ -263,7 +258,7 @@ def reap_orphans(work_dir: Path) -> list[str]:
         except (OSError, ValueError):
             environ = b""
         if f"{MARKER}={assignment_id}".encode() in environ.split(b"\0"):
-            _signal_group(pid, signal.SIGKILL)
+            signal_workload(pid, signal.SIGKILL, sandboxed=False)
             kill_marked(pid_file.parent)
             reaped.append(assignment_id)
             log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)

@@ -1,5 +1,8 @@
 """Benchmark the gateway as served (granian, real sockets): live-feed delivery latency.
 
+(Just over 500 lines, most of them the served stack and the feed clients the other benchmarks reuse:
+a program run by hand.)
+
 Feed: ``--subscribers`` WebSocket clients (default 1,000: 100 tenants x 10 clients) follow a served
 gateway while events are appended at ``--rate`` per second (default 1,000/s, spread evenly over the
 tenants). Each event carries its append time; each client records ``now - that`` on receipt, and

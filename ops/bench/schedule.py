@@ -1,5 +1,8 @@
 """Benchmark scheduling: placement throughput, heartbeat ingest, failure detection with real agents.
 
+(About 750 lines: three benchmarks that share one private server, fleet and report; a program
+run by hand, not a module anything imports.)
+
 Placement. 10,000 simulated workers (:class:`agent.simulated.SimulatedFleet`: a seeded mix of A100,
 H100, L40S, RTX 4090 and CPU hosts over five regions) register and heartbeat once with a one-hour
 interval (so none turns silent during the run); 20,000 one-shard jobs are submitted in one

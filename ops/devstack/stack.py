@@ -1,5 +1,8 @@
 """``resontech up`` / ``resontech down``: the local dev stack in one data directory.
 
+(About 540 lines: starting, watching and stopping one stack in order, with its state file and its
+clean failures, is one sequence; the servers it starts live beside it in :mod:`ops.devstack`.)
+
 ``up`` starts nats-server (JetStream, ``sync_interval: always``), the S3-compatible object store,
 creates the streams, then starts the services as child processes. Everything lives under the data
 directory::

@@ -250,9 +250,7 @@ def kernel_sandbox() -> Sandbox:
 
 def sandboxed(argv: list[str], p: Provisioned) -> list[str]:
     """``argv`` in the sandbox of federation ``p``: its directory, without the kernel's admin kit."""
-    command = kernel_sandbox().command(argv, p.root)
-    at = command.index("--")
-    return [*command[:at], "--tmpfs", str(p.admin_dir), *command[at:]]
+    return kernel_sandbox().command(argv, p.root, hide=[p.admin_dir])
 
 
 class FlareAdmin:
