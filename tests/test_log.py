@@ -13,7 +13,8 @@ import nats.js.api
 import pytest
 from nats.protocol.parser import Parser
 
-import core.log
+import core.log.scan
+import core.wire
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import NO_RESPONDERS_RETRY_S, EventLog, new_event_id
 from core.settings import Settings
@@ -34,7 +35,7 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """Run a read test through both of ``scan``'s paths: the pull consumer whose messages the tap
     takes off the connection, and nats-py's ordered push consumer (where the tap cannot attach)."""
     if request.param == "ordered":
-        monkeypatch.setattr(core.log.RawTap, "attach", staticmethod(lambda nc: None))
+        monkeypatch.setattr(core.wire.RawTap, "attach", staticmethod(lambda nc: None))
     return str(request.param)
 
 
@@ -331,7 +332,7 @@ async def test_a_scan_whose_consumer_disappears_goes_on_after_its_last_message(
 ) -> None:
     """The pull consumer deleted under a running scan (an operator, a server restart): the scan makes
     a new one after the last message it delivered, and delivers the rest once."""
-    monkeypatch.setattr(core.log, "_SCAN_STALL_S", 0.5)
+    monkeypatch.setattr(core.log.scan, "_SCAN_STALL_S", 0.5)
     total = 10_000
     await log.append_many(
         (job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i)) for i in range(total)
@@ -424,9 +425,9 @@ async def test_the_tap_takes_its_frames_and_leaves_every_other_one_to_nats_py() 
     rng = random.Random(5)
     for case in range(300):
         connection = _Connection()
-        tap = core.log.RawTap.attach(connection)  # type: ignore[arg-type]
+        tap = core.wire.RawTap.attach(connection)  # type: ignore[arg-type]
         assert tap is not None
-        sink = core.log.Sink()
+        sink = core.wire.Sink()
         cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 40)))
         chunks = [stream[a:b] for a, b in itertools.pairwise([0, *cuts, len(stream)])]
         installed_after = rng.randrange(len(chunks)) if case % 2 else 0

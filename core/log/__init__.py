@@ -1,0 +1,40 @@
+"""The event log: the one package that appends to and reads from NATS JetStream.
+
+Everything that happens is an event appended here; everything that is known is folded from what
+this package reads back. It owns the wire details: the ``Nats-Msg-Id`` that makes a retried append
+idempotent, the expected-sequence headers that turn a lost race into
+:class:`~core.errors.ConcurrencyConflict`, acknowledgement time-outs, ordered replay, and the
+quarantine of stored bytes that no longer decode. The frame parsing that does not talk to the server
+lives in :mod:`core.wire`.
+
+:class:`EventLog` is the one entry point; its parts, by role:
+
+* :mod:`core.log.connection`: connecting, the reply inbox appends are acknowledged on, closing;
+* :mod:`core.log.appending`: appends, one at a time or many in flight; every append not
+  acknowledged within ``ack_timeout_s`` fails with :class:`~core.errors.AppendTimeout`;
+* :mod:`core.log.scan`: the raw, ordered scan that projections rebuild with;
+* :mod:`core.log.reading`: decoded reads: the last event on a subject, replay, watch and follow;
+* :mod:`core.log.decoding`: stored bytes to events, and QUARANTINE (written with its reasons by
+  :meth:`EventLog.quarantine_now`, read with them by :meth:`EventLog.quarantined`);
+* :mod:`core.log.queues`: the work queues: agents' claims on INTAKE (:meth:`EventLog.pull`) and
+  each worker's commands (:meth:`EventLog.commands`);
+* :mod:`core.log.streams`: creating and updating the streams of :mod:`core.streams`;
+* :mod:`core.log.snapshots`: projection snapshots in JetStream's object store.
+"""
+
+from core.log.appending import NO_RESPONDERS_RETRY_S
+from core.log.event_log import EventLog
+from core.log.queues import Pulled
+from core.log.reading import Watch
+from core.wire import Position, Quarantined, RawRecord, new_event_id
+
+__all__ = [
+    "NO_RESPONDERS_RETRY_S",
+    "EventLog",
+    "Position",
+    "Pulled",
+    "Quarantined",
+    "RawRecord",
+    "Watch",
+    "new_event_id",
+]

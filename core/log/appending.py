@@ -1,0 +1,152 @@
+"""Appending events: idempotent by message id, conditional on an expected sequence, one at a time or
+many in flight, each acknowledged (or failed) within the log's acknowledgement time-out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from core.errors import InvalidInput, NoResponders
+from core.log.connection import LogConnection
+from core.streams import stream_for_subject, subject_mismatch
+from core.wire import (
+    EXPECTED_LAST_SUBJECT_SEQ,
+    EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    MSG_ID,
+    Position,
+    new_event_id,
+)
+from schemas import Event
+from schemas.catalog import encode
+
+NO_RESPONDERS_RETRY_S = 1.0
+"""How long :meth:`EventLog.append` retries an append that nothing answered. A server reloading its
+configuration (``resontech nats-auth`` adding an agent's user) leaves JetStream silent for ~50 ms;
+an append in that gap is retried rather than failed. A subject no stream captures fails after it."""
+NO_RESPONDERS_FIRST_DELAY_S = 0.025
+DEFAULT_MAX_IN_FLIGHT = 8192
+
+
+class Appending(LogConnection):
+    """The appends of :class:`core.log.EventLog`."""
+
+    async def append(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        event_id: str | None = None,
+        expected_seq: int | None = None,
+        expected_filter: str | None = None,
+    ) -> Position:
+        """Append one event and wait for the server's acknowledgement.
+
+        Args:
+            subject: the full subject (build it with :mod:`core.streams`).
+            event: the event.
+            event_id: the event's unique id (``Nats-Msg-Id``); generate once and reuse on retry, so
+                that a retried append is stored once. Default: a new id.
+            expected_seq: append only if the last sequence on ``subject`` (or on
+                ``expected_filter``) is exactly this; 0 means "nothing there yet".
+            expected_filter: a subject filter, possibly with wildcards, that the expected-sequence
+                check spans (``job.acme.j1.>``: "no event of this job since I read it").
+
+        Raises:
+            ConcurrencyConflict: the expected sequence did not match; re-read and re-decide.
+            AppendTimeout: no acknowledgement within ``ack_timeout_s``; retry with the same id.
+            AppendRejected: the server refused the message; :class:`~core.errors.NoResponders` when
+                nothing answered for :data:`NO_RESPONDERS_RETRY_S` (no stream captures the subject).
+        """
+        headers = {MSG_ID: event_id or new_event_id()}
+        if expected_seq is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
+            if expected_filter is not None:
+                headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_filter
+        elif expected_filter is not None:
+            raise ValueError("expected_filter needs expected_seq")
+        _check_subject(subject, event)
+        data = encode(event)
+        delay = NO_RESPONDERS_FIRST_DELAY_S
+        deadline = asyncio.get_running_loop().time() + NO_RESPONDERS_RETRY_S
+        while True:
+            future = await self._publish(subject, data, headers, expected_seq)
+            try:
+                return await future
+            except NoResponders:
+                # Nothing was stored; the same message id makes the retry safe in any case.
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+
+    async def submit(
+        self, subject: str, event: Event, *, event_id: str, expected_seq: int | None = None
+    ) -> asyncio.Future[Position]:
+        """Publish one event and return the future of its acknowledgement, without waiting for it:
+        appends submitted one after another are stored in that order (one connection), and their
+        acknowledgements overlap. The future fails as :meth:`append` would raise.
+        """
+        _check_subject(subject, event)
+        headers = {MSG_ID: event_id}
+        if expected_seq is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
+        return await self._publish(subject, encode(event), headers, expected_seq)
+
+    async def append_many(
+        self,
+        items: Iterable[tuple[str, Event] | tuple[str, Event, str]],
+        *,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> list[Position]:
+        """Append many independent events at a high rate, in order, with bounded publishes in flight.
+
+        Each item is ``(subject, event)`` or ``(subject, event, event_id)``. Returns their positions
+        in the same order. Every acknowledgement has the log's time-out.
+
+        Raises:
+            AppendTimeout / AppendRejected: the first failure; earlier events are stored, later ones
+                may or may not be. Retrying the whole batch with the same event ids is safe.
+        """
+        futures: list[asyncio.Future[Position]] = []
+        window: deque[asyncio.Future[Position]] = deque()
+        publish = self._publish
+        try:
+            for item in items:
+                event_id = item[2] if len(item) == 3 else new_event_id()
+                _check_subject(item[0], item[1])
+                future = await publish(item[0], encode(item[1]), {MSG_ID: event_id})
+                futures.append(future)
+                window.append(future)
+                if len(window) >= max_in_flight:
+                    await window.popleft()
+                    while window and window[0].done():
+                        window.popleft().result()
+            return [await future for future in futures]
+        except BaseException:
+            for future in futures:
+                # The first failure is raised; the others are consumed so none is "never retrieved".
+                future.add_done_callback(_consume)
+            raise
+
+    async def publish_raw(self, subject: str, data: bytes, event_id: str | None = None) -> Position:
+        """Store bytes as they are (no encoding): for tools and tests that write foreign messages."""
+        return await (await self._publish(subject, data, {MSG_ID: event_id or new_event_id()}))
+
+
+def _check_subject(subject: str, event: Event) -> None:
+    """Refuse an event whose type is not the one its subject names (see :func:`subject_mismatch`).
+    A subject no stream of ours captures is left to the server (no responders)."""
+    try:
+        spec = stream_for_subject(subject)
+    except InvalidInput:
+        return
+    mismatch = subject_mismatch(spec, subject, event)
+    if mismatch is not None:
+        raise InvalidInput(f"refused: {mismatch}")
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

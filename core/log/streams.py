@@ -1,0 +1,78 @@
+"""Setting up the deployment: every stream of :mod:`core.streams`'s table created on the server, or
+its configuration brought up to date, and the bucket projection snapshots are stored in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import nats.js.errors
+from nats.js import api
+
+from core.errors import LogUnavailable
+from core.log.connection import LogConnection
+from core.log.snapshots import SNAPSHOT_BUCKET
+from core.streams import DUPLICATE_WINDOW_S, STREAMS, StreamSpec
+
+STREAM_CREATE_ATTEMPTS = 5
+STREAM_STORE_ERROR = 10049
+"""JetStream's "error creating store for stream"."""
+
+
+class StreamSetup(LogConnection):
+    """The stream administration of :class:`core.log.EventLog`."""
+
+    async def ensure_streams(self, streams: Sequence[StreamSpec] = STREAMS) -> None:
+        """Create every stream, or update its configuration to the table in :mod:`core.streams`.
+
+        A stream's persist mode is fixed at its creation (the server refuses to change it): an
+        existing stream keeps the one it has."""
+        jsm = self._js
+        for spec in streams:
+            config = _stream_config(spec, self.settings.stream_replicas)
+            try:
+                await _add_stream(jsm, config)
+            except nats.js.errors.BadRequestError:
+                existing = await jsm.stream_info(spec.name)
+                config.persist_mode = existing.config.persist_mode
+                await jsm.update_stream(config)
+            except nats.js.errors.ServiceUnavailableError as exc:
+                raise LogUnavailable(f"JetStream is not available: {exc}") from None
+        with contextlib.suppress(nats.js.errors.BadRequestError):
+            await jsm.create_object_store(
+                SNAPSHOT_BUCKET, config=api.ObjectStoreConfig(replicas=self.settings.stream_replicas)
+            )
+
+
+async def _add_stream(jsm: Any, config: api.StreamConfig) -> None:
+    """Create a stream; a store the server cannot create yet (error 10049: the directory of a stream
+    deleted a moment ago is still being removed) is tried again, a few times."""
+    for attempt in range(STREAM_CREATE_ATTEMPTS):
+        try:
+            await jsm.add_stream(config)
+            return
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code != STREAM_STORE_ERROR or attempt == STREAM_CREATE_ATTEMPTS - 1:
+                raise
+        await asyncio.sleep(0.1 * (attempt + 1))
+
+
+def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=spec.name,
+        description=spec.holds,
+        subjects=list(spec.subjects) or None,
+        retention=api.RetentionPolicy.WORK_QUEUE
+        if spec.retention == "workqueue"
+        else api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        max_age=float(spec.max_age_s),
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        duplicate_window=float(DUPLICATE_WINDOW_S),
+        sources=[api.StreamSource(name=s) for s in spec.sources] or None,
+        allow_direct=True,
+        persist_mode=api.PersistMode.ASYNC if spec.persist_async and replicas == 1 else None,
+    )
