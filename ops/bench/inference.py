@@ -37,7 +37,7 @@ import httpx
 from core.log import EventLog
 from gateway.inference import percentile
 from ops.bench.common import emit, machine, process_peak_rss_mb, table
-from ops.bench.gateway import REPO, ServedStack, create_tenants, served_stack
+from ops.bench.servedstack import REPO, ServedStack, create_tenants, served_stack
 from ops.cli.workers import enroll_state_dir
 from ops.coordinator import running
 from ops.process import spawn, terminate

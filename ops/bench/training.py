@@ -54,8 +54,8 @@ from core.objects import bucket_for, provision, s3_client
 from core.proctags import kill_tagged, tagged_pids
 from core.settings import Settings
 from core.streams import job_subject
+from ops.bench.agents import Agent, child_env, stop_child
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, table
-from ops.bench.schedule import Agent, child_env, stop_child
 from ops.devstack.objectstore import ObjectStoreServer
 from ops.federation.jobfolder import write_run
 from ops.federation.server import TAG
