@@ -1,8 +1,5 @@
 """``resontech up`` / ``resontech down``: the local dev stack in one data directory.
 
-(About 540 lines: starting, watching and stopping one stack in order, with its state file and its
-clean failures, is one sequence; the servers it starts live beside it in :mod:`ops.devstack`.)
-
 ``up`` starts nats-server (JetStream, ``sync_interval: always``), the S3-compatible object store,
 creates the streams, then starts the services as child processes. Everything lives under the data
 directory::
@@ -27,46 +24,45 @@ any agent's.
 Start-up is all or nothing: a failure prints one line and stops whatever had started. Stopping
 (Ctrl-C, SIGTERM, ``down``) goes services first, then the object store, then NATS, each with
 SIGTERM so that nothing acknowledged is lost.
+
+What runs is recorded in ``stack.json`` (:mod:`ops.devstack.stackfile`); the agents' enrollment
+through the gateway is :mod:`ops.devstack.enrollment`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
-
 from agent.enroll import ENROLLMENT_FILE
 from core.errors import ResontechError
 from core.files import write_private
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
+from ops.devstack.enrollment import issue_enrollment_token
+from ops.devstack.errors import DevStackError
 from ops.devstack.natsserver import NatsAuth, NatsServer
 from ops.devstack.objectstore import ObjectStoreServer
+from ops.devstack.stackfile import STACK_FILE, STOP_TIMEOUT_S, live, read_state, stop_recorded, write_state
 from ops.ports import ensure_port_free, free_port
-from ops.process import ensure_writable_dir, log_tail, run_async, signal_group, spawn, terminate
+from ops.process import ensure_writable_dir, log_tail, run_async, spawn, terminate
 
-STACK_FILE = "stack.json"
 ENV_FILE = "dev.env"
 SECRET_FILE = "s3.secret"
 NATS_SECRET_FILE = "nats.secret"
 OPERATOR_KEY_FILE = "operator.key"
 S3_ACCESS_KEY = "resontech"
-STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -98,15 +94,6 @@ DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1"], enroll=True),
     ServiceSpec("agent-2", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-2"], enroll=True),
 )
-LOCAL_PROVIDER = "local"
-LOCAL_REGION = "local"
-GATEWAY_WAIT_S = 60.0
-
-
-class DevStackError(ResontechError):
-    """The dev stack cannot start or stop; the message says why in one line."""
-
-    code = "devstack"
 
 
 def up(
@@ -180,24 +167,11 @@ def down(data_dir: Path, timeout: float = 30.0) -> int:
         0 if a stack was stopped, 1 if none was running.
     """
     data_dir = Path(data_dir).absolute()
-    state = _read_state(data_dir)
-    if state is None:
+    outcome = stop_recorded(data_dir, timeout)
+    if outcome == "none":
         return _fail(f"no dev stack is running from {_show(data_dir)} (no {STACK_FILE})")
-    supervisor: dict[str, Any] | None = state.get("supervisor")
-    processes: list[dict[str, Any]] = state.get("processes", [])
-    if not any(_alive(p) for p in [supervisor, *processes] if p):
-        (data_dir / STACK_FILE).unlink(missing_ok=True)
+    if outcome == "stale":
         return _fail(f"no dev stack is running from {_show(data_dir)} (removed a stale {STACK_FILE})")
-    if supervisor and _alive(supervisor):
-        os.kill(supervisor["pid"], signal.SIGTERM)
-        _wait_gone(supervisor, timeout)
-    for proc in reversed(processes):
-        if _alive(proc):
-            signal_group(proc["pid"], signal.SIGTERM)
-            if not _wait_gone(proc, STOP_TIMEOUT_S):
-                signal_group(proc["pid"], signal.SIGKILL)
-                _wait_gone(proc, STOP_TIMEOUT_S)
-    (data_dir / STACK_FILE).unlink(missing_ok=True)
     print(f"stopped the dev stack in {_show(data_dir)}", flush=True)
     return 0
 
@@ -219,11 +193,11 @@ class _Stack:
     def check(self, nats_port: int, s3_port: int, gateway_port: int) -> None:
         """Refuse early, before anything starts: unwritable dir, a stack already running, ports."""
         ensure_writable_dir(self.data_dir, "data dir")
-        state = _read_state(self.data_dir)
+        state = read_state(self.data_dir)
         if state is not None:
-            live = [p for p in [state.get("supervisor"), *state.get("processes", [])] if p and _alive(p)]
-            if live:
-                pids = ", ".join(str(p["pid"]) for p in live)
+            running = live(state)
+            if running:
+                pids = ", ".join(str(p["pid"]) for p in running)
                 raise DevStackError(
                     f"a dev stack is already running from {_show(self.data_dir)} (pids {pids}); "
                     f"stop it with `resontech down --data-dir {_show(self.data_dir)}`"
@@ -289,21 +263,8 @@ class _Stack:
         if (self.data_dir / "agents" / spec.agent_name() / ENROLLMENT_FILE).exists():
             return []
         url, key = self.env["RESONTECH_GATEWAY_URL"], self.env["RESONTECH_API_KEY"]
-        headers = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=10.0) as client:
-            _wait_for_gateway(client, self.services.get("gateway"))
-            created = client.post(
-                "/v1/providers", json={"provider": LOCAL_PROVIDER, "display_name": "This host"}
-            )
-            if created.status_code not in (201, 409):
-                raise DevStackError(f"could not create provider {LOCAL_PROVIDER}: {created.text[:200]}")
-            issued = client.post(
-                f"/v1/providers/{LOCAL_PROVIDER}/enrollment-tokens",
-                json={"region": LOCAL_REGION, "label": spec.agent_name()},
-            )
-            if issued.status_code != 201:
-                raise DevStackError(f"could not issue an enrollment token: {issued.text[:200]}")
-        return ["--enroll-token", issued.json()["token"], "--gateway", url]
+        token = issue_enrollment_token(url, key, spec.agent_name(), self.services.get("gateway"))
+        return ["--enroll-token", token, "--gateway", url]
 
     def mark_ready(self, supervised: bool) -> None:
         """Write dev.env and mark stack.json ready; unsupervised, ``down`` signals each process."""
@@ -378,13 +339,8 @@ class _Stack:
 
     def _record(self, ready: bool = False) -> None:
         """Write stack.json after every start, so that ``down`` finds whatever is running."""
-        processes = [
-            {"name": name, "pid": proc.pid, "started": _start_time(proc.pid), "log": str(log)}
-            for name, proc, log in self._children()
-        ]
-        me = {"pid": os.getpid(), "started": _start_time(os.getpid())}
-        state = {"ready": ready, "supervisor": me if self._supervised else None, "processes": processes}
-        write_private(self.data_dir / STACK_FILE, json.dumps(state, indent=2) + "\n")
+        processes = ((name, proc.pid, log) for name, proc, log in self._children())
+        write_state(self.data_dir, ready=ready, supervised=self._supervised, processes=processes)
         self._wrote_state = True
 
     def _operator_key(self) -> str:
@@ -403,19 +359,6 @@ class _Stack:
         secret = secrets.token_urlsafe(24)
         write_private(path, secret + "\n")
         return secret
-
-
-def _wait_for_gateway(client: httpx.Client, process: subprocess.Popen[bytes] | None) -> None:
-    """Return once the gateway answers ``/v1/health``."""
-    deadline = time.monotonic() + GATEWAY_WAIT_S
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise DevStackError("the gateway exited during start-up; see logs/gateway.log")
-        with contextlib.suppress(httpx.HTTPError):
-            if client.get("/v1/health").status_code == 200:
-                return
-        time.sleep(0.2)
-    raise DevStackError(f"the gateway did not answer within {GATEWAY_WAIT_S:.0f}s; see logs/gateway.log")
 
 
 async def _ensure_streams(settings: Settings) -> None:
@@ -479,41 +422,6 @@ def _env_file_text(env: dict[str, str]) -> str:
     # core.settings.read_env_file accepts the prefix.
     lines = ["# written by `resontech up`: source it to talk to this dev stack"]
     return "\n".join(lines + [f"export {key}={value}" for key, value in env.items()]) + "\n"
-
-
-def _read_state(data_dir: Path) -> dict[str, Any] | None:
-    try:
-        state = json.loads((data_dir / STACK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), None if it does not exist.
-
-    Recorded with each pid so that a pid reused by an unrelated process is not taken for ours.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return None if fields[0] in ("Z", "X") else fields[19]  # fields 3 (state) and 22 (starttime)
-
-
-def _alive(proc: dict[str, Any]) -> bool:
-    pid = proc.get("pid")
-    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == proc.get("started")
-
-
-def _wait_gone(proc: dict[str, Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(proc):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
