@@ -194,7 +194,7 @@ async def run(
 
 def summary(figures: dict[str, Any]) -> str:
     """The human-readable report: submit and delivery latencies against their baselines, the counts."""
-    rows = [
+    rows: list[tuple[str, ...]] = [
         ("figure", "API", "log only", "ratio", "target"),
         ("submit p50 (ms)", f"{figures['submit_p50_ms']}", f"{figures['raw_submit_p50_ms']}", "-", "-"),
         (

@@ -163,7 +163,7 @@ def placement_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def ingest_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             "registry lag p99 (s), durable",
             f"{f['registry_lag_p99_s']}",

@@ -2,6 +2,8 @@
 
 * :mod:`ops.federation.service`: one federation per live federated job, and why the FL servers run here;
 * :mod:`ops.federation.federation`: one job's federation from provisioning to teardown, and recovery;
+* :mod:`ops.federation.runs`: one FL run: when the next may start, which sites a run lost, why one failed;
+* :mod:`ops.federation.reports`: what a federation appends about its job: each round, the job's end;
 * :mod:`ops.federation.server`: provisioning, the FL server process, the admin session;
 * :mod:`ops.federation.workspace`: shards, code, kits and outputs in object storage;
 * :mod:`ops.federation.jobfolder`: the job's FL job folder on disk, and each run's copy of it;

@@ -30,49 +30,38 @@ killed and its kits deleted. When the service itself stops (or is killed), only 
 (or left to the next service, which kills it): the next service resumes the job from its last
 checkpointed round, as after a server death.
 
-(About 550 lines: one job's state machine, kept in one class so that every transition of the FL
-server and its runs reads in one place; what it reads and writes lives in :mod:`ops.federation.server`,
-:mod:`ops.federation.jobfolder` and :mod:`ops.federation.workspace`.)
+Every transition of the FL server and its runs reads in this one class; what a run is, when the next
+may start and why one failed are :mod:`ops.federation.runs`, what the job's events say
+:mod:`ops.federation.reports`, and what it reads and writes :mod:`ops.federation.server`,
+:mod:`ops.federation.jobfolder` and :mod:`ops.federation.workspace`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core import flare, flarejob
-from core.errors import ConcurrencyConflict, ResontechError
+from core.errors import ResontechError
 from core.log import EventLog
 from core.objects import bucket_for
-from core.streams import command_subject, job_filter, job_subject
+from core.streams import command_subject
 from ops.federation import jobfolder
 from ops.federation import workspace as ws
+from ops.federation.reports import JobReporter, once
+from ops.federation.runs import Run, replaced_sites, run_failure, sites_ready
 from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned, provision
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
-from schemas import (
-    JobCheckpointed,
-    JobCompleted,
-    JobFailed,
-    JobFederationReady,
-    JobFederationRun,
-    JobFederationStopped,
-    JobProgress,
-    JobRoundCompleted,
-    StopWork,
-)
+from schemas import JobFailed, JobFederationReady, JobFederationRun, JobFederationStopped, StopWork
 
 log = logging.getLogger("resontech.federation")
 TICK_S = 0.25
 STATUS_EVERY_S = 1.0
-ERROR_LOG_WAIT_S = 8.0
-"""After a failed run, how long to wait for the failing client's error log to reach the server."""
 MAX_RUNS = 20
 """Runs one job may need (restarts included) before it fails instead of trying again."""
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
@@ -92,18 +81,6 @@ class Context:
     schedule: Any
     """A callable returning the live :class:`ScheduleState`."""
     idle_s: float = IDLE_S
-
-
-@dataclass
-class Run:
-    """The FL run in flight."""
-
-    run_id: str
-    number: int
-    first_round: int
-    rounds: int
-    epochs: dict[str, int]
-    aborting: bool = False
 
 
 class JobEnded(ResontechError):
@@ -132,7 +109,6 @@ class FederationTask:
     """Whether ``job.federation_ready`` was appended since the server last started."""
     run: Run | None = None
     runs: int = 0
-    reported: int = 0
     pending_reason: str = "start"
     fresh_since: dict[str, float] = field(default_factory=dict)
     shards: list[str] = field(default_factory=list)
@@ -141,6 +117,13 @@ class FederationTask:
     next_status_at: float = 0.0
     restarts: list[float] = field(default_factory=list)
     waiting_since: float | None = None
+    reports: JobReporter = field(init=False)
+    """The job's events, and the last round reported."""
+
+    def __post_init__(self) -> None:
+        self.reports = JobReporter(
+            self.ctx.log, self.ctx.s3, self.tenant, self.job_id, self.dir / "rounds", current=self.job
+        )
 
     @property
     def key(self) -> str:
@@ -163,7 +146,7 @@ class FederationTask:
             job = self.job()
             if job is None or job.federated is None:
                 return
-            self.reported = job.round
+            self.reports.reported = job.round
             await self._prepare(job)
             while (job := self.job()) is not None and job.state not in TERMINAL:
                 if await self._step(job):
@@ -191,15 +174,15 @@ class FederationTask:
         if not self.announced:
             await self._announce()
             return False
-        await self._collect_rounds(job)
-        if self.reported >= (job.rounds or 0) and not (self.run is not None and self._whole_run(job)):
-            return await self._complete(job)  # the last global model is in: no need to wait for
+        await self.reports.collect_rounds(job)
+        if self.reports.reported >= (job.rounds or 0) and not (self.run is not None and self._whole_run(job)):
+            return await self.reports.complete(job)  # the last global model is in: no need to wait for
             # NVFlare's own end of the run (several seconds), unless the tenant's job folder runs more
         if self.run is None:
             if await self._ready(job):
                 await self._submit(job)
             return False
-        lost = self._replaced_sites(job)
+        lost = replaced_sites(self.run, job)
         if lost and not self.run.aborting:
             await self._abort(f"{', '.join(lost)} lost with its worker; a replacement rejoins")
             for site in lost:
@@ -238,7 +221,7 @@ class FederationTask:
         self.admin = FlareAdmin(self.prov.admin_dir)
         if job.federation is not None:  # an earlier service served it: its server is gone or going
             self.pending_reason = "the federation service restarted"
-            await self._append(JobFederationStopped(reason=self.pending_reason), _once("stopped"))
+            await self.reports.append(JobFederationStopped(reason=self.pending_reason), once("stopped"))
 
     async def _teardown(self, final: bool) -> None:
         """Stop what this federation runs; when the job ended (``final``), also its clients and kits."""
@@ -300,7 +283,7 @@ class FederationTask:
         self.pending_reason = pending or reason
         if self.announced:
             self.announced = False
-            await self._append(JobFederationStopped(reason=reason), _once("stopped"))
+            await self.reports.append(JobFederationStopped(reason=reason), once("stopped"))
 
     async def _restart_server(self, why: str) -> None:
         now = time.monotonic()
@@ -321,7 +304,7 @@ class FederationTask:
             kits=self.kits,
             shards=self.shards,
         )
-        await self._append(ready, _once("ready"))
+        await self.reports.append(ready, once("ready"))
         self.announced = True
 
     # -- runs ----------------------------------------------------------------------------------
@@ -329,35 +312,15 @@ class FederationTask:
     async def _ready(self, job: JobRecord) -> bool:
         """Every slot's current assignment started, and every site connected (recently enough)."""
         assert self.admin is not None and self.prov is not None
-        for slot in range(job.shards):
-            assignment = job.assignments.get(str(slot))
-            if assignment is None or job.started.get(str(slot)) != assignment.epoch:
-                return False
-        try:
-            clients = await self.admin.call(lambda s: s.get_connected_client_list())
-        except FederationError:
-            return False
-        latest: dict[str, float] = {}
-        for client in clients:
-            latest[client.name] = max(latest.get(client.name, 0.0), float(client.last_connect_time or 0.0))
-        return all(latest.get(site, -1.0) >= self.fresh_since.get(site, 0.0) for site in self.prov.sites)
-
-    def _replaced_sites(self, job: JobRecord) -> list[str]:
-        assert self.run is not None
-        lost = []
-        for slot, epoch in self.run.epochs.items():
-            current = job.assignments.get(slot)
-            if current is None or current.epoch != epoch:
-                lost.append(flare.site_name(int(slot)))
-        return lost
+        return await sites_ready(self.admin, self.prov, job, self.fresh_since)
 
     async def _submit(self, job: JobRecord) -> None:
         assert self.admin is not None and self.prov is not None and job.federated is not None
         if self.runs >= MAX_RUNS:
             raise JobEnded(f"the federation needed more than {MAX_RUNS} runs; giving up")
         number = self.runs + 1
-        first = self.reported + 1
-        rounds = (job.rounds or 0) - self.reported
+        first = self.reports.reported + 1
+        rounds = (job.rounds or 0) - self.reports.reported
         start_model, resume_key = await self._start_model(job, first)
         folder = self.dir / "runs" / str(number) / f"{job.name}-run{number}"
         await asyncio.to_thread(self._write_run, folder, job, first, rounds, start_model)
@@ -375,7 +338,7 @@ class FederationTask:
             reason=self.pending_reason,
             resume_from=resume_key,
         )
-        await self._append(event, f"run-{run_id}")
+        await self.reports.append(event, f"run-{run_id}")
 
     async def _start_model(self, job: JobRecord, first: int) -> tuple[Path | None, str | None]:
         """The model round ``first`` starts from, and its workspace key: the previous round's global
@@ -415,7 +378,7 @@ class FederationTask:
 
     async def _follow(self, job: JobRecord) -> bool:
         """Check the run's status; whether the job is done."""
-        assert self.run is not None and self.admin is not None
+        assert self.run is not None and self.admin is not None and self.prov is not None
         run_id = self.run.run_id
         try:
             meta = await self.admin.call(lambda s: s.get_job_meta(run_id))
@@ -426,86 +389,21 @@ class FederationTask:
             return False
         if outcome == "completed":
             first, self.run = self.run.first_round, None
-            await self._collect_rounds(job)
-            if self.reported >= (job.rounds or 0):
+            await self.reports.collect_rounds(job)
+            if self.reports.reported >= (job.rounds or 0):
                 return False  # the next step completes the job
-            if self.reported < first:
+            if self.reports.reported < first:
                 raise JobEnded(f"FL run {run_id} completed without finishing a round")
-            log.info("%s: the training workflow stopped at round %d", self.key, self.reported)
-            return await self._complete(job)  # it stopped early (e.g. FedAvg's stop_cond)
+            log.info("%s: the training workflow stopped at round %d", self.key, self.reports.reported)
+            return await self.reports.complete(job)  # it stopped early (e.g. FedAvg's stop_cond)
         if outcome == "aborted" or self.run.aborting:
             self.run = None
             if not self.pending_reason or self.pending_reason == "start":
                 self.pending_reason = f"run {run_id} was aborted"
             return False
-        raise JobEnded(*await self._run_failure(run_id, str(meta.get("status"))))
+        raise JobEnded(*await run_failure(self.prov, run_id, str(meta.get("status"))))
 
-    async def _run_failure(self, run_id: str, status: str) -> tuple[str, str]:
-        """Why a run failed: the first client error log the server received, else the server's own
-        error log (the tenant's persistor or job folder failing there), else the status."""
-        assert self.prov is not None
-        deadline = time.monotonic() + ERROR_LOG_WAIT_S
-        while True:
-            for slot, site in enumerate(self.prov.sites):
-                text = _read(self.prov.jobs_dir / run_id / f"ERRORLOG_{site}")
-                if text.strip():
-                    reason, tail = flare.error_excerpt(text)
-                    return f"training failed on {site} (shard {slot}): {reason}", tail
-            if time.monotonic() >= deadline:
-                text = _read(self.prov.server_dir / run_id / flare.SERVER_ERROR_LOG)
-                if text.strip():
-                    reason, tail = flare.error_excerpt(text)
-                    return f"the FL server's run failed: {reason}", tail
-                return f"FL run {run_id} ended {status}", ""
-            await asyncio.sleep(0.5)
-
-    # -- rounds and the end --------------------------------------------------------------------
-
-    async def _collect_rounds(self, job: JobRecord) -> None:
-        """Report every global model the server wrote since the last one reported, in order."""
-        rounds_dir = self.dir / "rounds"
-        if not rounds_dir.is_dir():
-            return
-        done = sorted(r for p in rounds_dir.iterdir() if (r := flare.round_of(p.name)) is not None)
-        root = ws.output_root(job.name, job.output_prefix)
-        for number in done:
-            if number <= self.reported or number > (job.rounds or 0):
-                continue
-            stem = rounds_dir / flare.round_stem(number)
-            summary = json.loads(stem.with_suffix(".json").read_text())
-            key = await asyncio.to_thread(
-                ws.upload_round, self.ctx.s3, self.tenant, root, number, stem.with_suffix(".npz"),
-                stem.with_suffix(".json"),
-            )  # fmt: skip
-            metrics = {k: float(v) for k, v in summary.get("metrics", {}).items()}
-            epoch = job.epoch
-            await self._append(JobCheckpointed(epoch=epoch, object_key=key, round=number), f"ckpt-{number}")
-            await self._append(JobRoundCompleted(round=number, metrics=metrics), f"round-{number}")
-            progress = JobProgress(epoch=epoch, round=number, loss=metrics.get("loss"), metrics=metrics)
-            await self._append(progress, f"progress-{number}")
-            self.reported = number
-            log.info("%s: round %d done %s", self.key, number, metrics)
-
-    async def _complete(self, job: JobRecord) -> bool:
-        """Upload the final model (the last round reported) and every round's metrics, and complete
-        the job; whether that was appended."""
-        assert job.federated is not None
-        rounds_dir, last = self.dir / "rounds", self.reported
-        final = rounds_dir / f"{flare.round_stem(last)}.npz"
-        if not final.exists():  # this host lost it: the last checkpoint is in the workspace
-            root = ws.output_root(job.name, job.output_prefix)
-            await asyncio.to_thread(
-                ws.fetch_object, self.ctx.s3, bucket_for(self.tenant), ws.checkpoint_key(root, last),
-                final, "the last global model",
-            )  # fmt: skip
-        summaries = sorted(
-            p for p in rounds_dir.glob("round-*.json") if (flare.round_of(p.name) or last + 1) <= last
-        )
-        outputs = await asyncio.to_thread(
-            ws.upload_final, self.ctx.s3, self.tenant, ws.output_root(job.name, job.output_prefix), final,
-            summaries, job.federated.framework,
-        )  # fmt: skip
-        return await self._append_terminal(JobCompleted(outputs=outputs))
+    # -- the end -------------------------------------------------------------------------------
 
     async def _fail(self, reason: str, log_tail: str) -> bool:
         """Fail the job (unless it already ended); whether it is now ended."""
@@ -514,39 +412,8 @@ class FederationTask:
             job = self.job()
             if job is None or job.state in TERMINAL:
                 return True
-            if await self._append_terminal(JobFailed(reason=reason, log_tail=log_tail, retryable=False)):
+            failed = JobFailed(reason=reason, log_tail=log_tail, retryable=False)
+            if await self.reports.append_terminal(failed):
                 return True
             await asyncio.sleep(TICK_S)
         return False
-
-    async def _append_terminal(self, event: Any) -> bool:
-        job = self.job()
-        if job is None:
-            return False
-        try:
-            await self.ctx.log.append(
-                job_subject(self.tenant, self.job_id, event),
-                event,
-                event_id=f"fed-{self.tenant}-{self.job_id}-{event.event_name()}",
-                expected_seq=job.last_seq,
-                expected_filter=job_filter(self.tenant, self.job_id),
-            )
-        except ConcurrencyConflict:
-            return False
-        return True
-
-    async def _append(self, event: Any, suffix: str) -> None:
-        await self.ctx.log.append(
-            job_subject(self.tenant, self.job_id, event),
-            event,
-            event_id=f"fed-{self.tenant}-{self.job_id}-{suffix}",
-        )
-
-
-def _once(what: str) -> str:
-    """An event id suffix for something that happens more than once in a job's life."""
-    return f"{what}-{uuid.uuid4().hex[:16]}"
-
-
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""

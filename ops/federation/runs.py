@@ -1,0 +1,86 @@
+"""One FL run of a federated job: the run in flight, when the next may start, which sites a run lost,
+and why a run failed.
+
+A federation submits a run (NVFlare's job) once every slot's current assignment has started and every
+site has connected since it was last (re)started; a run whose slot changed worker cannot take the new
+client in, so it is aborted and the next run redoes the round in flight. A failed run's reason comes
+from the logs NVFlare leaves in the server's workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from core import flare
+from ops.federation.server import FederationError, FlareAdmin, Provisioned
+from projections.schedule import JobRecord
+
+ERROR_LOG_WAIT_S = 8.0
+"""After a failed run, how long to wait for the failing client's error log to reach the server."""
+
+
+@dataclass
+class Run:
+    """The FL run in flight."""
+
+    run_id: str
+    number: int
+    first_round: int
+    rounds: int
+    epochs: dict[str, int]
+    aborting: bool = False
+
+
+async def sites_ready(
+    admin: FlareAdmin, prov: Provisioned, job: JobRecord, fresh_since: dict[str, float]
+) -> bool:
+    """Every slot's current assignment started, and every site connected (recently enough: since
+    ``fresh_since[site]``, a time in seconds since the epoch)."""
+    for slot in range(job.shards):
+        assignment = job.assignments.get(str(slot))
+        if assignment is None or job.started.get(str(slot)) != assignment.epoch:
+            return False
+    try:
+        clients = await admin.call(lambda s: s.get_connected_client_list())
+    except FederationError:
+        return False
+    latest: dict[str, float] = {}
+    for client in clients:
+        latest[client.name] = max(latest.get(client.name, 0.0), float(client.last_connect_time or 0.0))
+    return all(latest.get(site, -1.0) >= fresh_since.get(site, 0.0) for site in prov.sites)
+
+
+def replaced_sites(run: Run, job: JobRecord) -> list[str]:
+    """The sites whose slot has no assignment, or another one, since ``run`` was submitted."""
+    lost = []
+    for slot, epoch in run.epochs.items():
+        current = job.assignments.get(slot)
+        if current is None or current.epoch != epoch:
+            lost.append(flare.site_name(int(slot)))
+    return lost
+
+
+async def run_failure(prov: Provisioned, run_id: str, status: str) -> tuple[str, str]:
+    """Why a run failed: the first client error log the server received, else the server's own
+    error log (the tenant's persistor or job folder failing there), else the status."""
+    deadline = time.monotonic() + ERROR_LOG_WAIT_S
+    while True:
+        for slot, site in enumerate(prov.sites):
+            text = _read(prov.jobs_dir / run_id / f"ERRORLOG_{site}")
+            if text.strip():
+                reason, tail = flare.error_excerpt(text)
+                return f"training failed on {site} (shard {slot}): {reason}", tail
+        if time.monotonic() >= deadline:
+            text = _read(prov.server_dir / run_id / flare.SERVER_ERROR_LOG)
+            if text.strip():
+                reason, tail = flare.error_excerpt(text)
+                return f"the FL server's run failed: {reason}", tail
+            return f"FL run {run_id} ended {status}", ""
+        await asyncio.sleep(0.5)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
