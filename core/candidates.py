@@ -20,23 +20,17 @@ from typing import NamedTuple
 
 import msgspec
 
-from core.placement import (
-    CAPACITY,
+from core.placement.explaining import group_of, unplaceable
+from core.placement.placing import gang
+from core.placement.rules import CAPACITY, Decision, Lane, Ranked, base_score, lanes
+from core.placement.values import (
     DEFAULT_WEIGHTS,
     TOP_K,
     Candidate,
-    Decision,
-    Lane,
     Placed,
     PlacementRequest,
-    Ranked,
     RankWeights,
     Unplaceable,
-    base_score,
-    gang,
-    group_of,
-    lanes,
-    unplaceable,
 )
 from schemas.values import Assignment
 
@@ -57,6 +51,9 @@ Key = tuple[float, str]  # (-base_score, worker_id)
 Room = tuple[int, float, float, float]  # free GPUs, and the bands of usable VRAM, free CPUs, free memory
 Head = tuple[float, str, Room, list[Key]]  # a shelf by its best worker: (*its key, room, the shelf)
 Profile = tuple[tuple[int, ...], int, int]  # (vram_limit_mb, cpus, memory_mb): what an idle host offers
+# a shelf in the merge of CandidateIndex.place, by its next worker: (-score, -base score, worker id,
+# the worker's place on the shelf, the geo term, the shelf, its group, the shelf's place in the group)
+Entry = tuple[float, float, str, int, float, list[Key], list[Head], int]
 
 
 class Filing(NamedTuple):
@@ -123,6 +120,16 @@ def filing(c: Candidate, weights: RankWeights) -> Filing:
         profile=(tuple(c.vram_limit_mb), c.cpus, c.memory_mb),
         live=c.state != "deregistered",
     )
+
+
+def _open_shelf(heap: list[Entry], group: list[Head], start: int, geo: float, need: Room) -> None:
+    """Put the first shelf of ``group`` from ``start`` whose room reaches ``need`` on ``heap``."""
+    gpus, vram_mb, cpus, memory_mb = need
+    for at in range(start, len(group)):
+        neg_base, worker_id, room, ordered = group[at]
+        if room[0] >= gpus and room[1] >= vram_mb and room[2] >= cpus and room[3] >= memory_mb:
+            heapq.heappush(heap, (neg_base * geo, neg_base, worker_id, 0, geo, ordered, group, at))
+            return
 
 
 class CandidateIndex:
@@ -267,46 +274,8 @@ class CandidateIndex:
         d = Decision(request, self.weights, now_ns)
         sizes = self._sizes.get(d.lane) or Counter()
         families = [f for f in sorted(sizes) if d.family is None or f == d.family]
-        groups_by_family = self._groups.get(d.lane, {})
         need: Room = (request.gpus, request.vram_mb if request.gpus else 0, request.cpus, request.memory_mb)
-        gpus, vram_mb, cpus, memory_mb = need
-        needed = ~lacking(need)  # shelves lacking any of these are kept apart, and never read
-        heap: list[tuple[float, float, str, int, float, list[Key], list[Head], int]] = []
-
-        def open_shelf(group: list[Head], start: int, geo: float) -> None:
-            """Put the group's first shelf from ``start`` with room for the request on the heap."""
-            for at in range(start, len(group)):
-                neg_base, worker_id, room, ordered = group[at]
-                if room[0] >= gpus and room[1] >= vram_mb and room[2] >= cpus and room[3] >= memory_mb:
-                    heapq.heappush(heap, (neg_base * geo, neg_base, worker_id, 0, geo, ordered, group, at))
-                    return
-
-        for family in families:
-            for region, by_lack in groups_by_family.get(family, {}).items():
-                geo = d.geo(region)
-                for lack, group in by_lack.items():
-                    if not lack & needed:
-                        open_shelf(group, 0, geo)
-        # (-score, -base, worker id) is the ranking's order; each shelf is in that order, and a
-        # group's shelves are in the order of their first workers, so a shelf cannot yield a worker
-        # before the first worker of the group's previous shelf: the merge yields workers in exactly
-        # the plain scan's order. Stop at the first ``keep`` that fit.
-        keep = max(len(request.slots), TOP_K)
-        top: list[Ranked] = []
-        failed: list[tuple[str, str]] = []  # (reason, state) of the workers that did not fit
-        while heap and len(top) < keep:
-            _, _, worker_id, at, geo, ordered, group, shelf_at = heapq.heappop(heap)
-            if at + 1 < len(ordered):
-                neg_base, after = ordered[at + 1]
-                heapq.heappush(heap, (neg_base * geo, neg_base, after, at + 1, geo, ordered, group, shelf_at))
-            if at == 0:
-                open_shelf(group, shelf_at + 1, geo)
-            c = self._by_id[worker_id]
-            reason, ranked = d.classify(c)
-            if ranked is not None:
-                top.append(ranked)
-            else:
-                failed.append((reason, c.state))
+        top, failed = self._best(d, families, need)
         lane_size = sum(sizes.values())
         in_type = sum(sizes[f] for f in families)
         filtered = Counter(reason for reason, _ in failed)
@@ -317,8 +286,57 @@ class CandidateIndex:
         if placed is not None:
             return placed
         groups = Counter(group_of(reason, state) for reason, state in failed)
+        self._count_unfit(d.lane, families, need, filtered, groups)
+        idle = self._idle(d, families)
+        return unplaceable(d, len(self), filtered, groups, top, self._live[d.lane], idle)
+
+    def _best(
+        self, d: Decision, families: list[str], need: Room
+    ) -> tuple[list[Ranked], list[tuple[str, str]]]:
+        """The first ``max(slots, TOP_K)`` workers of ``families`` that fit ``d``'s request, best
+        first, merged lazily from the shelves with room for ``need``; and the ``(reason, state)``
+        of the workers inspected on the way that did not fit."""
+        heap: list[Entry] = []
+        needed = ~lacking(need)  # shelves lacking any of these are kept apart, and never read
+        groups_by_family = self._groups.get(d.lane, {})
         for family in families:
-            for kind, n in self._parked[d.lane][family].items():
+            for region, by_lack in groups_by_family.get(family, {}).items():
+                geo = d.geo(region)
+                for lack, group in by_lack.items():
+                    if not lack & needed:
+                        _open_shelf(heap, group, 0, geo, need)
+        # (-score, -base, worker id) is the ranking's order; each shelf is in that order, and a
+        # group's shelves are in the order of their first workers, so a shelf cannot yield a worker
+        # before the first worker of the group's previous shelf: the merge yields workers in exactly
+        # the plain scan's order. Stop at the first ``keep`` that fit.
+        keep = max(len(d.request.slots), TOP_K)
+        top: list[Ranked] = []
+        failed: list[tuple[str, str]] = []
+        while heap and len(top) < keep:
+            _, _, worker_id, at, geo, ordered, group, shelf_at = heapq.heappop(heap)
+            if at + 1 < len(ordered):
+                neg_base, after = ordered[at + 1]
+                heapq.heappush(heap, (neg_base * geo, neg_base, after, at + 1, geo, ordered, group, shelf_at))
+            if at == 0:
+                _open_shelf(heap, group, shelf_at + 1, geo, need)
+            c = self._by_id[worker_id]
+            reason, ranked = d.classify(c)
+            if ranked is not None:
+                top.append(ranked)
+            else:
+                failed.append((reason, c.state))
+        return top, failed
+
+    def _count_unfit(
+        self, lane: Lane, families: list[str], need: Room, filtered: Counter[str], groups: Counter[str]
+    ) -> None:
+        """Add to ``filtered`` and ``groups`` (by :func:`core.placement.group_of`) the workers of
+        ``families`` the merge never inspected: those that can take nothing (not available,
+        ``max_concurrent`` reached), and those on shelves whose room falls short of ``need``, under
+        the first resource it lacks."""
+        groups_by_family = self._groups.get(lane, {})
+        for family in families:
+            for kind, n in self._parked[lane][family].items():
                 filtered["policy_concurrency" if kind == "policy_concurrency" else "state"] += n
                 groups[kind if kind != "policy_concurrency" else "busy"] += n
             for by_lack in groups_by_family.get(family, {}).values():
@@ -329,8 +347,6 @@ class CandidateIndex:
                     if short:
                         filtered[short] += len(ordered)
                         groups[group_of(short, "available")] += len(ordered)
-        idle = self._idle(d, families)
-        return unplaceable(d, len(self), filtered, groups, top, self._live[d.lane], idle)
 
     def _idle(self, d: Decision, families: list[str]) -> int:
         """:meth:`Decision.idle_enough` from the hardware profiles of ``families`` in the lane."""
