@@ -209,7 +209,8 @@ def payout_key(provider: str, period: str, tier: str) -> str:
 def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     """Apply one tick; records at or below ``state.seq`` are already applied and ignored.
 
-    One function on purpose: this is the hottest loop of the ledger's fold.
+    The hottest loop of the ledger's fold: a dispatch on the event's type (:func:`_usage`,
+    :func:`_served`) to plain functions that update the state in place.
     """
     seq = recorded.seq
     if seq <= state.seq:
@@ -221,55 +222,100 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
         return state
     if seq >= state.next_prune_seq:
         _prune(state, seq, recorded.time_ns)
+    if kind is UsageTick:
+        _usage(state, recorded, tick)
+    else:
+        _served(state, recorded, tick)
+    return state
+
+
+# The mark of a tick: the subject's own tenant, worker and assignment on the new layout, the payload's
+# assignment on a legacy one; a token tick's adds its source.
+
+
+def _usage(state: LedgerState, recorded: Recorded[Any], tick: UsageTick) -> None:
+    """A ``UsageTick``: GPU and CPU time, priced, on an invoice line, a payout line and the worker's
+    earnings; or, on a legacy ``.tokens`` subject, a gateway's count of tokens."""
     subject = recorded.subject
     tokens = subject.split(".")
     shape = len(tokens)
-    # The mark: the subject's own tenant, worker and assignment on the new layout, the payload's
-    # assignment on a legacy one.
-    if kind is UsageTick:
-        if shape == _NEW_LAYOUT and tokens[4] == "tick":
-            usage, mark = True, subject[_PREFIX:-_TICK_SUFFIX]
-        elif shape == _LEGACY_AGENT:
-            usage, mark = True, f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}"
-        elif shape == _LEGACY_TOKENS and tokens[3] == "tokens":
-            usage, mark = False, f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}:{tick.source}"
-        else:
-            state.invalid += 1
-            return state
-    elif shape == _NEW_LAYOUT and tokens[4] == "tokens":
-        usage, mark = False, f"{subject[_PREFIX:-_TOKENS_SUFFIX]}:{tick.source}"
+    if shape == _NEW_LAYOUT and tokens[4] == "tick":
+        mark = subject[_PREFIX:-_TICK_SUFFIX]
+    elif shape == _LEGACY_AGENT:
+        mark = f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}"
     elif shape == _LEGACY_TOKENS and tokens[3] == "tokens":
-        usage, mark = False, f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}:{tick.source}"
+        _count_tokens(
+            state, recorded, tick, tokens[1], f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}:{tick.source}"
+        )
+        return
     else:
         state.invalid += 1
-        return state
+        return
+    gpu_ms, cpu_ms = tick.gpu_ms, tick.cpu_ms
+    if not _counted(state, tick, mark, gpu_ms < 0 or cpu_ms < 0, recorded.time_ns):
+        return
+    charge, payout, version = price(tick)
+    period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, tick.end_ms) - 1]  # period_of(end_ms)
+    line = _line(state, recorded.seq, tick, tokens[1], period, version)
+    line.gpu_ms += gpu_ms
+    line.cpu_ms += cpu_ms
+    line.charge_micros += charge
+    _pay(state, tick, period, tokens[2], payout)
 
-    start_ms, end_ms = tick.start_ms, tick.end_ms
-    if usage:
-        gpu_ms, cpu_ms, served = tick.gpu_ms, tick.cpu_ms, 0
-        bad = gpu_ms < 0 or cpu_ms < 0
+
+def _served(state: LedgerState, recorded: Recorded[Any], tick: TokensServed) -> None:
+    """A ``TokensServed``: tokens one replica served, as one gateway counted them."""
+    subject = recorded.subject
+    tokens = subject.split(".")
+    shape = len(tokens)
+    if shape == _NEW_LAYOUT and tokens[4] == "tokens":
+        mark = f"{subject[_PREFIX:-_TOKENS_SUFFIX]}:{tick.source}"
+    elif shape == _LEGACY_TOKENS and tokens[3] == "tokens":
+        mark = f"{tokens[1]}.{tokens[2]}.{tick.assignment_id}:{tick.source}"
     else:
-        gpu_ms, cpu_ms, served = 0, 0, tick.tokens
-        bad = served < 0
+        state.invalid += 1
+        return
+    _count_tokens(state, recorded, tick, tokens[1], mark)
+
+
+def _count_tokens(
+    state: LedgerState, recorded: Recorded[Any], tick: UsageTick | TokensServed, tenant: str, mark: str
+) -> None:
+    """A token tick (of either type) on its invoice line: summed, not priced, at the price version in
+    effect at its end; it touches no payout and no worker's earnings."""
+    served = tick.tokens
+    if not _counted(state, tick, mark, served < 0, recorded.time_ns):
+        return
+    end_ms = tick.end_ms
+    table = PRICE_TABLES[-1]
+    version = (table if end_ms >= table.effective_from_ms else table_at(end_ms)).version
+    period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, end_ms) - 1]  # period_of(end_ms)
+    _line(state, recorded.seq, tick, tenant, period, version).tokens += served
+
+
+def _counted(state: LedgerState, tick: UsageTick | TokensServed, mark: str, bad: bool, time_ns: int) -> bool:
+    """Whether the tick counts: ``False`` (and counted as invalid) when ``bad`` or its times are
+    outside the months billed, ``False`` (and counted as a duplicate) when it starts before its
+    mark's end. Its mark is touched at ``time_ns`` either way, and moved to its end if it counts."""
+    start_ms, end_ms = tick.start_ms, tick.end_ms
     if bad or not _FIRST_MS <= start_ms <= end_ms < _END_MS:
         state.invalid += 1
-        return state
+        return False
     marks = state.marks
     last = marks.get(mark)
     if last is not None and start_ms < last[0]:
-        marks[mark] = (last[0], recorded.time_ns)
+        marks[mark] = (last[0], time_ns)
         state.duplicates += 1
-        return state
-    marks[mark] = (end_ms, recorded.time_ns)
+        return False
+    marks[mark] = (end_ms, time_ns)
+    return True
 
-    if usage:
-        charge, payout, version = price(tick)
-    else:
-        table = PRICE_TABLES[-1]
-        version = (table if end_ms >= table.effective_from_ms else table_at(end_ms)).version
-        charge = payout = 0
-    period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, end_ms) - 1]  # period_of(end_ms)
-    tenant = tokens[1]
+
+def _line(
+    state: LedgerState, seq: int, tick: UsageTick | TokensServed, tenant: str, period: str, version: int
+) -> InvoiceLine:
+    """The tick's invoice line (created if new) with the tick counted and ``seq`` in its ranges; the
+    caller adds the usage."""
     key = f"{tenant}/{period}/{tick.work_id}/{tick.gpu_type}/{tick.pool}/v{version}"  # line_key
     line = state.lines.get(key)
     if line is None:
@@ -282,10 +328,6 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
             pool=tick.pool,
             price_version=version,
         )
-    line.gpu_ms += gpu_ms
-    line.cpu_ms += cpu_ms
-    line.tokens += served
-    line.charge_micros += charge
     line.ticks += 1
     ranges = line.source_ranges
     if ranges and ranges[-1][1] == seq - 1:
@@ -294,9 +336,12 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
         ranges.append((seq, seq))
         if len(ranges) > RANGE_CAP:
             line.source_ranges = compact_ranges(ranges, RANGES_KEPT)
-    if not usage:
-        return state
+    return line
 
+
+def _pay(state: LedgerState, tick: UsageTick, period: str, worker_id: str, payout: int) -> None:
+    """A counted usage tick on its provider's payout line and its worker's earnings."""
+    gpu_ms, cpu_ms = tick.gpu_ms, tick.cpu_ms
     key = f"{tick.provider}/{period}/{tick.tier}"  # payout_key
     paid = state.payouts.get(key)
     if paid is None:
@@ -305,8 +350,6 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     paid.cpu_ms += cpu_ms
     paid.payout_micros += payout
     paid.ticks += 1
-
-    worker_id = tokens[2]
     earned = state.workers.get(worker_id)
     if earned is None:
         earned = state.workers[worker_id] = WorkerEarnings(provider=tick.provider)
@@ -314,7 +357,6 @@ def evolve(state: LedgerState, recorded: Recorded[Any]) -> LedgerState:
     earned.cpu_ms += cpu_ms
     earned.payout_micros += payout
     earned.ticks += 1
-    return state
 
 
 def compact_ranges(ranges: list[tuple[int, int]], kept: int) -> list[tuple[int, int]]:
