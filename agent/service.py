@@ -14,13 +14,10 @@ Life of an agent:
    ids of the assignments it runs (:mod:`agent.heartbeat`: a slow server never slows the cadence,
    and a failed beat is logged, not fatal).
 3. It takes commands from its durable consumer, one at a time, and acknowledges each after handling
-   it (a command being handled when the agent stops is finished first). Each command id is executed
-   at most once: it is recorded as handled before it is acted on, and a ``StartWork`` is recorded as
-   running before its workload starts, so after a crash it is reported failed (retryable), never
-   run twice. A command id already handled is skipped; a command whose
-   epoch is lower than the highest seen for its work is dropped, acknowledged and logged (both
-   remembered in the state dir, :mod:`agent.state`), unless it stops an assignment running here at
-   that epoch (another slot of the job may have moved here at a newer one). ``StartWork`` is
+   it (a command being handled when the agent stops is finished first); each command id is executed
+   at most once, and a command of a stale epoch is dropped (:mod:`agent.commands`). A ``StartWork``
+   is recorded as running before its workload starts, so after a crash it is reported failed
+   (retryable), never run twice. ``StartWork`` is
    decided by the policy (:func:`agent.policy.decide`): refused -> ``rejected``; accepted -> the
    runtime starts it -> ``started``. The inputs (``spec.downloads``) are fetched and the runtime
    started in a task of the assignment's own, so that a multi-gigabyte shard never holds up the next
@@ -37,16 +34,11 @@ Life of an agent:
 5. On SIGTERM or SIGINT it stops taking commands, stops every workload (SIGTERM, then SIGKILL after
    ``stop_grace_s``), reports them failed with ``retryable=True`` so the kernel re-places them at once,
    and exits 0. Workloads never outlive their agent unmetered.
-
-(Just over 500 lines: one class whose methods are the agent's life above, in that order; what it
-delegates already lives beside it: the sandbox, the runtimes, reports, forwarding, heartbeats, the
-policy and the state file.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
@@ -58,6 +50,7 @@ from typing import Any
 import msgspec
 
 from agent import host, reports
+from agent.commands import admit, admit_once, command_id, take_commands
 from agent.devices import DeviceSource
 from agent.downloads import fetch_all
 from agent.forwarding import forward_reports
@@ -174,7 +167,7 @@ class Agent:
             running=self._assignments.ids,
         )
         loops = [asyncio.create_task(beats.run()), asyncio.create_task(self._metering_loop())]
-        commands = asyncio.create_task(self._command_loop())
+        commands = asyncio.create_task(take_commands(self.log, self.worker_id, self._busy, self._handle))
         try:
             await stop.wait()
         finally:
@@ -258,65 +251,37 @@ class Agent:
 
     # -- commands --------------------------------------------------------------------------------
 
-    async def _command_loop(self) -> None:
-        while True:
-            try:
-                async with contextlib.aclosing(self.log.commands(self.worker_id)) as commands:
-                    async for record, ack in commands:
-                        async with self._busy:
-                            await self._handle(record)
-                            with contextlib.suppress(Exception):  # unacked: redelivered, then skipped
-                                await ack()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the server went away mid-subscribe, or a bug: keep serving
-                log.warning("command intake failed, retrying in 1s: %s: %s", type(exc).__name__, exc)
-                log.debug("command intake failure", exc_info=True)
-                await asyncio.sleep(1.0)
-
     async def _handle(self, record: Recorded[Any]) -> None:
         cmd = record.event
-        command_id = record.msg_id or f"seq-{record.seq}"
-        if isinstance(cmd, RegistrationRefused):
-            self.refused = cmd.reason
-            log.error("the kernel refused this worker's registration: %s; stopping", cmd.reason)
-            if self._stop_event is not None:
-                self._stop_event.set()
-            return
-        if isinstance(cmd, VerifyWorker):
-            if not self._state.handled(command_id):
-                self._state.mark_handled(command_id)
-                self._state.save()
-                self._spawn(self._verify(cmd))
-            return
-        if not isinstance(cmd, StartWork | StopWork):
-            log.warning("command %s of unknown kind %s ignored", command_id, type(cmd).__name__)
-            return
-        if self._state.handled(command_id):
-            log.info("command %s already handled; skipped", command_id)
-            return
-        fresh = self._state.observe(cmd.work_id, cmd.epoch) or self._stops_running(cmd)
-        self._state.mark_handled(command_id)
-        self._state.save()
-        if not fresh:
+        match cmd:
+            case RegistrationRefused():
+                self.refused = cmd.reason
+                log.error("the kernel refused this worker's registration: %s; stopping", cmd.reason)
+                if self._stop_event is not None:
+                    self._stop_event.set()
+            case VerifyWorker():
+                if admit_once(self._state, command_id(record)):
+                    self._spawn(self._verify(cmd))
+            case StartWork() | StopWork():
+                await self._handle_work(cmd, command_id(record))
+            case _:
+                log.warning("command %s of unknown kind %s ignored", command_id(record), type(cmd).__name__)
+
+    async def _handle_work(self, cmd: StartWork | StopWork, cmd_id: str) -> None:
+        a = self._assignments
+        here = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
+        admission = admit(self._state, cmd_id, cmd, running_epoch=here.cmd.epoch if here else None)
+        if admission == "duplicate":
+            log.info("command %s already handled; skipped", cmd_id)
+        elif admission == "stale":
             log.warning(
                 "dropped stale command %s for %s: epoch %d < %d",
-                command_id, cmd.work_id, cmd.epoch, self._state.epoch(cmd.work_id),
+                cmd_id, cmd.work_id, cmd.epoch, self._state.epoch(cmd.work_id),
             )  # fmt: skip
-            return
-        match cmd:
-            case StartWork():
-                await self._start(cmd)
-            case StopWork():
-                self._stop(cmd)
-
-    def _stops_running(self, cmd: StartWork | StopWork) -> bool:
-        """A stop of an assignment running here at that very epoch is never stale: one slot of a job
-        may be re-placed at a newer epoch while another keeps its older one (both on this agent),
-        and stopping the older one must still work."""
-        a = self._assignments
-        running = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
-        return isinstance(cmd, StopWork) and running is not None and running.cmd.epoch == cmd.epoch
+        elif isinstance(cmd, StartWork):
+            await self._start(cmd)
+        else:
+            self._stop(cmd)
 
     async def _start(self, cmd: StartWork) -> None:
         await self._supersede(cmd)
