@@ -22,6 +22,8 @@ from core.settings import Settings, load
 from gateway.client import ApiError
 
 Handler = Callable[[argparse.Namespace, Settings], int]
+AddCommand = Callable[[str, Handler, str], argparse.ArgumentParser]
+"""``command(name, handler, help)``: adds one command to the parser and returns its own parser."""
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -246,15 +248,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="resontech", description="An event-sourced control plane for GPU compute."
-    )
-    parser.add_argument(
-        "--data-dir", help="local state directory (default .resontech, or RESONTECH_DATA_DIR)"
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> AddCommand:
+    """``command(name, handler, help)``: adds one command with the common options to ``sub``."""
 
     def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -262,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
+    return command
+
+
+def _add_stack_commands(command: AddCommand) -> None:
+    """The local stack (``up``, ``down``) and the log's streams (``streams``, ``tail``)."""
     p = command("up", cmd_up, "start the local stack (NATS, object store, services) in the foreground")
     p.add_argument("--nats-port", type=int, default=4222)
     p.add_argument("--s3-port", type=int, default=9000)
@@ -274,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence"
     )
     p.add_argument("--no-follow", action="store_true", help="stop at the end of the stream")
+
+
+def _add_projection_commands(command: AddCommand) -> None:
+    """What is kept in step with the log (``projector``, ``nats-auth``), and its check (``replay``)."""
     command("projector", cmd_projector, "run the projector service (keeps projections live and snapshotted)")
     p = command(
         "nats-auth",
@@ -290,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", cmd_replay, "rebuild every projection from sequence 1 and compare with its live snapshot"
     )
     p.add_argument("projection", nargs="*", help="only these projections")
+
+
+def _add_audit_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The two command groups over the log's contents: ``audit ...`` and ``schemas export``."""
     audit = sub.add_parser("audit", help="export the log to Parquet and query it with SQL")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True, metavar="AUDIT_COMMAND")
     for name, handler, help_text in (
@@ -311,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("dir")
     p.set_defaults(handler=cmd_schemas_export)
+
+
+def _add_kernel_commands(command: AddCommand) -> None:
+    """The kernel's services, and what its intake refused (``quarantine``)."""
     command("gateway", cmd_gateway, "serve the API gateway (RESONTECH_GATEWAY_HOST/PORT)")
     p = command("coordinator", cmd_coordinator, "run a coordinator (places work, detects lost workers)")
     p.add_argument("--name", default="coordinator", help="instance name, recorded on its events")
@@ -320,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     command("federation", cmd_federation, "run the federation service (the FL servers of federated jobs)")
+
+
+def _add_operator_commands(command: AddCommand) -> None:
+    """What an operator does by hand: ``cordon`` and ``uncordon`` a worker, append the ``demo``."""
     p = command("cordon", cmd_cordon, "stop placing new work on a worker")
     p.add_argument("worker")
     p.add_argument("--reason", default="cordoned by an operator")
@@ -328,6 +344,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(reason="")
     p = command("demo", cmd_demo, "append a small, realistic history (a job's lifecycle with metering)")
     p.add_argument("--tenant", default="demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``resontech`` parser: every process the stack runs, the operator's commands, and the user
+    commands (:mod:`ops.cli.user`), in that order in ``--help``."""
+    parser = argparse.ArgumentParser(
+        prog="resontech", description="An event-sourced control plane for GPU compute."
+    )
+    parser.add_argument(
+        "--data-dir", help="local state directory (default .resontech, or RESONTECH_DATA_DIR)"
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    command = _subcommands(sub)
+    _add_stack_commands(command)
+    _add_projection_commands(command)
+    _add_audit_commands(sub)
+    _add_kernel_commands(command)
+    _add_operator_commands(command)
     add_agent_arguments(command("agent", cmd_agent, "run the worker agent on this host (until SIGTERM)"))
     from ops.cli.user import register
 
