@@ -37,10 +37,10 @@ seconds; the API's 60 s figures would take a minute to cross a target)."""
 
 def bounds_of(endpoint: EndpointRecord) -> autoscale.Bounds:
     return autoscale.Bounds(
-        min_replicas=endpoint.min_replicas,
-        max_replicas=endpoint.max_replicas,
-        target_rps_per_replica=endpoint.target_rps_per_replica,
-        scale_to_zero_after_s=endpoint.scale_to_zero_after_s,
+        min_replicas=endpoint.spec.min_replicas,
+        max_replicas=endpoint.spec.max_replicas,
+        target_rps_per_replica=endpoint.spec.target_rps_per_replica,
+        scale_to_zero_after_s=endpoint.spec.scale_to_zero_after_s,
     )
 
 
@@ -67,7 +67,7 @@ async def append_scale(kernel: Kernel, endpoint: EndpointRecord, scale: autoscal
 async def wake(kernel: Kernel, endpoint: EndpointRecord) -> None:
     """Scale an endpoint at zero up for a request (a conflict means someone else just did); a failed
     endpoint stays down (only its tenant brings it back)."""
-    if endpoint.desired_replicas == 0 and endpoint.max_replicas > 0 and not endpoint.failed:
+    if endpoint.desired_replicas == 0 and endpoint.spec.max_replicas > 0 and not endpoint.failed:
         await append_scale(kernel, endpoint, autoscale.wake(bounds_of(endpoint)))
 
 

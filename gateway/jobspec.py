@@ -12,7 +12,7 @@ reason (:func:`projections.admission.never_fits`), against the fleet as :class:`
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -25,7 +25,7 @@ from projections.admission import Quotas, Wait, check_quota, idle_host, never_fi
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import JobRecord
 from schemas.api.jobs import FederatedSpec, SubmitJob
-from schemas.jobs import FederatedTraining, JobResources, JobSubmitted
+from schemas.jobs import FederatedTraining, JobSubmitted
 
 
 class KindRule(NamedTuple):
@@ -146,37 +146,28 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
     _check_resources(spec)
     _check_env(spec)
     _check_keys(spec)
-    r = spec.resources
     federated = spec.federated
-    return JobSubmitted(
-        name=spec.name,
-        kind=spec.kind,
-        shards=spec.shards,
-        resources=JobResources(
-            gpus=r.gpus, vram_mb=r.vram_mb, gpu_type=r.gpu_type, cpus=r.cpus, memory_mb=r.memory_mb
-        ),
-        pool=spec.pool,
-        priority=spec.priority,
-        region=spec.region,
-        rounds=spec.rounds,
-        local_epochs=spec.local_epochs,
-        command=list(spec.command),
-        env=dict(spec.env),
+    return event_of(
+        spec,
+        JobSubmitted,
         inputs=list(dict.fromkeys([*spec.inputs, *federated_inputs(spec)])),
-        max_price_micros_per_gpu_hour=spec.max_price_micros_per_gpu_hour,
         submitted_by=submitted_by,
-        output_prefix=spec.output_prefix,
         federated=None
         if federated is None
-        else FederatedTraining(
-            script=federated.script or "",
-            args=list(federated.args),
-            framework=federated.framework,
-            initial_model=federated.initial_model,
-            job_folder=federated.job_folder,
-            persistor=federated.persistor,
-        ),
+        else event_of(federated, FederatedTraining, script=federated.script or ""),
     )
+
+
+E = TypeVar("E", bound=msgspec.Struct)
+
+
+def event_of(body: msgspec.Struct, event_type: type[E], **fields: Any) -> E:
+    """The event (or event value) a checked request body asks for: the body's fields of the same
+    names, nested values included, and ``fields`` over them."""
+    given = {
+        name: getattr(body, name) for name in body.__struct_fields__ if name in event_type.__struct_fields__
+    }
+    return msgspec.convert(msgspec.to_builtins({**given, **fields}), event_type)
 
 
 def federated_inputs(spec: SubmitJob) -> list[str]:
@@ -268,18 +259,7 @@ def check_admission(
             f"is {limit}; use fewer shards or GPUs, or ask the operator to raise the quota",
             "over_quota",
         )
-    record = JobRecord(
-        tenant=tenant,
-        job_id=job_id,
-        name=event.name,
-        kind=event.kind,
-        shards=event.shards,
-        resources=event.resources,
-        pool=event.pool,
-        priority=event.priority,
-        region=event.region,
-    )
-    reason = never_fits(request_for_job(record), hosts, now_ns)
+    reason = never_fits(request_for_job(JobRecord(tenant=tenant, job_id=job_id, spec=event)), hosts, now_ns)
     if reason is not None:
         raise invalid_spec(
             f"this job could never be placed: {reason}; ask for less per shard, fewer shards or another pool",

@@ -139,7 +139,7 @@ class KernelCollector(Collector):
         for job in kernel.state(SCHEDULE).jobs.values():
             jobs[job.state] += 1
             if job.state == "queued":
-                queued[job.pool, priority_band(job.priority)] += 1
+                queued[job.spec.pool, priority_band(job.spec.priority)] += 1
         by_state = GaugeMetricFamily("resontech_jobs", "Jobs by state", labels=["state"])
         for state, count in sorted(jobs.items()):
             by_state.add_metric([state], count)
@@ -178,7 +178,7 @@ class KernelCollector(Collector):
         for key, endpoint in sorted(kernel.state(ENDPOINTS).endpoints.items()):
             if endpoint.state == "deleted":
                 continue
-            names = [endpoint.tenant, endpoint.name]
+            names = [endpoint.tenant, endpoint.spec.name]
             ready.add_metric(names, len(ready_replicas(endpoint)))
             if proxy is None or key not in proxy.traffic:
                 continue

@@ -105,7 +105,7 @@ class TokenMeter:
                 epoch=replica.epoch,
                 worker_id=replica.worker_id,
                 gpus=replica.gpus,
-                pool=endpoint.pool,
+                pool=endpoint.spec.pool,
                 since_ms=max(now_ms, self.next_ms.get(replica.assignment_id, 0)),
             )
         counted.tokens += tokens

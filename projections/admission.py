@@ -76,13 +76,13 @@ def quota_usage(schedule: ScheduleState, endpoints: EndpointsState) -> Usage:
         if job.state not in TERMINAL and job.assignments:
             held = sum(a.gpus for a in job.assignments.values())
             pools = usage.setdefault(job.tenant, {})
-            pools[job.pool] = pools.get(job.pool, 0) + held
+            pools[job.spec.pool] = pools.get(job.spec.pool, 0) + held
     for endpoint in endpoints.endpoints.values():
         if endpoint.state != "deleted":
             held = sum(r.gpus for r in endpoint.replicas.values() if r.state != "lost")
             if held:
                 pools = usage.setdefault(endpoint.tenant, {})
-                pools[endpoint.pool] = pools.get(endpoint.pool, 0) + held
+                pools[endpoint.spec.pool] = pools.get(endpoint.spec.pool, 0) + held
     return usage
 
 
@@ -130,8 +130,10 @@ def never_fits(request: PlacementRequest, hosts: Sequence[Candidate], now_ns: in
 
 def admit(job: JobRecord, quotas: Quotas, usage: Usage) -> Admit | Wait:
     """Whether the job's missing slots fit its tenant's quota in its pool."""
-    need = len(missing_slots(job)) * job.resources.gpus
-    return check_quota(job.tenant, job.pool, need, quotas, usage, whole=job.shards * job.resources.gpus)
+    need = len(missing_slots(job)) * job.spec.resources.gpus
+    return check_quota(
+        job.tenant, job.spec.pool, need, quotas, usage, whole=job.spec.shards * job.spec.resources.gpus
+    )
 
 
 def triage(
@@ -145,7 +147,7 @@ def triage(
     admitted: list[JobRecord] = []
     waiting: list[tuple[JobRecord, Wait]] = []
     for job in pending(schedule):
-        queue = (job.tenant, job.pool)
+        queue = (job.tenant, job.spec.pool)
         verdict = admit(job, quotas, used)
         if isinstance(verdict, Admit) and verdict.gpus and queue in blocked:
             verdict = Wait(reason=f"queued behind job {blocked[queue]}, which waits for quota")
@@ -155,7 +157,7 @@ def triage(
             waiting.append((job, verdict))
             continue
         pools = used.setdefault(job.tenant, {})
-        pools[job.pool] = pools.get(job.pool, 0) + verdict.gpus
+        pools[job.spec.pool] = pools.get(job.spec.pool, 0) + verdict.gpus
         admitted.append(job)
     return admitted, waiting
 
@@ -170,7 +172,7 @@ def request_for_job(
 ) -> PlacementRequest:
     """The placement of a job's missing slots, at epoch ``job.epoch + 1`` by default, excluding
     ``exclude`` and every worker that rejected the job."""
-    r = job.resources
+    r = job.spec.resources
     return PlacementRequest(
         work_id=job.job_id,
         tenant=job.tenant,
@@ -181,9 +183,9 @@ def request_for_job(
         gpu_type=r.gpu_type,
         cpus=r.cpus,
         memory_mb=r.memory_mb,
-        pool=job.pool,
-        region=job.region,
-        priority=job.priority,
+        pool=job.spec.pool,
+        region=job.spec.region,
+        priority=job.spec.priority,
         exclude_workers=frozenset(job.rejected_by) | frozenset(exclude),
         epoch=job.epoch + 1 if epoch is None else epoch,
     )
@@ -192,9 +194,9 @@ def request_for_job(
 def replica_gpus(endpoint: EndpointRecord) -> int:
     """GPUs per replica: none for the CPU engine or an endpoint that names neither a GPU type, a
     VRAM need nor vLLM; else one."""
-    if endpoint.engine == "cpu":
+    if endpoint.spec.engine == "cpu":
         return 0
-    return int(bool(endpoint.gpu_type or endpoint.vram_mb or endpoint.engine == "vllm"))
+    return int(bool(endpoint.spec.gpu_type or endpoint.spec.vram_mb or endpoint.spec.engine == "vllm"))
 
 
 def request_for_endpoint(
@@ -212,9 +214,9 @@ def request_for_endpoint(
         kind="endpoint",
         slots=list(missing_replicas(endpoint) if slots is None else slots),
         gpus=replica_gpus(endpoint),
-        vram_mb=endpoint.vram_mb,
-        gpu_type=endpoint.gpu_type,
-        pool=endpoint.pool,
+        vram_mb=endpoint.spec.vram_mb,
+        gpu_type=endpoint.spec.gpu_type,
+        pool=endpoint.spec.pool,
         exclude_workers=frozenset(exclude),
         epoch=endpoint.epoch + 1 if epoch is None else epoch,
     )
@@ -253,19 +255,23 @@ def _preemptible(
         job = schedule.jobs[key]
         if job.state in TERMINAL or (job.tenant, job.job_id) == (request.tenant, request.work_id):
             continue
-        lower = job.pool == request.pool and job.tenant == request.tenant and job.priority < request.priority
+        lower = (
+            job.spec.pool == request.pool
+            and job.tenant == request.tenant
+            and job.spec.priority < request.priority
+        )
         for a in sorted(job.assignments.values(), key=lambda a: a.slot):
-            if a.worker_id in hosts and (lower or reclaim(a.worker_id, job.pool)):
-                victim = Victim(key, a, "job", job.priority)
-                freed = (a.gpus, job.resources.cpus, job.resources.memory_mb, 1)
-                order = (0, job.priority, -job.submitted_seq, a.slot)
+            if a.worker_id in hosts and (lower or reclaim(a.worker_id, job.spec.pool)):
+                victim = Victim(key, a, "job", job.spec.priority)
+                freed = (a.gpus, job.spec.resources.cpus, job.spec.resources.memory_mb, 1)
+                order = (0, job.spec.priority, -job.submitted_seq, a.slot)
                 found.setdefault(a.worker_id, []).append(_Running(victim, freed, order))
     for key in sorted(endpoints.endpoints):
         endpoint = endpoints.endpoints[key]
         if endpoint.state == "deleted":
             continue
         for r in sorted(endpoint.replicas.values(), key=lambda r: r.slot):
-            if r.state != "lost" and r.worker_id in hosts and reclaim(r.worker_id, endpoint.pool):
+            if r.state != "lost" and r.worker_id in hosts and reclaim(r.worker_id, endpoint.spec.pool):
                 a = Assignment(
                     assignment_id=r.assignment_id,
                     worker_id=r.worker_id,

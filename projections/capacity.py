@@ -90,8 +90,8 @@ def candidates(
             for a in job.assignments.values():
                 u = use.setdefault(a.worker_id, [0, 0, 0, 0])
                 u[0] += a.gpus
-                u[1] += job.resources.cpus
-                u[2] += job.resources.memory_mb
+                u[1] += job.spec.resources.cpus
+                u[2] += job.spec.resources.memory_mb
                 u[3] += 1
     for endpoint in endpoints.endpoints.values():
         if endpoint.state != "deleted":

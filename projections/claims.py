@@ -235,7 +235,7 @@ def _job_report(sender: str, tokens: list[str], subject: str, claim: Any, facts:
 
 def checkpoint_prefix(job: JobRecord) -> str:
     """Where an agent may report ``job``'s checkpoints (:func:`ops.coordinator.workspecs.checkpoint_keys`)."""
-    return f"jobs/{job.name}/checkpoints/{job.job_id}/"
+    return f"jobs/{job.spec.name}/checkpoints/{job.job_id}/"
 
 
 def _current_shard(job: JobRecord, assignment_id: str) -> Tenure | None:
@@ -348,7 +348,7 @@ def _usage(
         epoch=held.epoch,
         provider=worker.provider,
         gpu_type=gpu_type,
-        pool=work.pool,
+        pool=work.spec.pool,
         start_ms=tick.start_ms,
         end_ms=tick.end_ms,
         gpu_ms=tick.gpu_ms,
@@ -367,7 +367,7 @@ def _work(
         held = None if job is None else shard_tenure(job, tick.assignment_id)
         if job is None or held is None:
             return Refused(f"no assignment {tick.assignment_id} of job {tenant}/{tick.work_id}", unknown=True)
-        return job, held, job.resources.cpus if job.resources.cpus > 0 else 1.0
+        return job, held, job.spec.resources.cpus if job.spec.resources.cpus > 0 else 1.0
     endpoint = facts.endpoints.endpoints.get(endpoint_key(tenant, tick.work_id))
     held = None if endpoint is None else replica_tenure(endpoint, tick.assignment_id)
     if endpoint is None or held is None:

@@ -44,11 +44,8 @@ from schemas.endpoints import (
     EndpointReplicaStarting,
     EndpointScaled,
     EndpointScaledToZero,
-    Engine,
-    ModelSource,
 )
 from schemas.envelope import Recorded
-from schemas.values import Pool
 
 EndpointState = Literal["deploying", "serving", "scaled_to_zero", "failed", "deleted"]
 ReplicaState = Literal["placed", "starting", "ready", "lost"]
@@ -82,7 +79,8 @@ class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One endpoint; the deployment's fields are copied as deployed.
+    """One endpoint: its deployment whole (``spec``, with the autoscaling bounds its tenant set since)
+    and what has happened to it since.
 
     Attributes:
         desired_replicas: how many replicas it wants now (see the module docstring).
@@ -100,18 +98,7 @@ class EndpointRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     tenant: str
     endpoint_id: str
-    name: str
-    model: str
-    gpu_type: str | None = None
-    vram_mb: int = 0
-    min_replicas: int = 0
-    max_replicas: int = 1
-    target_rps_per_replica: float = 10.0
-    scale_to_zero_after_s: int | None = 300
-    pool: Pool = "shared"
-    engine: Engine | None = None
-    deployed_by: str = ""
-    model_source: ModelSource = "hub"
+    spec: EndpointDeployed
     desired_replicas: int = 0
     scale_reason: str = ""
     start_failures: int = 0
@@ -141,22 +128,12 @@ def endpoint_key(tenant: str, endpoint_id: str) -> str:
     return f"{tenant}/{endpoint_id}"
 
 
-def _deployed(tenant: str, endpoint_id: str, e: EndpointDeployed, seq: int, t: int) -> EndpointRecord:
+def deployed(tenant: str, endpoint_id: str, e: EndpointDeployed, seq: int = 0, t: int = 0) -> EndpointRecord:
+    """A new endpoint as ``e`` deploys it (``seq`` and ``t``: the deployment's sequence and time)."""
     return EndpointRecord(
         tenant=tenant,
         endpoint_id=endpoint_id,
-        name=e.name,
-        model=e.model,
-        gpu_type=e.gpu_type,
-        vram_mb=e.vram_mb,
-        min_replicas=e.min_replicas,
-        max_replicas=e.max_replicas,
-        target_rps_per_replica=e.target_rps_per_replica,
-        scale_to_zero_after_s=e.scale_to_zero_after_s,
-        pool=e.pool,
-        engine=e.engine,
-        deployed_by=e.deployed_by,
-        model_source=e.model_source,
+        spec=e,
         desired_replicas=min(max(e.min_replicas, 1), e.max_replicas),
         deployed_seq=seq,
         deployed_ns=t,
@@ -284,8 +261,11 @@ def _changed(endpoint: EndpointRecord, event: Any, seq: int, t: int) -> Endpoint
                 endpoint,
                 desired_replicas=replicas,
                 scale_reason=reason,
-                min_replicas=endpoint.min_replicas if low is None else low,
-                max_replicas=endpoint.max_replicas if high is None else high,
+                spec=_replace(
+                    endpoint.spec,
+                    min_replicas=endpoint.spec.min_replicas if low is None else low,
+                    max_replicas=endpoint.spec.max_replicas if high is None else high,
+                ),
                 failed=False,
                 start_failures=0 if by else endpoint.start_failures,
             )
@@ -329,7 +309,7 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
     event = recorded.event
     if endpoint is None:
         if isinstance(event, EndpointDeployed):
-            state.endpoints[key] = _deployed(tenant, endpoint_id, event, seq, recorded.time_ns)
+            state.endpoints[key] = deployed(tenant, endpoint_id, event, seq, recorded.time_ns)
         return state
     changed = None if endpoint.state == "deleted" else _changed(endpoint, event, seq, recorded.time_ns)
     endpoint = endpoint if changed is None else _derive(changed)
@@ -342,7 +322,7 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
 ENDPOINTS: Projection[EndpointsState] = Projection(
     name="endpoints",
     stream="ENDPOINTS",
-    version=5,
+    version=6,
     state_type=EndpointsState,
     initial=EndpointsState,
     evolve=evolve,

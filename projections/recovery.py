@@ -13,19 +13,56 @@ is tested without a server:
   until it was stopped :data:`MAX_SHARD_ATTEMPTS` times: then the job fails with the last reason
   (:func:`settle_failures`). Gangs (DDP) have rules of their own (:mod:`projections.gangs`).
 
+A revocation whose workload may still run comes with the :class:`Stop` to send its worker once it is
+appended (:class:`Revocation`): preemption (:mod:`projections.lifecycle`) and gang restarts do that.
+
 Pure: no I/O, no clock (times are parameters).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from core.clock import NS_PER_S
 from projections.liveness import LastBeat
 from projections.registry import WorkerRecord
 from projections.schedule import TERMINAL, JobRecord
-from schemas import Assignment, JobAssignmentRevoked, JobFailed, WorkerLost, WorkerRecovered
+from schemas import Assignment, JobAssignmentRevoked, JobFailed, StopWork, WorkerLost, WorkerRecovered
 
 MAX_SHARD_ATTEMPTS = 3
 """A shard stopped this many times (by its agent, not by its own failure) fails its job."""
+
+
+class Stop(NamedTuple):
+    """A ``stop_work`` for ``worker_id``, sent under ``command_id`` (its message id: sent twice, it is
+    stored once)."""
+
+    worker_id: str
+    command: StopWork
+    command_id: str
+
+
+class Revocation(NamedTuple):
+    """A revocation to append about ``job`` (at its expected sequence) and, once it is appended, the
+    ``stop`` to send the worker that may still run it (``None``: nothing to stop)."""
+
+    job: JobRecord
+    event: JobAssignmentRevoked
+    stop: Stop | None = None
+
+
+def stop(
+    work_id: str, assignment: Assignment, reason: str, *, command_id: str, checkpoint: bool = False
+) -> Stop:
+    """The stop of ``assignment``'s workload (``checkpoint``: checkpoint first, then stop)."""
+    command = StopWork(
+        work_id=work_id,
+        assignment_id=assignment.assignment_id,
+        epoch=assignment.epoch,
+        reason=reason,
+        checkpoint=checkpoint,
+    )
+    return Stop(assignment.worker_id, command, command_id)
 
 
 def revoked(assignment: Assignment, reason: str) -> JobAssignmentRevoked:

@@ -44,7 +44,6 @@ from projections.base import Projection
 from projections.tenure import Tenure, forget_old, retire
 from schemas.envelope import Recorded
 from schemas.jobs import (
-    FederatedTraining,
     JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
@@ -52,18 +51,16 @@ from schemas.jobs import (
     JobFailed,
     JobFederationReady,
     JobFederationStopped,
-    JobKind,
     JobPlaced,
     JobProgress,
     JobQueued,
     JobRejected,
-    JobResources,
     JobRoundCompleted,
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
 )
-from schemas.values import Assignment, Pool
+from schemas.values import Assignment
 
 JobState = Literal["queued", "placed", "running", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
@@ -111,7 +108,7 @@ class Federation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One job. The submission's fields are copied as submitted.
+    """One job: its submission whole (``spec``) and what has happened to it since.
 
     Attributes:
         state: see the module docstring.
@@ -142,22 +139,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     tenant: str
     job_id: str
-    name: str
-    kind: JobKind
-    shards: int
-    resources: JobResources = JobResources()
-    pool: Pool = "shared"
-    priority: int = 0
-    region: str | None = None
-    rounds: int | None = None
-    local_epochs: int | None = None
-    command: list[str] = []
-    env: dict[str, str] = {}
-    inputs: list[str] = []
-    max_price_micros_per_gpu_hour: int | None = None
-    submitted_by: str = ""
-    output_prefix: str = ""
-    federated: FederatedTraining | None = None
+    spec: JobSubmitted
     state: JobState = "queued"
     submitted_seq: int = 0
     submitted_ns: int = 0
@@ -202,22 +184,7 @@ def _submitted(tenant: str, job_id: str, e: JobSubmitted, seq: int, t: int) -> J
     return JobRecord(
         tenant=tenant,
         job_id=job_id,
-        name=e.name,
-        kind=e.kind,
-        shards=e.shards,
-        resources=e.resources,
-        pool=e.pool,
-        priority=e.priority,
-        region=e.region,
-        rounds=e.rounds,
-        local_epochs=e.local_epochs,
-        command=e.command,
-        env=e.env,
-        inputs=e.inputs,
-        max_price_micros_per_gpu_hour=e.max_price_micros_per_gpu_hour,
-        submitted_by=e.submitted_by,
-        output_prefix=e.output_prefix,
-        federated=e.federated,
+        spec=e,
         submitted_seq=seq,
         submitted_ns=t,
         last_seq=seq,
@@ -245,7 +212,7 @@ def _derive(job: JobRecord) -> JobRecord:
     if job.state in TERMINAL:
         return job
     state: JobState
-    if len(job.assignments) < job.shards:
+    if len(job.assignments) < job.spec.shards:
         state = "queued"
     elif job.started:
         state = "running"
@@ -265,7 +232,7 @@ def _placed(job: JobRecord, event: JobPlaced, t: int) -> JobRecord | None:
     superseded = []
     epoch = job.epoch
     for a in event.assignments:
-        if a.epoch <= job.epoch or not 0 <= a.slot < job.shards:
+        if a.epoch <= job.epoch or not 0 <= a.slot < job.spec.shards:
             continue
         old = assignments.get(str(a.slot))
         if old is not None:
@@ -430,7 +397,7 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
 SCHEDULE: Projection[ScheduleState] = Projection(
     name="schedule",
     stream="JOBS",
-    version=9,
+    version=10,
     state_type=ScheduleState,
     initial=ScheduleState,
     evolve=evolve,
@@ -466,7 +433,7 @@ def pending(state: ScheduleState) -> list[JobRecord]:
     work (reserved capacity has priority queue access; it is also what capacity freed by
     a preemption was freed for), then priority (highest first), then submission order."""
     queued = [job for job in state.jobs.values() if job.state == "queued"]
-    queued.sort(key=lambda job: (job.pool == "shared", -job.priority, job.submitted_seq))
+    queued.sort(key=lambda job: (job.spec.pool == "shared", -job.spec.priority, job.submitted_seq))
     return queued
 
 
@@ -474,7 +441,7 @@ def missing_slots(job: JobRecord) -> list[int]:
     """The slots of a live job that have no current assignment (empty for a terminal job)."""
     if job.state in TERMINAL:
         return []
-    return [slot for slot in range(job.shards) if str(slot) not in job.assignments]
+    return [slot for slot in range(job.spec.shards) if str(slot) not in job.assignments]
 
 
 def active_assignments(state: ScheduleState, worker_id: str) -> list[tuple[JobRecord, Assignment]]:

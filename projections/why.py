@@ -26,7 +26,7 @@ def explain_job(job: JobRecord, placement: Provenance | None) -> list[str]:
     """Human lines: the state, why it waits, where each shard runs, who refused it, how the latest
     placement chose (``placement``: the provenance of the job's latest ``job.placed``, if any), and
     why it failed with the end of its log."""
-    lines = [f"{job.tenant}/{job.job_id}: {job.state} (epoch {job.epoch}, {job.shards} shard(s))"]
+    lines = [f"{job.tenant}/{job.job_id}: {job.state} (epoch {job.epoch}, {job.spec.shards} shard(s))"]
     pending = pending_reason(job)
     if pending is not None:
         lines.append(f"pending: {pending}")

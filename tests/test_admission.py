@@ -27,6 +27,7 @@ from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import JobRecord, ScheduleState, job_key
 from schemas import Assignment, JobResources, WorkerPolicy
 from schemas.values import GpuTelemetry
+from tests.records import changed, endpoint_record, job_record
 from tests.test_placement import NOW, S, host, request
 
 replace = msgspec.structs.replace
@@ -45,14 +46,14 @@ def job(job_id: str, *, tenant: str = "acme", gpus: int = 1, shards: int = 1, **
         "submitted_seq": next(_seq),
     }
     fields.update(kw)
-    return JobRecord(**fields)
+    return job_record(**fields)
 
 
 def running(j: JobRecord, *workers: str) -> JobRecord:
     """The job with slot i assigned to ``workers[i]`` at epoch 1."""
     assignments = {
         str(i): Assignment(
-            assignment_id=f"{j.job_id}-s{i}-e1", worker_id=w, slot=i, epoch=1, gpus=j.resources.gpus
+            assignment_id=f"{j.job_id}-s{i}-e1", worker_id=w, slot=i, epoch=1, gpus=j.spec.resources.gpus
         )
         for i, w in enumerate(workers)
     }
@@ -75,7 +76,7 @@ def endpoint(endpoint_id: str, *replicas: tuple[str, str], pool: str = "shared",
     }
     fields: dict[str, Any] = {"tenant": "beta", "endpoint_id": endpoint_id, "name": endpoint_id, "model": "m"}
     fields.update(kw)
-    return EndpointRecord(pool=pool, replicas=records, epoch=1, deployed_seq=next(_seq), **fields)  # type: ignore[arg-type]
+    return endpoint_record(pool=pool, replicas=records, epoch=1, deployed_seq=next(_seq), **fields)
 
 
 def endpoints(*records: EndpointRecord) -> EndpointsState:
@@ -171,12 +172,12 @@ def test_requests_from_jobs_and_endpoints() -> None:
     r = request_for_job(j, exclude=["w1"])
     assert (r.work_id, r.kind, r.slots, r.gpus, r.epoch, r.priority) == ("j", "job", [1, 2], 2, 2, 3)
     assert r.exclude_workers == frozenset({"w1", "w9"})
-    e = replace(endpoint("e", ("w1", "ready")), desired_replicas=3, gpu_type="A100", vram_mb=20000)
+    e = changed(endpoint("e", ("w1", "ready")), desired_replicas=3, gpu_type="A100", vram_mb=20000)
     r = request_for_endpoint(e)
     assert (r.work_id, r.kind, r.slots, r.gpus, r.vram_mb, r.epoch) == ("e", "endpoint", [1, 2], 1, 20000, 2)
-    assert replica_gpus(replace(e, engine="cpu")) == 0
-    assert replica_gpus(replace(e, gpu_type=None, vram_mb=0)) == 0
-    assert replica_gpus(replace(e, gpu_type=None, vram_mb=0, engine="vllm")) == 1
+    assert replica_gpus(changed(e, engine="cpu")) == 0
+    assert replica_gpus(changed(e, gpu_type=None, vram_mb=0)) == 0
+    assert replica_gpus(changed(e, gpu_type=None, vram_mb=0, engine="vllm")) == 1
 
 
 # --- preemption ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from projections import gangs
 from projections.registry import WorkerRecord
 from projections.schedule import Checkpoint, JobRecord
 from schemas import Assignment, Rendezvous, StartWork, WorkSpec
+from tests.records import job_record
 
 S = 1_000_000_000
 TENANT = f"u{secrets.token_hex(4)}"
@@ -36,7 +37,7 @@ TENANT = f"u{secrets.token_hex(4)}"
 
 
 def job(kind: str = "ddp", shards: int = 2, **fields: Any) -> JobRecord:
-    return JobRecord(tenant=TENANT, job_id="j1", name="mlp", kind=kind, shards=shards, **fields)  # type: ignore[arg-type]
+    return job_record(tenant=TENANT, job_id="j1", name="mlp", kind=kind, shards=shards, **fields)
 
 
 def asg(slot: int, epoch: int = 1, worker: str | None = None) -> Assignment:
@@ -129,7 +130,7 @@ def test_each_node_gets_the_rendezvous_and_only_node_0_gets_checkpoint_urls(
         last_checkpoint=Checkpoint(object_key="jobs/mlp/ckpt.pt", seq=9, epoch=2, step=40),
     )
     presigner = Presigner(settings)
-    base = WorkSpec(runtime="torchrun", command=list(record.command), resume_from="jobs/mlp/ckpt.pt")
+    base = WorkSpec(runtime="torchrun", command=list(record.spec.command), resume_from="jobs/mlp/ckpt.pt")
     first = ddp_spec(record, asg(0, 3), base, presigner, WORKERS)
     second = ddp_spec(record, asg(1, 3), base, presigner, WORKERS)
     assert first.rendezvous == rendezvous(

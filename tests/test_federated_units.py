@@ -24,6 +24,7 @@ from ops.coordinator.workspecs import federated_spec
 from ops.federation.server import clean_env, provision
 from projections.schedule import Federation, JobRecord
 from schemas import Assignment, FederatedTraining, WorkSpec
+from tests.records import job_record
 
 
 def test_the_project_names_the_server_after_its_host_and_the_kernel_as_admin() -> None:
@@ -176,7 +177,7 @@ def test_progress_printed_by_a_script_is_found_behind_nvflares_log_prefix() -> N
 
 
 def _job(federation: Federation | None) -> JobRecord:
-    return JobRecord(
+    return job_record(
         tenant="acme", job_id="j1", name="mnist", kind="federated", shards=2, rounds=3, local_epochs=2,
         federated=FederatedTraining(script="jobs/mnist/scripts/train.py"), federation=federation,
     )  # fmt: skip

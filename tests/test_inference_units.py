@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from agent.runtimes.vllm import engine_command, engine_env
 from gateway.inference import EJECT_S, EndpointTraffic, InferenceProxy, percentile
 from ops.coordinator.replicas import retirements, start_command
 from projections.endpoints import EndpointRecord, ReplicaRecord
+from tests.records import endpoint_record
 
 
 def test_q4_1_blocks_dequantize_to_scale_times_nibble_plus_minimum(tmp_path: Path) -> None:
@@ -103,11 +105,11 @@ def _endpoint(**changes: object) -> EndpointRecord:
         ),
         "2": ReplicaRecord(assignment_id="a2", worker_id="w2", slot=2, epoch=1, state="starting"),
     }
-    base = EndpointRecord(
-        tenant="acme", endpoint_id="ep1", name="chat", model="smollm2-135m-instruct",
-        desired_replicas=3, replicas=replicas,
-    )  # fmt: skip
-    return EndpointRecord(**{**{f: getattr(base, f) for f in base.__struct_fields__}, **changes})  # type: ignore[arg-type]
+    fields: dict[str, Any] = {
+        "tenant": "acme", "endpoint_id": "ep1", "name": "chat", "model": "smollm2-135m-instruct",
+        "desired_replicas": 3, "replicas": replicas,
+    }  # fmt: skip
+    return endpoint_record(**{**fields, **changes})
 
 
 def test_lost_replicas_gone_workers_and_scaled_in_slots_are_retired() -> None:

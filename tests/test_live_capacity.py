@@ -179,9 +179,9 @@ class Fleet:
                 worker_id=r.choice(WORKERS),
                 slot=slot,
                 epoch=epoch,
-                gpus=job.resources.gpus,
+                gpus=job.spec.resources.gpus,
             )
-            for slot in range(job.shards)
+            for slot in range(job.spec.shards)
             if str(slot) not in job.assignments
         ]
         return self._job(tenant, job_id, JobPlaced(assignments=placed, provenance=NO_PROVENANCE))

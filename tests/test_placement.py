@@ -24,13 +24,14 @@ from core.placement import (
 )
 from core.pricing import list_price_micros
 from projections.capacity import candidate_of, candidates
-from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord
+from projections.endpoints import EndpointsState, ReplicaRecord
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord
-from projections.schedule import JobRecord, ScheduleState
+from projections.schedule import ScheduleState
 from schemas import Assignment, Gpu, JobResources, WorkerPolicy
 from schemas.values import GpuTelemetry
 from schemas.workers import MaintenanceWindow
+from tests.records import endpoint_record, job_record
 
 S = 1_000_000_000
 
@@ -353,7 +354,7 @@ def test_candidates_from_the_projections() -> None:
         }
     )
     a = Assignment(assignment_id="j-s0-e1", worker_id="w1", slot=0, epoch=1, gpus=2)
-    job = JobRecord(
+    job = job_record(
         tenant="acme",
         job_id="j",
         name="j",
@@ -366,7 +367,7 @@ def test_candidates_from_the_projections() -> None:
     done = replace(job, job_id="old", state="completed")
     replica = ReplicaRecord(assignment_id="e-r0-e1", worker_id="w1", slot=0, epoch=1, gpus=1, state="ready")
     lost = replace(replica, slot=1, state="lost")
-    endpoint = EndpointRecord(
+    endpoint = endpoint_record(
         tenant="acme", endpoint_id="e", name="e", model="m", replicas={"0": replica, "1": lost}
     )
     schedule = ScheduleState(jobs={"acme/j": job, "acme/old": done})

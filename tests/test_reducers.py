@@ -605,7 +605,7 @@ def test_schedule_pending_order_and_unknown_jobs() -> None:
     state: ScheduleState = log.state
     assert "acme/ghost" not in state.jobs
     assert [j.job_id for j in pending(state)] == ["high", "mid", "low", "low2"]
-    assert state.jobs["acme/low"].priority == 0 and state.jobs["acme/low"].last_seq == log.seq
+    assert state.jobs["acme/low"].spec.priority == 0 and state.jobs["acme/low"].last_seq == log.seq
     assert job_key("globex", "high") in state.jobs
 
 

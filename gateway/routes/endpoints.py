@@ -29,13 +29,13 @@ from core.wire import Position
 from gateway.api import Call, Router, respond
 from gateway.errors import ApiError, NotYetVisible, conflict, not_found
 from gateway.idempotency import REPLAYED_HEADER, event_id, idempotency_key, resource_id
-from gateway.jobspec import idle_fleet
+from gateway.jobspec import event_of, idle_fleet
 from gateway.paging import decode_seq_cursor, encode_cursor
 from gateway.references import key_problem, require_objects
 from gateway.scope import iso, scoped_tenant
 from projections import ENDPOINTS, REGISTRY, TENANTS
 from projections.admission import Wait, check_quota, never_fits, replica_gpus, request_for_endpoint
-from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key, ready_replicas
+from projections.endpoints import EndpointRecord, EndpointsState, deployed, endpoint_key, ready_replicas
 from projections.tenants import quotas
 from schemas.api.endpoints import (
     DEFAULT_SCALE_TO_ZERO_S,
@@ -66,17 +66,7 @@ def endpoint_view(e: EndpointRecord, traffic: Traffic | None = None) -> Endpoint
     return Endpoint(
         endpoint_id=e.endpoint_id,
         tenant=e.tenant,
-        name=e.name,
-        model=e.model,
-        model_source=e.model_source,
-        gpu_type=e.gpu_type,
-        vram_mb=e.vram_mb,
-        engine=e.engine,
-        pool=e.pool,
-        min_replicas=e.min_replicas,
-        max_replicas=e.max_replicas,
-        target_rps_per_replica=e.target_rps_per_replica,
-        scale_to_zero_after_s=e.scale_to_zero_after_s,
+        spec=e.spec,
         state=e.state,
         desired_replicas=e.desired_replicas,
         ready_replicas=len(ready_replicas(e)),
@@ -98,7 +88,6 @@ def endpoint_view(e: EndpointRecord, traffic: Traffic | None = None) -> Endpoint
         start_failures=e.start_failures,
         last_failure=e.last_failure,
         last_failure_log_tail=e.last_failure_log_tail,
-        deployed_by=e.deployed_by,
         deployed_at=iso(e.deployed_ns),
         deleted_by=e.deleted_by,
         deleted_at=iso(e.deleted_ns) if e.deleted_ns is not None else None,
@@ -141,20 +130,7 @@ def deployment(body: DeployEndpoint, deployed_by: str) -> EndpointDeployed:
         )
     if timeout is msgspec.UNSET:
         timeout = DEFAULT_SCALE_TO_ZERO_S if body.min_replicas == 0 else None
-    return EndpointDeployed(
-        name=body.name,
-        model=body.model,
-        model_source=body.model_source,
-        gpu_type=body.gpu_type,
-        vram_mb=body.vram_mb,
-        min_replicas=body.min_replicas,
-        max_replicas=body.max_replicas,
-        target_rps_per_replica=body.target_rps_per_replica,
-        scale_to_zero_after_s=timeout,
-        pool=body.pool,
-        engine=body.engine,
-        deployed_by=deployed_by,
-    )
+    return event_of(body, EndpointDeployed, scale_to_zero_after_s=timeout, deployed_by=deployed_by)
 
 
 def check_admission(call: Call[Any, Any], endpoint: EndpointRecord) -> None:
@@ -163,11 +139,11 @@ def check_admission(call: Call[Any, Any], endpoint: EndpointRecord) -> None:
     want = endpoint.desired_replicas
     gpus = want * replica_gpus(endpoint)
     limits = quotas(call.kernel.state(TENANTS))
-    verdict = check_quota(endpoint.tenant, endpoint.pool, gpus, limits, {}, whole=gpus)
+    verdict = check_quota(endpoint.tenant, endpoint.spec.pool, gpus, limits, {}, whole=gpus)
     if isinstance(verdict, Wait) and verdict.permanent:
-        limit = limits.get(endpoint.tenant, {}).get(endpoint.pool)
+        limit = limits.get(endpoint.tenant, {}).get(endpoint.spec.pool)
         raise _invalid(
-            f"{want} replica(s) need {gpus} GPUs but the tenant's quota in the {endpoint.pool} pool is "
+            f"{want} replica(s) need {gpus} GPUs but the tenant's quota in the {endpoint.spec.pool} pool is "
             f"{limit}; lower min_replicas or ask the operator to raise the quota",
             "over_quota",
         )
@@ -197,20 +173,6 @@ def visible_endpoint(call: Call[Any, Any]) -> EndpointRecord:
     if endpoint is None:
         raise not_found(f"endpoint {endpoint_id}")
     return endpoint
-
-
-def _record_of(tenant: str, endpoint_id: str, e: EndpointDeployed) -> EndpointRecord:
-    return EndpointRecord(
-        tenant=tenant,
-        endpoint_id=endpoint_id,
-        name=e.name,
-        model=e.model,
-        gpu_type=e.gpu_type,
-        vram_mb=e.vram_mb,
-        pool=e.pool,
-        engine=e.engine,
-        desired_replicas=min(max(e.min_replicas, 1), e.max_replicas),
-    )
 
 
 async def _replay(
@@ -289,12 +251,12 @@ async def deploy_endpoint(call: Call[DeployEndpoint, TenantQuery]) -> Any:
     if endpoint_key(tenant, endpoint_id) in table:
         return await _replay(call, tenant, endpoint_id, event, eid)
     for other in table.values():
-        if other.tenant == tenant and other.name == event.name and other.state != "deleted":
+        if other.tenant == tenant and other.spec.name == event.name and other.state != "deleted":
             raise conflict(
                 f"endpoint {other.endpoint_id} is already named {event.name!r}; "
                 "delete it or choose another name"
             )
-    check_admission(call, _record_of(tenant, endpoint_id, event))
+    check_admission(call, deployed(tenant, endpoint_id, event))
     if event.model_source == "workspace":
         await require_objects(kernel.s3, bucket_for(tenant), [event.model], kernel.seen_objects)
     return await _store_deployment(call, tenant, endpoint_id, event, eid)

@@ -46,6 +46,7 @@ from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from projections.tenants import quotas
 from projections.why import explain_job, pending_reason
 from schemas.api.jobs import (
+    HIDDEN,
     CheckpointView,
     EventsQuery,
     Job,
@@ -55,7 +56,6 @@ from schemas.api.jobs import (
     JobListQuery,
     JobPage,
     JobProgressView,
-    JobResourcesView,
     SubmitJob,
     TenantQuery,
 )
@@ -73,7 +73,7 @@ ACCEPTED = (
 
 def job_view(job: JobRecord, why: list[str] | None = None) -> Job:
     """The API body of a job record."""
-    r, p, c = job.resources, job.progress, job.last_checkpoint
+    p, c = job.progress, job.last_checkpoint
     assignments = [
         JobAssignment(
             slot=a.slot,
@@ -89,24 +89,8 @@ def job_view(job: JobRecord, why: list[str] | None = None) -> Job:
     return Job(
         job_id=job.job_id,
         tenant=job.tenant,
-        name=job.name,
-        kind=job.kind,
+        spec=msgspec.structs.replace(job.spec, env=dict.fromkeys(job.spec.env, HIDDEN)),
         state=job.state,
-        shards=job.shards,
-        resources=JobResourcesView(
-            gpus=r.gpus, vram_mb=r.vram_mb, gpu_type=r.gpu_type, cpus=r.cpus, memory_mb=r.memory_mb
-        ),
-        pool=job.pool,
-        priority=job.priority,
-        region=job.region,
-        rounds=job.rounds,
-        local_epochs=job.local_epochs,
-        command=job.command,
-        env_names=sorted(job.env),
-        inputs=job.inputs,
-        output_prefix=job.output_prefix,
-        max_price_micros_per_gpu_hour=job.max_price_micros_per_gpu_hour,
-        submitted_by=job.submitted_by,
         submitted_at=iso(job.submitted_ns),
         ended_at=iso(job.ended_ns) if job.ended_ns is not None else None,
         pending_reason=pending_reason(job),
@@ -258,8 +242,8 @@ async def list_jobs(call: Call[None, JobListQuery]) -> JobPage:
         if job.tenant == tenant
         and (before is None or job.submitted_seq < before)
         and (q.state is None or job.state == q.state)
-        and (q.kind is None or job.kind == q.kind)
-        and (q.name_prefix is None or job.name.startswith(q.name_prefix))
+        and (q.kind is None or job.spec.kind == q.kind)
+        and (q.name_prefix is None or job.spec.name.startswith(q.name_prefix))
     ]
     found.sort(key=lambda job: job.submitted_seq, reverse=True)
     page = found[: q.limit]

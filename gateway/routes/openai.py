@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from core.clock import NS_PER_S
 from core.errors import ResontechError
 from gateway.api import TOO_DEEP, read_body
 from gateway.auth import authenticate, bearer
@@ -114,7 +115,7 @@ def find_endpoint(kernel: Kernel, tenant: str, model: str) -> EndpointRecord:
     table: dict[str, EndpointRecord] = kernel.state(ENDPOINTS).endpoints
     record = table.get(endpoint_key(tenant, model))
     if record is None or record.state == "deleted":
-        record = next((e for e in table.values() if e.tenant == tenant and e.name == model
+        record = next((e for e in table.values() if e.tenant == tenant and e.spec.name == model
                        and e.state != "deleted"), None)  # fmt: skip
     if record is None:
         raise OpenAIError(
@@ -246,8 +247,11 @@ async def models(request: Request) -> Response:
     except OpenAIError as exc:
         return error_response(exc)
     table: dict[str, EndpointRecord] = kernel.state(ENDPOINTS).endpoints
-    data = [{"id": e.name, "object": "model", "created": e.deployed_ns // 1_000_000_000, "owned_by": tenant}
-            for e in table.values() if e.tenant == tenant and e.state != "deleted"]  # fmt: skip
+    data = [
+        {"id": e.spec.name, "object": "model", "created": e.deployed_ns // NS_PER_S, "owned_by": tenant}
+        for e in table.values()
+        if e.tenant == tenant and e.state != "deleted"
+    ]
     return JSONResponse({"object": "list", "data": data})
 
 

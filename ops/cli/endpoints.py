@@ -28,7 +28,7 @@ def endpoint_line(e: Endpoint) -> str:
     """One line per endpoint; a failed one adds why on the next line."""
     replicas = f"{e.ready_replicas}/{e.desired_replicas} ready"
     line = (
-        f"{e.endpoint_id:<28} {e.name:<20} {e.state:<15} {replicas:<11} {e.model}\n"
+        f"{e.endpoint_id:<28} {e.spec.name:<20} {e.state:<15} {replicas:<11} {e.spec.model}\n"
         f"{'':<28} last 60 s: {traffic_text(e.traffic)}"
     )
     return line + (f"\n{'':<28} failed: {e.scale_reason}" if e.state == "failed" else "")
@@ -39,13 +39,13 @@ def endpoint_detail(e: Endpoint) -> str:
     lines."""
     zero = (
         "never to zero"
-        if e.scale_to_zero_after_s is None
-        else f"to zero after {e.scale_to_zero_after_s} s idle"
+        if e.spec.scale_to_zero_after_s is None
+        else f"to zero after {e.spec.scale_to_zero_after_s} s idle"
     )
     lines = [
-        f"endpoint {e.endpoint_id} ({e.name}, {e.model}) of {e.tenant}: {e.state}",
-        f"  replicas: {e.ready_replicas}/{e.desired_replicas} ready (min {e.min_replicas}, max "
-        f"{e.max_replicas}, target {e.target_rps_per_replica:g} rps per replica, {zero})",
+        f"endpoint {e.endpoint_id} ({e.spec.name}, {e.spec.model}) of {e.tenant}: {e.state}",
+        f"  replicas: {e.ready_replicas}/{e.desired_replicas} ready (min {e.spec.min_replicas}, max "
+        f"{e.spec.max_replicas}, target {e.spec.target_rps_per_replica:g} rps per replica, {zero})",
     ]
     if e.scale_reason:
         lines.append(f"  {'failed' if e.state == 'failed' else 'last scaled'}: {e.scale_reason}")
@@ -70,7 +70,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     with client(args) as rt:
         endpoint = rt.deploy(read_spec(args.spec))
-    show(args, endpoint, lambda e: f"deployed {e.endpoint_id} ({e.name}): {e.state}")
+    show(args, endpoint, lambda e: f"deployed {e.endpoint_id} ({e.spec.name}): {e.state}")
     return 0
 
 

@@ -14,7 +14,7 @@ from gateway.client import ApiError
 from ops.cli.endpoints import endpoint_detail
 from ops.cli.session import UserCommand, client, read_spec, show
 from schemas.api.feed import FeedMessage, FeedTelemetry
-from schemas.api.jobs import Job
+from schemas.api.jobs import Job, JobAssignment
 
 
 def job_ref(ref: str) -> tuple[str, str | None]:
@@ -32,17 +32,27 @@ def job_line(job: Job) -> str:
             if value not in (None, {})
         ]
         progress = "  " + ", ".join(parts[:4])
-    return f"{job.job_id:<28} {job.name:<20} {job.kind:<9} {job.state:<10} {job.shards} shard(s){progress}"
+    spec = job.spec
+    return f"{job.job_id:<28} {spec.name:<20} {spec.kind:<9} {job.state:<10} {spec.shards} shard(s){progress}"
+
+
+def shard_state(job: Job, a: JobAssignment) -> str:
+    """``done``, ``stopped`` (its job ended otherwise: the kernel stopped it), ``running`` or ``placed``."""
+    if a.done:
+        return "done"
+    if job.state in ("failed", "cancelled"):
+        return "stopped"
+    return "running" if a.started else "placed"
 
 
 def job_detail(job: Job) -> str:
     lines = [
-        f"job {job.job_id} ({job.name}, {job.kind}) of {job.tenant}: {job.state}",
-        f"  submitted {job.submitted_at} by {job.submitted_by}"
+        f"job {job.job_id} ({job.spec.name}, {job.spec.kind}) of {job.tenant}: {job.state}",
+        f"  submitted {job.submitted_at} by {job.spec.submitted_by}"
         + (f", ended {job.ended_at}" if job.ended_at else ""),
     ]
     for a in job.assignments:
-        state = "done" if a.done else "running" if a.started else "placed"
+        state = shard_state(job, a)
         lines.append(f"  shard {a.slot}: {state} on {a.worker_id} (epoch {a.epoch})")
     if job.progress is not None:
         values = {k: v for k, v in msgspec.to_builtins(job.progress).items() if v not in (None, {})}
@@ -135,7 +145,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     with client(args) as rt:
         job = rt.job(job_id, tenant=tenant)
         if not args.json:
-            print(f"job {job.job_id} ({job.name}): {job.state}", flush=True)
+            print(f"job {job.job_id} ({job.spec.name}): {job.state}", flush=True)
         if job.state in ENDED.values():
             return 0 if job.state == "completed" else 1
         for message in rt.feed(job=job_id, tenant=tenant, after="jobs:0"):  # its history, then live

@@ -141,7 +141,7 @@ class LiveCapacity:
                         epoch=r.epoch,
                         gpus=r.gpus,
                     )
-                    active[r.assignment_id] = _Hold(a, 0.0, 0, endpoint.tenant, endpoint.pool)
+                    active[r.assignment_id] = _Hold(a, 0.0, 0, endpoint.tenant, endpoint.spec.pool)
         self._set(("endpoint", key), active)
 
     def refresh(
@@ -245,7 +245,9 @@ def _roomier(old: placement.Candidate, new: placement.Candidate, now_ns: int) ->
 
 
 def _job_hold(job: JobRecord, a: Assignment) -> _Hold:
-    return _Hold(a, job.resources.cpus, job.resources.memory_mb, job.tenant, job.pool, job.priority)
+    return _Hold(
+        a, job.spec.resources.cpus, job.spec.resources.memory_mb, job.tenant, job.spec.pool, job.spec.priority
+    )
 
 
 def _tally(counter: Counter[Any], key: Any, sign: int) -> None:

@@ -45,7 +45,9 @@ class WorkSpecError(ResontechError):
 
 def checkpoint_keys(job: JobRecord, epoch: int) -> list[str]:
     """The keys the checkpoints of one placement of ``job`` are uploaded to, in turn."""
-    return [f"jobs/{job.name}/checkpoints/{job.job_id}/e{epoch}-{n}.ckpt" for n in range(CHECKPOINT_SLOTS)]
+    return [
+        f"jobs/{job.spec.name}/checkpoints/{job.job_id}/e{epoch}-{n}.ckpt" for n in range(CHECKPOINT_SLOTS)
+    ]
 
 
 def ddp_spec(
@@ -77,9 +79,9 @@ def ddp_spec(
             job_id=job.job_id,
             epoch=assignment.epoch,
             master_addr=record.address or record.hostname,
-            nnodes=job.shards,
+            nnodes=job.spec.shards,
             node_rank=assignment.slot,
-            gpus=job.resources.gpus,
+            gpus=job.spec.resources.gpus,
         ),
     )
 
@@ -107,8 +109,8 @@ def federated_spec(
     options = {
         "site": federation.sites[slot],
         "server": federation.server,
-        "rounds": str(job.rounds or 0),
-        "local_epochs": str(job.local_epochs or 1),
+        "rounds": str(job.spec.rounds or 0),
+        "local_epochs": str(job.spec.local_epochs or 1),
     }
     if shard is not None:
         downloads[shard] = presigner.url(bucket_for(job.tenant), shard)

@@ -144,7 +144,7 @@ class FederationTask:
         final = False
         try:
             job = self.job()
-            if job is None or job.federated is None:
+            if job is None or job.spec.federated is None:
                 return
             self.reports.reported = job.round
             await self._prepare(job)
@@ -175,7 +175,8 @@ class FederationTask:
             await self._announce()
             return False
         await self.reports.collect_rounds(job)
-        if self.reports.reported >= (job.rounds or 0) and not (self.run is not None and self._whole_run(job)):
+        whole_run = self.run is not None and self._whole_run(job)
+        if self.reports.reported >= (job.spec.rounds or 0) and not whole_run:
             return await self.reports.complete(job)  # the last global model is in: no need to wait for
             # NVFlare's own end of the run (several seconds), unless the tenant's job folder runs more
         if self.run is None:
@@ -196,15 +197,15 @@ class FederationTask:
     @staticmethod
     def _whole_run(job: JobRecord) -> bool:
         """A tenant's job folder may run workflows after the training one: wait for its run's end."""
-        return job.federated is not None and bool(job.federated.job_folder)
+        return job.spec.federated is not None and bool(job.spec.federated.job_folder)
 
     # -- set-up and teardown -------------------------------------------------------------------
 
     async def _prepare(self, job: JobRecord) -> None:
-        assert job.federated is not None
-        s3, spec = self.ctx.s3, job.federated
-        sites = [flare.site_name(slot) for slot in range(job.shards)]
-        self.shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.name, job.shards)
+        assert job.spec.federated is not None
+        s3, spec, shards = self.ctx.s3, job.spec.federated, job.spec.shards
+        sites = [flare.site_name(slot) for slot in range(shards)]
+        self.shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.spec.name, shards)
         self.prov = await asyncio.to_thread(
             provision, self.dir, tenant=self.tenant, job_id=self.job_id, host=self.ctx.host, sites=sites
         )
@@ -254,7 +255,7 @@ class FederationTask:
         """Start the FL server once every slot is assigned; stop it once the job has waited for a
         worker for ``idle_s``. Whether it serves."""
         assert self.server is not None
-        placed = len(job.assignments) >= job.shards
+        placed = len(job.assignments) >= job.spec.shards
         now = time.monotonic()
         self.waiting_since = None if placed else (self.waiting_since or now)
         if not self.server.started:
@@ -315,14 +316,14 @@ class FederationTask:
         return await sites_ready(self.admin, self.prov, job, self.fresh_since)
 
     async def _submit(self, job: JobRecord) -> None:
-        assert self.admin is not None and self.prov is not None and job.federated is not None
+        assert self.admin is not None and self.prov is not None and job.spec.federated is not None
         if self.runs >= MAX_RUNS:
             raise JobEnded(f"the federation needed more than {MAX_RUNS} runs; giving up")
         number = self.runs + 1
         first = self.reports.reported + 1
-        rounds = (job.rounds or 0) - self.reports.reported
+        rounds = (job.spec.rounds or 0) - self.reports.reported
         start_model, resume_key = await self._start_model(job, first)
-        folder = self.dir / "runs" / str(number) / f"{job.name}-run{number}"
+        folder = self.dir / "runs" / str(number) / f"{job.spec.name}-run{number}"
         await asyncio.to_thread(self._write_run, folder, job, first, rounds, start_model)
         run_id = await self.admin.call(lambda s: s.submit_job(str(folder)))
         self.runs = number
@@ -344,9 +345,9 @@ class FederationTask:
         """The model round ``first`` starts from, and its workspace key: the previous round's global
         model (downloaded again if this host lost it), else the tenant's initial model."""
         if first == 1:
-            spec = job.federated
+            spec = job.spec.federated
             return self.initial_model, spec.initial_model if spec else None
-        root = ws.output_root(job.name, job.output_prefix)
+        root = ws.output_root(job.spec.name, job.spec.output_prefix)
         key = ws.checkpoint_key(root, first - 1)
         local = self.dir / "rounds" / f"{flare.round_stem(first - 1)}.npz"
         if not local.exists():
@@ -390,7 +391,7 @@ class FederationTask:
         if outcome == "completed":
             first, self.run = self.run.first_round, None
             await self.reports.collect_rounds(job)
-            if self.reports.reported >= (job.rounds or 0):
+            if self.reports.reported >= (job.spec.rounds or 0):
                 return False  # the next step completes the job
             if self.reports.reported < first:
                 raise JobEnded(f"FL run {run_id} completed without finishing a round")

@@ -58,9 +58,9 @@ class JobReporter:
         if not rounds_dir.is_dir():
             return
         done = sorted(r for p in rounds_dir.iterdir() if (r := flare.round_of(p.name)) is not None)
-        root = ws.output_root(job.name, job.output_prefix)
+        root = ws.output_root(job.spec.name, job.spec.output_prefix)
         for number in done:
-            if number <= self.reported or number > (job.rounds or 0):
+            if number <= self.reported or number > (job.spec.rounds or 0):
                 continue
             stem = rounds_dir / flare.round_stem(number)
             summary = json.loads(stem.with_suffix(".json").read_text())
@@ -80,11 +80,11 @@ class JobReporter:
     async def complete(self, job: JobRecord) -> bool:
         """Upload the final model (the last round reported) and every round's metrics, and complete
         the job; whether that was appended."""
-        assert job.federated is not None
+        assert job.spec.federated is not None
         rounds_dir, last = self.rounds_dir, self.reported
         final = rounds_dir / f"{flare.round_stem(last)}.npz"
         if not final.exists():  # this host lost it: the last checkpoint is in the workspace
-            root = ws.output_root(job.name, job.output_prefix)
+            root = ws.output_root(job.spec.name, job.spec.output_prefix)
             await asyncio.to_thread(
                 ws.fetch_object, self.s3, bucket_for(self.tenant), ws.checkpoint_key(root, last),
                 final, "the last global model",
@@ -93,8 +93,8 @@ class JobReporter:
             p for p in rounds_dir.glob("round-*.json") if (flare.round_of(p.name) or last + 1) <= last
         )
         outputs = await asyncio.to_thread(
-            ws.upload_final, self.s3, self.tenant, ws.output_root(job.name, job.output_prefix), final,
-            summaries, job.federated.framework,
+            ws.upload_final, self.s3, self.tenant, ws.output_root(job.spec.name, job.spec.output_prefix),
+            final, summaries, job.spec.federated.framework,
         )  # fmt: skip
         return await self.append_terminal(JobCompleted(outputs=outputs))
 

@@ -39,7 +39,7 @@ async def sites_ready(
 ) -> bool:
     """Every slot's current assignment started, and every site connected (recently enough: since
     ``fresh_since[site]``, a time in seconds since the epoch)."""
-    for slot in range(job.shards):
+    for slot in range(job.spec.shards):
         assignment = job.assignments.get(str(slot))
         if assignment is None or job.started.get(str(slot)) != assignment.epoch:
             return False

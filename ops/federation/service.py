@@ -119,7 +119,7 @@ class FederationService:
         for key, job in self._state().jobs.items():
             if now - self.crashed.get(key, -RETRY_S) < RETRY_S:
                 continue
-            if job.kind == "federated" and job.state not in TERMINAL and key not in self.tasks:
+            if job.spec.kind == "federated" and job.state not in TERMINAL and key not in self.tasks:
                 federation = FederationTask(ctx, job.tenant, job.job_id)
                 self.tasks[key] = asyncio.create_task(federation.drive(), name=f"federation {key}")
 

@@ -13,6 +13,7 @@ from msgspec import UNSET, UnsetType
 
 from schemas.api.common import Page, PageQuery, Request
 from schemas.api.jobs import Pool, Token
+from schemas.endpoints import EndpointDeployed
 
 EndpointName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 """Letters, digits, ``.``, ``-`` and ``_``, 1-64 characters: what clients name as ``model``."""
@@ -96,9 +97,11 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
-    """An endpoint as the API shows it.
+    """An endpoint as the API shows it: its deployment whole (``spec``) and what has happened since.
 
     Attributes:
+        spec: the ``endpoint.deployed`` event as stored (with ``deployed_by``), with the autoscaling
+            bounds its tenant set since.
         state: ``deploying``, ``serving``, ``scaled_to_zero``, ``failed`` (its replicas kept failing
             to start: ``scale_reason`` says why; it wants no replica until its tenant scales it) or
             ``deleted``.
@@ -108,17 +111,7 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
 
     endpoint_id: str
     tenant: str
-    name: str
-    model: str
-    model_source: str
-    gpu_type: str | None
-    vram_mb: int
-    engine: str | None
-    pool: str
-    min_replicas: int
-    max_replicas: int
-    target_rps_per_replica: float
-    scale_to_zero_after_s: int | None
+    spec: EndpointDeployed
     state: str
     desired_replicas: int
     ready_replicas: int
@@ -127,7 +120,6 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     start_failures: int = 0
     last_failure: str = ""
     last_failure_log_tail: str = ""
-    deployed_by: str
     deployed_at: str
     deleted_by: str
     deleted_at: str | None

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from schemas.api.common import Page, PageQuery, Request
+from schemas.jobs import JobSubmitted
 
 Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 """Letters, digits, ``-`` and ``_``, 1-64 characters (safe as a subject token)."""
@@ -22,6 +23,8 @@ Pool = Literal["shared", "managed", "private"]
 JobStateName = Literal["queued", "placed", "running", "completed", "failed", "cancelled"]
 MAX_SHARDS = 1024
 MAX_INPUTS = 1000
+HIDDEN = "(hidden)"
+"""What the API shows for the value of a job's environment variable."""
 
 
 class Resources(Request, frozen=True, kw_only=True):
@@ -187,18 +190,12 @@ class CheckpointView(msgspec.Struct, frozen=True, kw_only=True):
     step: int | None = None
 
 
-class JobResourcesView(msgspec.Struct, frozen=True, kw_only=True):
-    gpus: int
-    vram_mb: int
-    gpu_type: str | None
-    cpus: float
-    memory_mb: int
-
-
 class Job(msgspec.Struct, frozen=True, kw_only=True):
-    """A job as the API shows it. Environment values are never shown, only their names.
+    """A job as the API shows it: its submission whole (``spec``) and what has happened since.
 
     Attributes:
+        spec: the ``job.submitted`` event as stored (the spec as validated, with ``submitted_by``);
+            environment values are never shown: each reads :data:`HIDDEN`.
         state: ``queued``, ``placed``, ``running``, ``completed``, ``failed`` or ``cancelled``.
         pending_reason: why a queued job waits.
         why: on ``GET /v1/jobs/{job_id}`` only: the same lines as ``resontech why``.
@@ -208,22 +205,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
 
     job_id: str
     tenant: str
-    name: str
-    kind: str
+    spec: JobSubmitted
     state: str
-    shards: int
-    resources: JobResourcesView
-    pool: str
-    priority: int
-    region: str | None
-    rounds: int | None
-    local_epochs: int | None
-    command: list[str]
-    env_names: list[str]
-    inputs: list[str]
-    output_prefix: str
-    max_price_micros_per_gpu_hour: int | None
-    submitted_by: str
     submitted_at: str
     ended_at: str | None
     pending_reason: str | None

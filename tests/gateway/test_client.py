@@ -69,7 +69,7 @@ def test_every_call_returns_the_api_body_as_its_struct(gateway_server: GatewaySe
         assert isinstance(rt.tenant(tenant), Tenant)
         assert [type(k) for k in rt.keys(tenant)] == [KeyInfo]
         job = rt.submit_job(SubmitJob(name="typed", kind="process", command=["true"]))  # a Struct spec
-        assert isinstance(job, Job) and job.state == "queued" and job.resources.gpus == 0
+        assert isinstance(job, Job) and job.state == "queued" and job.spec.resources.gpus == 0
         page = rt.jobs(state="queued")
         assert isinstance(page, Page) and [(type(j), j.job_id) for j in page.items] == [(Job, job.job_id)]
         detail = rt.job(job.job_id)

@@ -32,8 +32,8 @@ async def test_deploy_get_and_list(api: Api, log: EventLog) -> None:
     assert created.status_code == 201, created.text
     endpoint = created.json()
     assert endpoint["state"] == "deploying" and endpoint["desired_replicas"] == 1
-    assert endpoint["scale_to_zero_after_s"] == 300 and endpoint["model_source"] == "hub"
-    assert endpoint["deployed_by"] == f"tenant:{tenant}" and endpoint["replicas"] == []
+    assert endpoint["spec"]["scale_to_zero_after_s"] == 300 and endpoint["spec"]["model_source"] == "hub"
+    assert endpoint["spec"]["deployed_by"] == f"tenant:{tenant}" and endpoint["replicas"] == []
     got = await api.request("GET", f"/v1/endpoints/{endpoint['endpoint_id']}", member)
     assert got.json() == endpoint
     listed = (await api.request("GET", "/v1/endpoints", member)).json()
@@ -41,7 +41,7 @@ async def test_deploy_get_and_list(api: Api, log: EventLog) -> None:
     [stored] = await records(log, "ENDPOINTS")
     assert isinstance(stored.event, EndpointDeployed) and stored.event.target_rps_per_replica == 4.5
     pinned = await deploy(api, member, deploy_body(name="pinned", min_replicas=2, max_replicas=2))
-    assert pinned.json()["scale_to_zero_after_s"] is None and pinned.json()["desired_replicas"] == 2
+    assert pinned.json()["spec"]["scale_to_zero_after_s"] is None and pinned.json()["desired_replicas"] == 2
 
 
 async def test_a_workspace_model_must_exist(api: Api, log: EventLog) -> None:
@@ -54,7 +54,7 @@ async def test_a_workspace_model_must_exist(api: Api, log: EventLog) -> None:
     assert await records(log, "ENDPOINTS") == []
     api.kernel.s3.put_object(Bucket=f"rt-{tenant}", Key="model_out/run-1/model.safetensors", Body=b"w")
     created = await deploy(api, admin, body)
-    assert created.status_code == 201 and created.json()["model_source"] == "workspace"
+    assert created.status_code == 201 and created.json()["spec"]["model_source"] == "workspace"
 
 
 BAD: list[tuple[dict[str, Any], int, str]] = [
@@ -113,10 +113,14 @@ async def test_scale_sets_bounds_and_brings_the_desired_count_inside(api: Api, l
     scaled = await api.request("PUT", path, admin, json={"min_replicas": 3, "max_replicas": 5})
     assert scaled.status_code == 200, scaled.text
     body = scaled.json()
-    assert (body["min_replicas"], body["max_replicas"], body["desired_replicas"]) == (3, 5, 3)
+    assert (body["spec"]["min_replicas"], body["spec"]["max_replicas"], body["desired_replicas"]) == (3, 5, 3)
     assert "3..5" in body["scale_reason"]
     lowered = (await api.request("PUT", path, admin, json={"min_replicas": 0, "max_replicas": 2})).json()
-    assert (lowered["min_replicas"], lowered["max_replicas"], lowered["desired_replicas"]) == (0, 2, 2)
+    assert (
+        lowered["spec"]["min_replicas"],
+        lowered["spec"]["max_replicas"],
+        lowered["desired_replicas"],
+    ) == (0, 2, 2)
     [*_, last] = await records(log, "ENDPOINTS")
     assert isinstance(last.event, EndpointScaled) and last.event.by == f"tenant:{tenant}"
     bad = await api.request("PUT", path, admin, json={"min_replicas": 4, "max_replicas": 2})
@@ -195,7 +199,7 @@ async def test_list_pagination_and_bad_cursor(api: Api) -> None:
     url = "/v1/endpoints?limit=2"
     while url:
         page = (await api.request("GET", url, admin)).json()
-        names += [e["name"] for e in page["items"]]
+        names += [e["spec"]["name"] for e in page["items"]]
         url = f"/v1/endpoints?limit=2&after={page['next']}" if page["next"] else ""
     assert names == ["ep4", "ep3", "ep2", "ep1", "ep0"]
     bad = await api.request("GET", "/v1/endpoints?after=%%%", admin)

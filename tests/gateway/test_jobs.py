@@ -26,6 +26,7 @@ from schemas import (
     ScoreCard,
     StopWork,
 )
+from schemas.api.jobs import HIDDEN
 from tests.gateway.accounts import provider_key, register_worker
 from tests.gateway.conftest import Api
 from tests.support import AgentProcess, coordinator, records, registered, until
@@ -70,10 +71,10 @@ async def test_submit_checks_that_every_input_exists_and_appends_once(api: Api, 
     accepted = await submit(api, member, body)
     assert accepted.status_code == 201, accepted.text
     job = accepted.json()
-    assert job["state"] == "queued" and job["tenant"] == tenant and job["kind"] == "process"
-    assert job["inputs"] == body["inputs"]
+    assert job["state"] == "queued" and job["tenant"] == tenant and job["spec"]["kind"] == "process"
+    assert job["spec"]["inputs"] == body["inputs"]
     assert job["pending_reason"] == "waiting for the coordinator"
-    assert job["submitted_by"] == f"tenant:{tenant}"
+    assert job["spec"]["submitted_by"] == f"tenant:{tenant}"
     [stored] = await job_events(log)
     assert stored.subject == f"job.{tenant}.{job['job_id']}.submitted"
     assert isinstance(stored.event, JobSubmitted) and stored.event.inputs == body["inputs"]
@@ -85,7 +86,7 @@ async def test_a_ddp_job_runs_a_script_among_its_inputs(api: Api, log: EventLog)
     body = spec(kind="ddp", shards=2, command=["scripts/train.py", "--epochs", "3"], inputs=["scripts/"])
     accepted = await submit(api, admin, body)
     assert accepted.status_code == 201, accepted.text
-    assert accepted.json()["kind"] == "ddp" and accepted.json()["shards"] == 2
+    assert accepted.json()["spec"]["kind"] == "ddp" and accepted.json()["spec"]["shards"] == 2
     elsewhere = await submit(api, admin, {**body, "inputs": ["jobs/hello/"]})
     assert elsewhere.status_code == 422 and "scripts/train.py" in elsewhere.json()["error"]["message"]
     assert len(await job_events(log)) == 1
@@ -238,7 +239,7 @@ async def test_a_federated_job_needs_no_shards_but_one_per_shard_if_it_has_any(
     body = spec(name="fl-none", kind="federated", rounds=2, shards=2, command=[], federated=federated)
     none = await submit(api, admin, body)
     assert none.status_code == 201, none.text
-    assert none.json()["inputs"] == ["jobs/fl-none/scripts/train.py"]
+    assert none.json()["spec"]["inputs"] == ["jobs/fl-none/scripts/train.py"]
 
     put(api, tenant, "jobs/fl-some/shards/shard-0.zip")
     put(api, tenant, "jobs/fl-some/shards/notes.txt")  # not a shard
@@ -312,7 +313,7 @@ async def test_list_filters_and_cursor_pagination(api: Api) -> None:
     url = "/v1/jobs?limit=2&name_prefix=sweep"
     while url:
         page = (await api.request("GET", url, admin)).json()
-        seen += [job["name"] for job in page["items"]]
+        seen += [job["spec"]["name"] for job in page["items"]]
         url = f"/v1/jobs?limit=2&name_prefix=sweep&after={page['next']}" if page["next"] else ""
     assert seen == ["sweep-4", "sweep-3", "sweep-2", "sweep-1"]  # newest first
     cancelled = (await api.request("GET", "/v1/jobs?state=cancelled", admin)).json()["items"]
@@ -406,7 +407,7 @@ async def test_events_are_paginated_by_sequence(api: Api) -> None:
     assert items[0]["event"]["name"] == "hello" and items[0]["time"].endswith("Z")
     assert items[0]["event"]["env"] == {"WANDB_API_KEY": "<redacted>"}
     shown = (await api.request("GET", f"/v1/jobs/{job_id}", admin)).json()
-    assert shown["env_names"] == ["WANDB_API_KEY"] and "secret" not in str(shown)
+    assert shown["spec"]["env"] == {"WANDB_API_KEY": HIDDEN} and "secret" not in str(shown)
     bad = await api.request("GET", f"/v1/jobs/{job_id}/events?after=zzz", admin)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
 

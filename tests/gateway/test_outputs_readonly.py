@@ -56,7 +56,7 @@ async def test_a_job_with_a_prefix_members_write_to_gets_outputs_they_cannot_wri
         name = "run-" + str(MEMBER_WRITABLE_PREFIXES.index(prefix))
         accepted = await submit(api, member, spec(name=name, output_prefix=prefix))
         assert accepted.status_code == 201, accepted.text
-        assert accepted.json()["output_prefix"] == prefix
+        assert accepted.json()["spec"]["output_prefix"] == prefix
         for key in output_keys(name, prefix):
             for size in (10, 20 * ws.MB):  # a single PUT, a multipart upload
                 assert await upload(api, key, member, size) == (403, "read_only_prefix"), key
@@ -69,6 +69,6 @@ async def test_honest_prefixes_still_work(api: Api) -> None:
     for name, prefix in (("default", ""), ("own-folder", "jobs/own-folder/"), ("results", "results/run-1/")):
         accepted = await submit(api, member, spec(name=name, output_prefix=prefix))
         assert accepted.status_code == 201, accepted.text
-        assert accepted.json()["output_prefix"] == prefix
+        assert accepted.json()["spec"]["output_prefix"] == prefix
     assert await upload(api, "scripts/run-1/train.py", member) == (201, "")
     assert await upload(api, "jobs/own-folder/shards/0.zip", member) == (201, "")

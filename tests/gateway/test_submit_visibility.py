@@ -20,6 +20,7 @@ import gateway.kernel
 from core.log import EventLog
 from projections import ENDPOINTS, SCHEDULE, TENANTS
 from projections.base import Projection
+from schemas.api.jobs import HIDDEN
 from schemas.audit import RequestRecorded
 from schemas.endpoints import EndpointDeployed
 from schemas.jobs import JobSubmitted
@@ -68,8 +69,12 @@ async def test_a_stored_submission_is_a_202_and_a_retry_returns_the_same_job(api
         accepted = await submit(api, admin, spec(env={"TOKEN": "secret"}), headers=headers)
         assert accepted.status_code == 202, accepted.text
         job = accepted.json()
-        assert job["state"] == "queued" and job["name"] == "hello" and job["env_names"] == ["TOKEN"]
-        assert job["submitted_by"].startswith("tenant:") and job["submitted_at"]
+        assert (
+            job["state"] == "queued"
+            and job["spec"]["name"] == "hello"
+            and job["spec"]["env"] == {"TOKEN": HIDDEN}
+        )
+        assert job["spec"]["submitted_by"].startswith("tenant:") and job["submitted_at"]
         retried = await submit(api, admin, spec(env={"TOKEN": "secret"}), headers=headers)
         assert retried.status_code == 202, retried.text
         assert retried.json()["job_id"] == job["job_id"]
@@ -124,7 +129,7 @@ async def test_endpoint_deploy_scale_and_delete_stored_while_endpoints_lag_are_2
         accepted = await deploy(api, admin, deploy_body(max_replicas=3), headers=headers)
         assert accepted.status_code == 202, accepted.text
         endpoint = accepted.json()
-        assert endpoint["state"] == "deploying" and endpoint["max_replicas"] == 3
+        assert endpoint["state"] == "deploying" and endpoint["spec"]["max_replicas"] == 3
         retried = await deploy(api, admin, deploy_body(max_replicas=3), headers=headers)
         assert retried.status_code == 202 and retried.json()["endpoint_id"] == endpoint["endpoint_id"]
         assert retried.headers["Idempotent-Replayed"] == "true"
@@ -137,7 +142,7 @@ async def test_endpoint_deploy_scale_and_delete_stored_while_endpoints_lag_are_2
     async with lagging(api, ENDPOINTS):
         scaled = await api.request("PUT", f"{path}/scale", admin, json={"min_replicas": 1, "max_replicas": 2})
         assert scaled.status_code == 202, scaled.text
-        assert (scaled.json()["min_replicas"], scaled.json()["max_replicas"]) == (1, 2)
+        assert (scaled.json()["spec"]["min_replicas"], scaled.json()["spec"]["max_replicas"]) == (1, 2)
     await caught_up(api, log, ENDPOINTS)
     async with lagging(api, ENDPOINTS):
         deleted = await api.request("DELETE", path, admin)

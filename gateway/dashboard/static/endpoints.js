@@ -90,20 +90,20 @@ export const endpoints = {
   },
 
   render(e, tr) {
-    const hardware = [e.gpu_type || (e.vram_mb ? 'any GPU' : 'any host'), e.vram_mb ? `${fmt.mb(e.vram_mb)} VRAM` : null,
-      e.engine || 'engine by host', e.pool].filter(Boolean).join(' \u00b7 ');
-    const zero = e.scale_to_zero_after_s == null ? 'never to zero' : `to zero after ${e.scale_to_zero_after_s} s idle`;
+    const hardware = [e.spec.gpu_type || (e.spec.vram_mb ? 'any GPU' : 'any host'), e.spec.vram_mb ? `${fmt.mb(e.spec.vram_mb)} VRAM` : null,
+      e.spec.engine || 'engine by host', e.spec.pool].filter(Boolean).join(' \u00b7 ');
+    const zero = e.spec.scale_to_zero_after_s == null ? 'never to zero' : `to zero after ${e.spec.scale_to_zero_after_s} s idle`;
     tr.replaceChildren(
-      h('td', {}, h('span', {}, e.name), h('span', {class: 'sub'}, e.endpoint_id)),
-      h('td', {}, h('span', {}, e.model), h('span', {class: 'sub'},
-        e.model_source === 'workspace' ? `from workspace \u00b7 ${hardware}` : hardware)),
+      h('td', {}, h('span', {}, e.spec.name), h('span', {class: 'sub'}, e.endpoint_id)),
+      h('td', {}, h('span', {}, e.spec.model), h('span', {class: 'sub'},
+        e.spec.model_source === 'workspace' ? `from workspace \u00b7 ${hardware}` : hardware)),
       h('td', {dataset: {col: 'state'}}, badge(e.state),
         e.scale_reason ? h('span', {class: 'sub reason', dataset: {col: 'why'}}, e.scale_reason) : null,
         e.last_failure_log_tail ? h('details', {dataset: {col: 'engine-log'}},
           h('summary', {class: 'sub'}, `engine log (${e.start_failures} failed in a row)`),
           h('pre', {class: 'log'}, e.last_failure_log_tail)) : null),
       h('td', {class: 'nowrap', dataset: {col: 'replicas'}}, `${e.ready_replicas}/${e.desired_replicas} ready`,
-        h('span', {class: 'sub'}, `min ${e.min_replicas}, max ${e.max_replicas}, ${zero}`)),
+        h('span', {class: 'sub'}, `min ${e.spec.min_replicas}, max ${e.spec.max_replicas}, ${zero}`)),
       h('td', {dataset: {col: 'where'}}, e.replicas.length ? e.replicas.map(replicaLine) : dash),
       ...trafficCells(e.traffic),
       timeCell(e.deployed_at),

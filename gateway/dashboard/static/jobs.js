@@ -44,7 +44,7 @@ export function withProgress(job, e) {
 function progressText(p, job) {
   if (!p) return dash;
   const parts = [];
-  if (p.round != null) parts.push(`round ${p.round}${job.rounds ? `/${job.rounds}` : ''}`);
+  if (p.round != null) parts.push(`round ${p.round}${job.spec.rounds ? `/${job.spec.rounds}` : ''}`);
   if (p.epoch != null) parts.push(`epoch ${p.epoch}`);
   if (p.step != null) parts.push(`step ${fmt.int(p.step)}`);
   return parts.join(' \u00b7 ') || dash;
@@ -100,7 +100,7 @@ export const jobs = {
 
   matches(job) {
     const f = this.filter();
-    return (!f.state || job.state === f.state) && (!f.name_prefix || job.name.startsWith(f.name_prefix));
+    return (!f.state || job.state === f.state) && (!f.name_prefix || job.spec.name.startsWith(f.name_prefix));
   },
 
   reset() {
@@ -156,7 +156,7 @@ export const jobs = {
     const workers = job.assignments.map((a) => a.worker_id);
     const waiting = job.state === 'queued' ? job.pending_reason : job.state === 'failed' ? job.failure_reason : '';
     tr.replaceChildren(
-      h('td', {}, h('span', {}, job.name), h('span', {class: 'sub'}, job.job_id)),
+      h('td', {}, h('span', {}, job.spec.name), h('span', {class: 'sub'}, job.job_id)),
       h('td', {class: 'nowrap', dataset: {col: 'state'}}, badge(job.state)),
       h('td', {dataset: {col: 'progress'}}, progressText(job.progress, job)),
       h('td', {class: 'num', dataset: {col: 'loss'}}, fmt.loss(job.progress?.loss)),
@@ -164,7 +164,7 @@ export const jobs = {
       h(
         'td',
         {class: 'nowrap', dataset: {col: 'shards'}, title: workers.join(', ') || null},
-        `${job.assignments.length}/${job.shards} placed`,
+        `${job.assignments.length}/${job.spec.shards} placed`,
         workers.length ? h('span', {class: 'sub'}, workers.slice(0, 2).join(', ') + (workers.length > 2 ? ', \u2026' : '')) : null,
       ),
       timeCell(job.submitted_at),
@@ -184,7 +184,7 @@ export const jobs = {
     more.addEventListener('click', () => this.loadEvents());
     panel.replaceChildren(
       h('header', {},
-        h('h2', {id: 'job-title'}, this.list.item(id)?.name || id),
+        h('h2', {id: 'job-title'}, this.list.item(id)?.spec.name || id),
         h('button', {class: 'quiet', type: 'button', 'aria-label': 'close', onclick: () => this.close()}, '\u00d7')),
       h('div', {class: 'actions'}, cancel),
       h('div', {id: 'job-summary'}),
@@ -210,10 +210,10 @@ export const jobs = {
     const d = this.detail;
     if (!d || d.id !== job.job_id) return;
     d.job = job;
-    $('job-title').replaceChildren(job.name, ' ', badge(job.state));
+    $('job-title').replaceChildren(job.spec.name, ' ', badge(job.state));
     const cancel = $('job-cancel');
     cancel.hidden = !session.canWrite || TERMINAL.has(job.state);
-    const r = job.resources;
+    const r = job.spec.resources;
     const resources = `${r.gpus ? `${r.gpus} GPU${r.gpus > 1 ? 's' : ''}${r.gpu_type ? ` ${r.gpu_type}` : ''}` : 'CPU'}` +
       `${r.vram_mb ? `, ${fmt.mb(r.vram_mb)} VRAM` : ''}, ${r.cpus} CPU, ${fmt.mb(r.memory_mb)}`;
     const kv = (name, value) => (value == null || value === '' ? [] : [h('dt', {}, name), h('dd', {}, value)]);
@@ -221,26 +221,26 @@ export const jobs = {
     const parts = [
       h('dl', {class: 'kv'},
         kv('Job id', h('code', {}, job.job_id)),
-        kv('Kind', job.kind),
-        kv('Shards', `${job.assignments.length}/${job.shards} placed`),
+        kv('Kind', job.spec.kind),
+        kv('Shards', `${job.assignments.length}/${job.spec.shards} placed`),
         kv('Resources', resources),
-        kv('Pool', `${job.pool}${job.region ? `, ${job.region}` : ''}, priority ${job.priority}`),
+        kv('Pool', `${job.spec.pool}${job.spec.region ? `, ${job.spec.region}` : ''}, priority ${job.spec.priority}`),
         kv('Progress', p ? `${progressText(p, job)}${p.loss != null ? `, loss ${fmt.loss(p.loss)}` : ''}` : null),
         kv('Checkpoint', job.last_checkpoint ? h('code', {}, job.last_checkpoint.object_key) : null),
-        kv('Submitted', `${fmt.time(job.submitted_at)} by ${job.submitted_by}`),
+        kv('Submitted', `${fmt.time(job.submitted_at)} by ${job.spec.submitted_by}`),
         kv('Ended', job.ended_at ? fmt.time(job.ended_at) : null),
         kv('Cancelled by', job.cancelled_by || null),
         kv('Failure', job.failure_reason || null),
-        kv('Command', job.command.length ? h('code', {}, job.command.join(' ')) : null),
-        kv('Environment', job.env_names.join(', ') || null),
-        kv('Inputs', job.inputs.join(', ') || null),
+        kv('Command', job.spec.command.length ? h('code', {}, job.spec.command.join(' ')) : null),
+        kv('Environment', Object.keys(job.spec.env).sort().join(', ') || null),
+        kv('Inputs', job.spec.inputs.join(', ') || null),
         kv('Outputs', job.outputs.join(', ') || null)),
     ];
     if (job.why?.length) parts.push(h('h3', {}, 'Why'), h('ul', {class: 'why'}, job.why.map((line) => h('li', {}, line))));
     if (job.assignments.length) {
       parts.push(h('h3', {}, 'Assignments'), miniTable(['Shard', 'Worker', 'Epoch', 'GPUs', 'State'],
         job.assignments.map((a) => [a.slot, h('code', {}, a.worker_id), a.epoch, a.gpus,
-          a.done ? 'done' : a.started ? 'started' : 'placed'])));
+          a.done ? 'done' : ['failed', 'cancelled'].includes(job.state) ? 'stopped' : a.started ? 'started' : 'placed'])));
     }
     if (job.log_tail) parts.push(h('h3', {}, 'Log tail'), h('pre', {class: 'log'}, job.log_tail));
     $('job-summary').replaceChildren(...parts);
