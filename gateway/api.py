@@ -264,47 +264,9 @@ def openapi(operations: list[Operation], *, title: str, version: str, server_url
     error_ref = {"application/json": {"schema": schema_of[ErrorBody]}}
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
-        parameters: list[dict[str, Any]] = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in _PARAM.findall(op.path)
-        ]
-        if op.query is not None:
-            (query_schema,), query_components = msgspec.json.schema_components(
-                [op.query], ref_template="{name}"
-            )
-            query_def = query_components[query_schema["$ref"]]
-            required = set(query_def.get("required", []))
-            for name, prop in query_def.get("properties", {}).items():
-                parameters.append({"name": name, "in": "query", "required": name in required, "schema": prop})
-        responses: dict[str, Any] = {}
-        if op.response is not None:
-            responses[str(op.status)] = {
-                "description": op.summary,
-                "content": {"application/json": {"schema": schema_of[op.response]}},
-            }
-        else:
-            responses[str(op.status)] = {"description": op.summary}
-        if op.accepted:
-            responses["202"] = {**responses[str(op.status)], "description": op.accepted}
-        for status, meaning in {**COMMON_ERRORS, **op.errors}.items():
-            if status == 401 and op.access == "public" and 401 not in op.errors:
-                continue  # a public route answers 401 only when its own credential is bad
-            responses[str(status)] = {"description": meaning, "content": error_ref}
-        entry: dict[str, Any] = {
-            "operationId": op.operation_id,
-            "summary": op.summary,
-            "tags": [op.tag],
-            "parameters": parameters,
-            "responses": responses,
-        }
-        if op.access != "public":
-            entry["security"] = [{"apiKey": []}]
-        if op.body is not None:
-            entry["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": schema_of[op.body]}},
-            }
-        paths.setdefault(_PARAM.sub(r"{\1}", op.path), {})[op.method.lower()] = entry
+        paths.setdefault(_PARAM.sub(r"{\1}", op.path), {})[op.method.lower()] = _operation_object(
+            op, schema_of, error_ref
+        )
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},
@@ -315,3 +277,47 @@ def openapi(operations: list[Operation], *, title: str, version: str, server_url
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer", "bearerFormat": "rt_..."}},
         },
     }
+
+
+def _operation_object(op: Operation, schema_of: dict[Any, Any], error_ref: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI Operation Object of ``op``: its parameters, request body and responses, with
+    ``schema_of`` mapping each body and response type to its ``$ref``."""
+    parameters: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PARAM.findall(op.path)
+    ]
+    if op.query is not None:
+        (query_schema,), query_components = msgspec.json.schema_components([op.query], ref_template="{name}")
+        query_def = query_components[query_schema["$ref"]]
+        required = set(query_def.get("required", []))
+        for name, prop in query_def.get("properties", {}).items():
+            parameters.append({"name": name, "in": "query", "required": name in required, "schema": prop})
+    responses: dict[str, Any] = {}
+    if op.response is not None:
+        responses[str(op.status)] = {
+            "description": op.summary,
+            "content": {"application/json": {"schema": schema_of[op.response]}},
+        }
+    else:
+        responses[str(op.status)] = {"description": op.summary}
+    if op.accepted:
+        responses["202"] = {**responses[str(op.status)], "description": op.accepted}
+    for status, meaning in {**COMMON_ERRORS, **op.errors}.items():
+        if status == 401 and op.access == "public" and 401 not in op.errors:
+            continue  # a public route answers 401 only when its own credential is bad
+        responses[str(status)] = {"description": meaning, "content": error_ref}
+    entry: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "tags": [op.tag],
+        "parameters": parameters,
+        "responses": responses,
+    }
+    if op.access != "public":
+        entry["security"] = [{"apiKey": []}]
+    if op.body is not None:
+        entry["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema_of[op.body]}},
+        }
+    return entry
