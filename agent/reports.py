@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import math
 import signal
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -68,32 +69,31 @@ def _one(cmd: StartWork, event: Event, suffix: str) -> Append:
     return _subject(cmd, event), event, f"{cmd.assignment_id}-{suffix}"
 
 
+E = TypeVar("E", bound=Event)
+
+
+def _about(cmd: StartWork, kind: Callable[..., E], **fields: Any) -> E:
+    """A ``kind`` event about ``cmd``'s assignment: it names the assignment and its epoch."""
+    return kind(assignment_id=cmd.assignment_id, epoch=cmd.epoch, **fields)
+
+
 def started(cmd: StartWork, worker_id: str) -> Append:
     """The workload started."""
     if cmd.work_kind == "endpoint":
-        event: Event = EndpointReplicaStarting(
-            assignment_id=cmd.assignment_id, worker_id=worker_id, epoch=cmd.epoch
-        )
+        event: Event = _about(cmd, EndpointReplicaStarting, worker_id=worker_id)
     else:
-        event = JobStarted(
-            assignment_id=cmd.assignment_id, worker_id=worker_id, slot=cmd.slot, epoch=cmd.epoch
-        )
+        event = _about(cmd, JobStarted, worker_id=worker_id, slot=cmd.slot)
     return _one(cmd, event, "started")
 
 
 def rejected(cmd: StartWork, worker_id: str, reason: str) -> Append:
     """The agent refused the assignment (policy, capacity, unknown runtime)."""
     if cmd.work_kind == "endpoint":
-        event: Event = EndpointReplicaLost(
-            assignment_id=cmd.assignment_id,
-            epoch=cmd.epoch,
-            reason=f"rejected by worker: {reason}",
-            retryable=True,
+        event: Event = _about(
+            cmd, EndpointReplicaLost, reason=f"rejected by worker: {reason}", retryable=True
         )
     else:
-        event = JobRejected(
-            assignment_id=cmd.assignment_id, worker_id=worker_id, epoch=cmd.epoch, reason=reason
-        )
+        event = _about(cmd, JobRejected, worker_id=worker_id, reason=reason)
     return _one(cmd, event, "rejected")
 
 
@@ -102,35 +102,24 @@ def reported(cmd: StartWork, report: ProgressLine | CheckpointLine | ReadyLine, 
     if isinstance(report, ReadyLine):
         if cmd.work_kind != "endpoint":
             return None
-        ready = EndpointReplicaReady(
-            assignment_id=cmd.assignment_id, epoch=cmd.epoch, address=report.address, api_key=report.api_key
-        )
+        ready = _about(cmd, EndpointReplicaReady, address=report.address, api_key=report.api_key)
         return _one(cmd, ready, f"ready-{n}")
     if cmd.work_kind != "job":
         return None
     if isinstance(report, CheckpointLine):
         if report.object_key is None:
             return None  # a file not uploaded yet (agent.checkpoints uploads it and reports the key)
-        event: Event = JobCheckpointed(
-            epoch=cmd.epoch,
+        event: Event = _about(
+            cmd,
+            JobCheckpointed,
+            slot=cmd.slot,
             object_key=report.object_key,
             round=report.round,
-            slot=cmd.slot,
             step=report.step,
-            assignment_id=cmd.assignment_id,
         )
         return _one(cmd, event, f"checkpointed-{n}")
-    event = JobProgress(
-        epoch=cmd.epoch,
-        slot=cmd.slot,
-        assignment_id=cmd.assignment_id,
-        round=report.round,
-        train_epoch=report.train_epoch,
-        step=report.step,
-        loss=report.loss,
-        metrics=report.metrics,
-        gpu_util_pct=report.gpu_util_pct,
-    )
+    # Every field of the workload's report, stamped with the assignment that ran it.
+    event = _about(cmd, JobProgress, slot=cmd.slot, **msgspec.structs.asdict(report))
     return _one(cmd, event, f"progress-{n}")
 
 
@@ -154,13 +143,8 @@ def ended(
         return [_failure(cmd, cause.replace("_", " "), log_tail, retryable=True)]
     if code == 0:
         if cmd.work_kind == "endpoint":
-            lost = EndpointReplicaLost(
-                assignment_id=cmd.assignment_id, epoch=cmd.epoch, reason=exit_reason(0)
-            )
-            return [_one(cmd, lost, "lost")]
-        done = JobShardCompleted(
-            assignment_id=cmd.assignment_id, worker_id=worker_id, slot=cmd.slot, epoch=cmd.epoch
-        )
+            return [_one(cmd, _about(cmd, EndpointReplicaLost, reason=exit_reason(0)), "lost")]
+        done = _about(cmd, JobShardCompleted, worker_id=worker_id, slot=cmd.slot)
         return [_one(cmd, done, "shard-completed")]
     return [_failure(cmd, exit_reason(code if code is not None else -1), log_tail, retryable=False)]
 
@@ -173,22 +157,9 @@ def start_failed(cmd: StartWork, reason: str, *, retryable: bool = False) -> App
 def _failure(cmd: StartWork, reason: str, log_tail: str, *, retryable: bool) -> Append:
     log_tail = cut_tail(log_tail)
     if cmd.work_kind == "endpoint":
-        lost = EndpointReplicaLost(
-            assignment_id=cmd.assignment_id,
-            epoch=cmd.epoch,
-            reason=reason,
-            log_tail=log_tail,
-            retryable=retryable,
-        )
+        lost = _about(cmd, EndpointReplicaLost, reason=reason, log_tail=log_tail, retryable=retryable)
         return _one(cmd, lost, "lost")
-    failed = JobFailed(
-        reason=reason,
-        epoch=cmd.epoch,
-        slot=cmd.slot,
-        log_tail=log_tail,
-        retryable=retryable,
-        assignment_id=cmd.assignment_id,
-    )
+    failed = _about(cmd, JobFailed, slot=cmd.slot, reason=reason, log_tail=log_tail, retryable=retryable)
     return _one(cmd, failed, "failed")
 
 

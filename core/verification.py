@@ -166,13 +166,9 @@ def _product_mod_p(x: Matrix, b_low: Matrix, b_high: Matrix) -> Matrix:
 
 
 def judge(
+    challenge: WorkerVerificationRequested,
     *,
-    seed: str,
-    size: int,
-    rounds: int,
-    challenge_id: str,
     requested_ns: int,
-    deadline_s: float,
     received_ns: int,
     report: WorkerVerificationReported,
     registered_gpus: list[Gpu],
@@ -184,7 +180,7 @@ def judge(
     Cheap: the caller computes ``expected_checksum = answer(seed, size, rounds)`` once (in a thread).
 
     Args:
-        seed / size / rounds / challenge_id / deadline_s: the challenge, as the kernel requested it.
+        challenge: the challenge, as the kernel requested it.
         requested_ns / received_ns: when the kernel requested it and received the report (the
             kernel's clock, nanoseconds).
         report: the worker's claim.
@@ -201,10 +197,10 @@ def judge(
     Raises:
         ValueError: the challenge's own parameters are invalid (as :func:`validate`): a kernel bug.
     """
-    validate(seed, size, rounds)
+    validate(challenge.seed, challenge.size, challenge.rounds)
     checks = (
-        _challenge_reason(challenge_id, requested_ns, deadline_s, received_ns, report),
-        _answer_reason(size, rounds, report, expected_checksum),
+        _challenge_reason(challenge.challenge_id, requested_ns, challenge.deadline_s, received_ns, report),
+        _answer_reason(challenge.size, challenge.rounds, report, expected_checksum),
         _gpus_reason(report.gpus, registered_gpus),
         _throughput_reason(report.gpu_tflops, registered_gpus, tflops_floor),
     )

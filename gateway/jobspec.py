@@ -12,13 +12,14 @@ reason (:func:`projections.admission.never_fits`), against the fleet as :class:`
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import msgspec
 
 from core import flare, flarejob
-from core.placement import Candidate
+from core.placement.values import Candidate
 from gateway.api import Call
+from gateway.bodies import converted
 from gateway.errors import ApiError
 from gateway.references import key_problem
 from projections.admission import Quotas, Wait, check_quota, idle_host, never_fits, request_for_job
@@ -147,27 +148,15 @@ def job_event(spec: SubmitJob, submitted_by: str) -> JobSubmitted:
     _check_env(spec)
     _check_keys(spec)
     federated = spec.federated
-    return event_of(
-        spec,
+    return converted(
         JobSubmitted,
+        spec,
         inputs=list(dict.fromkeys([*spec.inputs, *federated_inputs(spec)])),
         submitted_by=submitted_by,
         federated=None
         if federated is None
-        else event_of(federated, FederatedTraining, script=federated.script or ""),
+        else converted(FederatedTraining, federated, script=federated.script or ""),
     )
-
-
-E = TypeVar("E", bound=msgspec.Struct)
-
-
-def event_of(body: msgspec.Struct, event_type: type[E], **fields: Any) -> E:
-    """The event (or event value) a checked request body asks for: the body's fields of the same
-    names, nested values included, and ``fields`` over them."""
-    given = {
-        name: getattr(body, name) for name in body.__struct_fields__ if name in event_type.__struct_fields__
-    }
-    return msgspec.convert(msgspec.to_builtins({**given, **fields}), event_type)
 
 
 def federated_inputs(spec: SubmitJob) -> list[str]:

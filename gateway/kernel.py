@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from core.log import EventLog
 from core.objects import s3_client
@@ -42,6 +42,14 @@ SERVED: tuple[Projection[Any], ...] = (TENANTS, PROVIDERS, REGISTRY, LIVENESS, S
 """The projections the gateway reads."""
 READ_YOUR_WRITES_S = 5.0
 """How long a write waits for this gateway's projection to apply it before answering 202 instead."""
+
+
+class AppendOptions(TypedDict, total=False):
+    """The options of :meth:`core.log.EventLog.append` that :meth:`Kernel.append` passes on."""
+
+    event_id: str | None
+    expected_seq: int | None
+    expected_filter: str | None
 
 
 class Kernel:
@@ -149,19 +157,16 @@ class Kernel:
         subject: str,
         event: Event,
         *,
-        event_id: str | None = None,
-        expected_seq: int | None = None,
-        expected_filter: str | None = None,
         visible_in: Projection[Any] | None = None,
+        **options: Unpack[AppendOptions],
     ) -> Position:
-        """Append ``event``; with ``visible_in``, return only once that projection has applied it.
+        """Append ``event`` (``options``: those of :meth:`core.log.EventLog.append`); with
+        ``visible_in``, return only once that projection has applied it.
 
         Raises:
             NotYetVisible: the event is stored, but not applied within :data:`READ_YOUR_WRITES_S`.
         """
-        position = await self.event_log.append(
-            subject, event, event_id=event_id, expected_seq=expected_seq, expected_filter=expected_filter
-        )
+        position = await self.event_log.append(subject, event, **options)
         if visible_in is not None:
             await self.visible(visible_in, position)
         return position

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from gateway.errors import ApiError
+
+R = TypeVar("R")
 
 
 def encode_cursor(scope: str, position: int | str) -> str:
@@ -48,3 +52,15 @@ def decode_seq_cursor(scope: str, cursor: str | None) -> int:
     if not position.isdigit() or len(position) > 19:
         raise _bad(cursor)
     return int(position)
+
+
+def newest_first(
+    scope: str, records: Iterable[R], seq: Callable[[R], int], cursor: str | None, limit: int
+) -> tuple[list[R], str | None]:
+    """One page of ``records``, newest (highest ``seq``) first, after the cursor of list ``scope``
+    (from the start without one), and the cursor of the next page (``None`` on the last)."""
+    before = decode_seq_cursor(scope, cursor) if cursor is not None else None
+    found = [r for r in records if before is None or seq(r) < before]
+    found.sort(key=seq, reverse=True)
+    page = found[:limit]
+    return page, encode_cursor(scope, seq(page[-1])) if len(found) > limit else None

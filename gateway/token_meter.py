@@ -41,15 +41,11 @@ Append = tuple[str, TokensServed, str]
 
 @dataclass(slots=True)
 class ReplicaTokens:
-    """Tokens one replica served since its last tick from this process."""
+    """Tokens ``replica`` of ``endpoint`` (both as first counted) served since its last tick from
+    this process."""
 
-    tenant: str
-    endpoint_id: str
-    assignment_id: str
-    epoch: int
-    worker_id: str
-    gpus: int
-    pool: str
+    endpoint: EndpointRecord
+    replica: ReplicaRecord
     since_ms: int
     tokens: int = 0
 
@@ -60,16 +56,17 @@ def token_tick(
     """The tick of ``counted`` for ``[since_ms, end_ms]`` (at least one millisecond long, so that
     the next interval, which starts at its end, never starts where it did)."""
     gpu_type = CPU_GPU_TYPE
-    if counted.gpus and worker is not None and worker.gpus:
-        gpu_type = gpu_family(worker.gpus[0].model)
+    registered = None if worker is None else worker.registration
+    if counted.replica.gpus and registered is not None and registered.gpus:
+        gpu_type = gpu_family(registered.gpus[0].model)
     return TokensServed(
-        work_id=counted.endpoint_id,
+        work_id=counted.endpoint.endpoint_id,
         work_kind="endpoint",
-        assignment_id=counted.assignment_id,
-        epoch=counted.epoch,
-        provider=worker.provider if worker is not None else "",
+        assignment_id=counted.replica.assignment_id,
+        epoch=counted.replica.epoch,
+        provider=registered.provider if registered is not None else "",
         gpu_type=gpu_type,
-        pool=counted.pool,  # type: ignore[arg-type]
+        pool=counted.endpoint.spec.pool,
         start_ms=counted.since_ms,
         end_ms=max(end_ms, counted.since_ms + 1),
         tier=tier_of(worker, now_ns) if worker is not None else "unverified",
@@ -98,16 +95,8 @@ class TokenMeter:
         counted = self.counted.get(replica.assignment_id)
         if counted is None:
             now_ms = time.time_ns() // 1_000_000
-            counted = self.counted[replica.assignment_id] = ReplicaTokens(
-                tenant=endpoint.tenant,
-                endpoint_id=endpoint.endpoint_id,
-                assignment_id=replica.assignment_id,
-                epoch=replica.epoch,
-                worker_id=replica.worker_id,
-                gpus=replica.gpus,
-                pool=endpoint.spec.pool,
-                since_ms=max(now_ms, self.next_ms.get(replica.assignment_id, 0)),
-            )
+            since_ms = max(now_ms, self.next_ms.get(replica.assignment_id, 0))
+            counted = self.counted[replica.assignment_id] = ReplicaTokens(endpoint, replica, since_ms)
         counted.tokens += tokens
 
     def cut(self, workers: dict[str, WorkerRecord], now_ns: int) -> list[Append]:
@@ -117,10 +106,12 @@ class TokenMeter:
         self.next_ms = {}
         for assignment_id, counted in self.counted.items():
             self._n += 1
-            tick = token_tick(counted, workers.get(counted.worker_id), source=self.source,
+            tick = token_tick(counted, workers.get(counted.replica.worker_id), source=self.source,
                               end_ms=end_ms, now_ns=now_ns)  # fmt: skip
             self.next_ms[assignment_id] = tick.end_ms
-            subject = metering_subject(counted.tenant, counted.worker_id, assignment_id, TokensServed)
+            subject = metering_subject(
+                counted.endpoint.tenant, counted.replica.worker_id, assignment_id, TokensServed
+            )
             self.pending.append((subject, tick, f"{self.source}-{self._n}"))
         self.counted.clear()
         return list(self.pending)

@@ -31,17 +31,11 @@ from typing import NamedTuple
 import msgspec
 
 from core.clock import NS_PER_S
-from core.placement import (
-    DEFAULT_WEIGHTS,
-    Candidate,
-    Decision,
-    PlacementRequest,
-    RankWeights,
-    lanes,
-    permanent_reason,
-)
+from core.placement.explaining import permanent_reason
+from core.placement.rules import Decision, lanes
+from core.placement.values import DEFAULT_WEIGHTS, Candidate, PlacementRequest, RankWeights
 from projections.capacity import candidate_of
-from projections.endpoints import EndpointRecord, EndpointsState, missing_replicas
+from projections.endpoints import EndpointRecord, EndpointsState, missing_replicas, replica_assignment
 from projections.liveness import LivenessState
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, missing_slots, pending
@@ -272,15 +266,8 @@ def _preemptible(
             continue
         for r in sorted(endpoint.replicas.values(), key=lambda r: r.slot):
             if r.state != "lost" and r.worker_id in hosts and reclaim(r.worker_id, endpoint.spec.pool):
-                a = Assignment(
-                    assignment_id=r.assignment_id,
-                    worker_id=r.worker_id,
-                    slot=r.slot,
-                    epoch=r.epoch,
-                    gpus=r.gpus,
-                )
                 order = (1, 0, -endpoint.deployed_seq, r.slot)
-                victim = Victim(key, a, "endpoint")
+                victim = Victim(key, replica_assignment(r), "endpoint")
                 found.setdefault(r.worker_id, []).append(_Running(victim, (r.gpus, 0.0, 0, 1), order))
     for running in found.values():
         running.sort(key=lambda r: (r.order, r.victim.key))

@@ -33,8 +33,8 @@ class Projection(Generic[S]):
         stream: the stream it folds (``WORKERS``).
         version: bump when ``evolve`` changes meaning; snapshots of another version are discarded
             and the projection is rebuilt from the log.
-        state_type: the msgspec Struct type of the state (snapshots decode into it).
-        initial: a function returning the empty state.
+        state_type: the msgspec Struct type of the state (snapshots decode into it); called with no
+            arguments it gives the empty state (:meth:`initial`).
         evolve: the reducer.
         subjects: an optional subject filter inside the stream.
     """
@@ -43,9 +43,12 @@ class Projection(Generic[S]):
     stream: str
     version: int
     state_type: type[S]
-    initial: Callable[[], S]
     evolve: Callable[[S, Recorded[Any]], S]
     subjects: str | None = None
+
+    def initial(self) -> S:
+        """The empty state: the state type with every field at its default."""
+        return self.state_type()
 
     def fold(self, records: Iterable[Recorded[Any]], state: S | None = None) -> S:
         """Apply ``records`` in order to ``state`` (default: a new initial state)."""

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from core.clock import NS_PER_S
-from core.placement import Candidate
+from core.placement.values import Candidate
 from core.pricing import CPU_GPU_TYPE
 from core.tiers import MIN_OBSERVATION_S, WINDOW_S, Tier, family_of, tier_for
 from projections.endpoints import EndpointsState
@@ -71,7 +71,7 @@ def tier_of(
     """
     if not record.verified or now_ns - record.since_ns < min_observation_s * NS_PER_S:
         return "unverified"
-    models = [g.model for g in record.gpus]
+    models = [g.model for g in record.registration.gpus]
     return tier_for(uptime_30d(record, now_ns, window_s=window_s), models)
 
 
@@ -108,9 +108,10 @@ def candidates(
 
 def candidate_of(record: WorkerRecord, beat: LastBeat | None, use: Sequence[float], now_ns: int) -> Candidate:
     """One candidate from its registry record, latest beat and ``[gpus, cpus, memory_mb, count]`` used."""
-    families = Counter(family_of(g.model) for g in record.gpus)
+    registered = record.registration
+    families = Counter(family_of(g.model) for g in registered.gpus)
     family = min(families, key=lambda f: (-families[f], f)) if families else CPU_GPU_TYPE
-    gpus = [g for g in record.gpus if family_of(g.model) == family]
+    gpus = [g for g in registered.gpus if family_of(g.model) == family]
     used_mb = {t.index: t.mem_used_mb for t in beat.gpus} if beat else {}
     fraction = record.policy.max_vram_fraction
     usable, limit, utils = [], [], []
@@ -126,10 +127,10 @@ def candidate_of(record: WorkerRecord, beat: LastBeat | None, use: Sequence[floa
             utils = [beat.cpu_pct]
     return Candidate(
         worker_id=record.worker_id,
-        pool=record.pool,
-        owner_tenant=record.owner_tenant,
-        sandbox=record.sandbox,
-        region=record.region,
+        pool=registered.pool,
+        owner_tenant=registered.owner_tenant,
+        sandbox=registered.sandbox,
+        region=registered.region,
         state=record.state,
         policy=record.policy,
         gpu_family=family,
@@ -137,9 +138,9 @@ def candidate_of(record: WorkerRecord, beat: LastBeat | None, use: Sequence[floa
         gpus_used=int(use[0]),
         vram_usable_mb=sorted(usable),
         vram_limit_mb=sorted(limit),
-        cpus=record.cpus,
+        cpus=registered.cpus,
         cpus_used=float(use[1]),
-        memory_mb=record.memory_mb,
+        memory_mb=registered.memory_mb,
         memory_used_mb=int(use[2]),
         assignments=int(use[3]),
         util=min(1.0, sum(utils) / len(utils) / 100) if utils else None,

@@ -209,16 +209,10 @@ def _job_report(sender: str, tokens: list[str], subject: str, claim: Any, facts:
     slot: int | None = getattr(claim, "slot", None)
     if not claim.assignment_id or (slot is None and not isinstance(claim, JobRejected)):
         return Refused(f"a {claim.event_tag()} report must name its slot and assignment")
-    held = _current_shard(job, claim.assignment_id)
-    if held is None:
-        return Refused(
-            f"assignment {claim.assignment_id} is not a current assignment of job {job.job_id}", unknown=True
-        )
-    mismatch = _mismatch(
-        sender, held, slot=slot, epoch=claim.epoch, worker=getattr(claim, "worker_id", sender)
-    )
-    if mismatch is not None:
-        return Refused(mismatch)
+    not_current = f"assignment {claim.assignment_id} is not a current assignment of job {job.job_id}"
+    refused = _not_held(sender, claim, shard_tenure(job, claim.assignment_id), slot, not_current)
+    if refused is not None:
+        return refused
     match claim:
         case JobProgress(metrics=metrics) if len(metrics) > MAX_METRICS:
             return Refused(f"progress with {len(metrics)} metrics (at most {MAX_METRICS})")
@@ -238,9 +232,17 @@ def checkpoint_prefix(job: JobRecord) -> str:
     return f"jobs/{job.spec.name}/checkpoints/{job.job_id}/"
 
 
-def _current_shard(job: JobRecord, assignment_id: str) -> Tenure | None:
-    found = shard_tenure(job, assignment_id)
-    return found if found is not None and found.ended_ns is None else None
+def _not_held(
+    sender: str, claim: Any, held: Tenure | None, slot: int | None, not_current: str
+) -> Refused | None:
+    """The refusal of a report about an assignment that is not current (``held``: its tenure, if
+    any), or that does not come from it; ``None`` for a report the assignment may make."""
+    if held is None or held.ended_ns is not None:
+        return Refused(not_current, unknown=True)
+    mismatch = _mismatch(
+        sender, held, slot=slot, epoch=claim.epoch, worker=getattr(claim, "worker_id", sender)
+    )
+    return None if mismatch is None else Refused(mismatch)
 
 
 def _mismatch(sender: str, held: Tenure, *, slot: int | None, epoch: int | None, worker: str) -> str | None:
@@ -267,16 +269,10 @@ def _replica_report(sender: str, tokens: list[str], subject: str, claim: Any, fa
         return Refused(f"no endpoint {tokens[1]}/{tokens[2]}", unknown=True)
     if endpoint.state == "deleted":
         return Refused(f"endpoint {endpoint.endpoint_id} is deleted")
-    held = replica_tenure(endpoint, claim.assignment_id)
-    if held is None or held.ended_ns is not None:
-        return Refused(
-            f"{claim.assignment_id} is not a current replica of {endpoint.endpoint_id}", unknown=True
-        )
-    mismatch = _mismatch(
-        sender, held, slot=None, epoch=claim.epoch, worker=getattr(claim, "worker_id", sender)
-    )
-    if mismatch is not None:
-        return Refused(mismatch)
+    not_current = f"{claim.assignment_id} is not a current replica of {endpoint.endpoint_id}"
+    refused = _not_held(sender, claim, replica_tenure(endpoint, claim.assignment_id), None, not_current)
+    if refused is not None:
+        return refused
     match claim:
         case EndpointReplicaReady(address=address, api_key=api_key):
             refusal = _address_refusal(address, facts.registry.workers.get(sender), facts.kernel_addresses)
@@ -305,7 +301,7 @@ def _address_refusal(address: str, worker: WorkerRecord | None, kernel: frozense
         return f"address {address[:100]!r} is not http(s)://host:port"
     if url.path not in ("", "/") or url.query or url.fragment or url.username or url.password:
         return f"address {address[:100]!r} has more than a scheme, host and port"
-    hosts = {h.lower() for h in (worker.address, worker.hostname) if h}
+    hosts = {h.lower() for h in (worker.registration.address, worker.registration.hostname) if h}
     if url.hostname.lower() not in hosts:
         return (
             f"address {address[:100]!r} is not on the worker's registered host ({', '.join(sorted(hosts))})"
@@ -340,13 +336,14 @@ def _usage(
     refusal = _interval_refusal(tick, held, cpus, facts.now_ns // 1_000_000, billed_until_ms)
     if refusal is not None:
         return Refused(refusal)
-    gpu_type = gpu_family(worker.gpus[0].model) if held.gpus and worker.gpus else CPU_GPU_TYPE
+    gpus = worker.registration.gpus
+    gpu_type = gpu_family(gpus[0].model) if held.gpus and gpus else CPU_GPU_TYPE
     canonical = UsageTick(
         work_id=tick.work_id,
         work_kind=tick.work_kind,
         assignment_id=assignment_id,
         epoch=held.epoch,
-        provider=worker.provider,
+        provider=worker.registration.provider,
         gpu_type=gpu_type,
         pool=work.spec.pool,
         start_ms=tick.start_ms,

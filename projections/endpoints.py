@@ -32,7 +32,7 @@ from typing import Any, Literal
 import msgspec
 
 from projections.base import Projection
-from projections.tenure import Tenure, forget_old, retire
+from projections.tenure import Tenure, retire, seen, tenure
 from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
@@ -46,6 +46,7 @@ from schemas.endpoints import (
     EndpointScaledToZero,
 )
 from schemas.envelope import Recorded
+from schemas.values import Assignment
 
 EndpointState = Literal["deploying", "serving", "scaled_to_zero", "failed", "deleted"]
 ReplicaState = Literal["placed", "starting", "ready", "lost"]
@@ -168,15 +169,7 @@ def _placed(
         old = replicas.get(str(a.slot))
         if old is not None:
             superseded.append(_tenure(endpoint, old))
-        replicas[str(a.slot)] = ReplicaRecord(
-            assignment_id=a.assignment_id,
-            worker_id=a.worker_id,
-            slot=a.slot,
-            epoch=a.epoch,
-            gpus=a.gpus,
-            changed_seq=seq,
-            placed_ns=t,
-        )
+        replicas[str(a.slot)] = ReplicaRecord(**msgspec.structs.asdict(a), changed_seq=seq, placed_ns=t)
         epoch = max(epoch, a.epoch)
     if epoch == endpoint.epoch:
         return None
@@ -186,15 +179,12 @@ def _placed(
 
 def _tenure(endpoint: EndpointRecord, replica: ReplicaRecord) -> Tenure:
     """The tenure of a current replica (``ended_ns``: the endpoint's deletion, if deleted)."""
-    return Tenure(
-        assignment_id=replica.assignment_id,
-        worker_id=replica.worker_id,
-        slot=replica.slot,
-        epoch=replica.epoch,
-        gpus=replica.gpus,
-        placed_ns=replica.placed_ns,
-        ended_ns=endpoint.deleted_ns,
-    )
+    return tenure(replica_assignment(replica), replica.placed_ns, endpoint.deleted_ns)
+
+
+def replica_assignment(replica: ReplicaRecord) -> Assignment:
+    """The assignment ``replica`` holds, as it was placed (its fields of an :class:`Assignment`)."""
+    return msgspec.convert(replica, Assignment, from_attributes=True)
 
 
 def _retired(endpoint: EndpointRecord, gone: list[ReplicaRecord], t: int, **changes: Any) -> EndpointRecord:
@@ -313,19 +303,12 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
         return state
     changed = None if endpoint.state == "deleted" else _changed(endpoint, event, seq, recorded.time_ns)
     endpoint = endpoint if changed is None else _derive(changed)
-    kept = forget_old(endpoint.retired, recorded.time_ns)
-    changes = {"last_seq": seq} if kept is None else {"last_seq": seq, "retired": kept}
-    state.endpoints[key] = _replace(endpoint, **changes)
+    state.endpoints[key] = seen(endpoint, endpoint.retired, seq, recorded.time_ns)
     return state
 
 
 ENDPOINTS: Projection[EndpointsState] = Projection(
-    name="endpoints",
-    stream="ENDPOINTS",
-    version=6,
-    state_type=EndpointsState,
-    initial=EndpointsState,
-    evolve=evolve,
+    name="endpoints", stream="ENDPOINTS", version=6, state_type=EndpointsState, evolve=evolve
 )
 
 

@@ -139,26 +139,32 @@ class InvoiceLine(msgspec.Struct, kw_only=True):
     source_ranges: list[tuple[int, int]] = []
 
 
-class PayoutLine(msgspec.Struct, kw_only=True):
-    """What one provider earned in one month at one tier (usage summed, payout in micro-USD)."""
+class Earned(msgspec.Struct, kw_only=True):
+    """Usage summed and the payout it earned a provider (micro-USD), counted tick by tick."""
 
     provider: str
+    gpu_ms: int = 0
+    cpu_ms: int = 0
+    payout_micros: int = 0
+    ticks: int = 0
+
+    def add(self, gpu_ms: int, cpu_ms: int, payout: int) -> None:
+        """Count one tick (in place: the reducer updates the state it is given)."""
+        self.gpu_ms += gpu_ms
+        self.cpu_ms += cpu_ms
+        self.payout_micros += payout
+        self.ticks += 1
+
+
+class PayoutLine(Earned, kw_only=True):
+    """What one provider earned in one month at one tier."""
+
     period: str
     tier: str
-    gpu_ms: int = 0
-    cpu_ms: int = 0
-    payout_micros: int = 0
-    ticks: int = 0
 
 
-class WorkerEarnings(msgspec.Struct, kw_only=True):
-    """What one worker earned its provider to date (usage summed, payout in micro-USD)."""
-
-    provider: str
-    gpu_ms: int = 0
-    cpu_ms: int = 0
-    payout_micros: int = 0
-    ticks: int = 0
+class WorkerEarnings(Earned, kw_only=True):
+    """What one worker earned its provider to date."""
 
 
 class LedgerState(msgspec.Struct, kw_only=True):
@@ -346,17 +352,11 @@ def _pay(state: LedgerState, tick: UsageTick, period: str, worker_id: str, payou
     paid = state.payouts.get(key)
     if paid is None:
         paid = state.payouts[key] = PayoutLine(provider=tick.provider, period=period, tier=tick.tier)
-    paid.gpu_ms += gpu_ms
-    paid.cpu_ms += cpu_ms
-    paid.payout_micros += payout
-    paid.ticks += 1
+    paid.add(gpu_ms, cpu_ms, payout)
     earned = state.workers.get(worker_id)
     if earned is None:
         earned = state.workers[worker_id] = WorkerEarnings(provider=tick.provider)
-    earned.gpu_ms += gpu_ms
-    earned.cpu_ms += cpu_ms
-    earned.payout_micros += payout
-    earned.ticks += 1
+    earned.add(gpu_ms, cpu_ms, payout)
 
 
 def compact_ranges(ranges: list[tuple[int, int]], kept: int) -> list[tuple[int, int]]:
@@ -390,12 +390,7 @@ def _prune(state: LedgerState, seq: int, now_ns: int) -> None:
 
 
 LEDGER: Projection[LedgerState] = Projection(
-    name="ledger",
-    stream="METERING",
-    version=4,
-    state_type=LedgerState,
-    initial=LedgerState,
-    evolve=evolve,
+    name="ledger", stream="METERING", version=4, state_type=LedgerState, evolve=evolve
 )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from core.placement import Placed, Unplaceable
+from core.placement.values import Placed, Unplaceable
 from projections.admission import Quotas, Usage, Victim, Wait, triage
 from projections.recovery import Revocation, revoked, stop
 from projections.schedule import TERMINAL, JobRecord, ScheduleState

@@ -66,12 +66,7 @@ def evolve(state: LivenessState, recorded: Recorded[Any]) -> LivenessState:
 
 
 LIVENESS: Projection[LivenessState] = Projection(
-    name="liveness",
-    stream="HEARTBEATS",
-    version=1,
-    state_type=LivenessState,
-    initial=LivenessState,
-    evolve=evolve,
+    name="liveness", stream="HEARTBEATS", version=1, state_type=LivenessState, evolve=evolve
 )
 
 

@@ -36,7 +36,7 @@ def due(worker: WorkerRecord, now_ns: int) -> Due | None:
         return None
     challenge = worker.challenge
     if challenge is not None:
-        expired = now_ns > challenge.requested_ns + int(challenge.deadline_s * NS_PER_S)
+        expired = now_ns > challenge.requested_ns + int(challenge.request.deadline_s * NS_PER_S)
         return Due(worker, "expire") if expired else None
     failed = worker.verification_failed_ns
     if failed is not None and now_ns - failed < RETRY_AFTER_S * NS_PER_S:

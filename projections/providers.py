@@ -24,6 +24,7 @@ from schemas.providers import (
     ProviderCreated,
     ProviderKeyIssued,
     ProviderKeyRevoked,
+    TokenTerms,
 )
 
 
@@ -43,8 +44,8 @@ APPROVED_POOLS = frozenset({"managed", "private"})
 owner tenant, a managed pool's by the operator."""
 
 
-class EnrollmentToken(msgspec.Struct, frozen=True, kw_only=True):
-    """A one-time token; ``used_by`` names the worker that enrolled with it.
+class EnrollmentToken(TokenTerms, frozen=True, kw_only=True):
+    """A one-time token, on its terms; ``used_by`` names the worker that enrolled with it.
 
     Attributes:
         approved_by: who approved a managed or private pool token (``None``: not approved).
@@ -52,13 +53,6 @@ class EnrollmentToken(msgspec.Struct, frozen=True, kw_only=True):
         decided_ns: when it was approved or revoked (Unix ns; 0: neither).
     """
 
-    token_id: str
-    token_sha256: str
-    expires_ns: int
-    pool: str = "shared"
-    region: str = ""
-    owner_tenant: str | None = None
-    label: str = ""
     issued_ns: int = 0
     used_by: str | None = None
     revoked: bool = False
@@ -124,16 +118,8 @@ def _changed(record: ProviderRecord, event: Any, t: int) -> ProviderRecord:
         case ProviderKeyRevoked(key_id=key_id) if key_id in record.keys:
             return replace(record, keys={**record.keys, key_id: replace(record.keys[key_id], revoked=True)})
         case EnrollmentTokenIssued():
-            token = EnrollmentToken(
-                token_id=event.token_id,
-                token_sha256=event.token_sha256,
-                expires_ns=event.expires_ns,
-                pool=event.pool,
-                region=event.region,
-                owner_tenant=event.owner_tenant,
-                label=event.label,
-                issued_ns=t,
-            )
+            issued = msgspec.convert(event, EnrollmentToken, from_attributes=True)  # the event's fields
+            token = replace(issued, issued_ns=t)
             return replace(record, tokens={**record.tokens, event.token_id: token})
         case EnrollmentTokenRevoked(token_id=token_id) if token_id in record.tokens:
             token = record.tokens[token_id]
@@ -259,10 +245,5 @@ def active_agents(state: ProvidersState) -> list[EnrolledAgent]:
 
 
 PROVIDERS: Projection[ProvidersState] = Projection(
-    name="providers",
-    stream="PROVIDERS",
-    version=3,
-    state_type=ProvidersState,
-    initial=ProvidersState,
-    evolve=evolve,
+    name="providers", stream="PROVIDERS", version=3, state_type=ProvidersState, evolve=evolve
 )

@@ -21,13 +21,21 @@ Pure: no I/O, no clock (times are parameters).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from core.clock import NS_PER_S
 from projections.liveness import LastBeat
 from projections.registry import WorkerRecord
 from projections.schedule import TERMINAL, JobRecord
-from schemas import Assignment, JobAssignmentRevoked, JobFailed, StopWork, WorkerLost, WorkerRecovered
+from schemas import (
+    Assignment,
+    EndpointReplicaRevoked,
+    JobAssignmentRevoked,
+    JobFailed,
+    StopWork,
+    WorkerLost,
+    WorkerRecovered,
+)
 
 MAX_SHARD_ATTEMPTS = 3
 """A shard stopped this many times (by its agent, not by its own failure) fails its job."""
@@ -65,15 +73,23 @@ def stop(
     return Stop(assignment.worker_id, command, command_id)
 
 
-def revoked(assignment: Assignment, reason: str) -> JobAssignmentRevoked:
-    """The revocation of ``assignment`` (its slot is placed again, at a new epoch)."""
-    return JobAssignmentRevoked(
+R = TypeVar("R", JobAssignmentRevoked, EndpointReplicaRevoked)
+
+
+def revoked_as(kind: type[R], assignment: Assignment, reason: str) -> R:
+    """The revocation of ``assignment``, as an event of ``kind`` (a job's or a replica's)."""
+    return kind(
         assignment_id=assignment.assignment_id,
         worker_id=assignment.worker_id,
         slot=assignment.slot,
         epoch=assignment.epoch,
         reason=reason,
     )
+
+
+def revoked(assignment: Assignment, reason: str) -> JobAssignmentRevoked:
+    """The revocation of a job's ``assignment`` (its slot is placed again, at a new epoch)."""
+    return revoked_as(JobAssignmentRevoked, assignment, reason)
 
 
 def lost(record: WorkerRecord | None, beat: LastBeat, now_ns: int) -> WorkerLost | None:

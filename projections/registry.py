@@ -27,7 +27,7 @@ import msgspec
 
 from projections.base import Projection
 from schemas.envelope import Recorded
-from schemas.values import Gpu, Pool, Sandboxing, WorkerState
+from schemas.values import Gpu, WorkerState
 from schemas.workers import (
     WorkerCordoned,
     WorkerDeregistered,
@@ -44,19 +44,17 @@ from schemas.workers import (
 
 
 class Challenge(msgspec.Struct, frozen=True, kw_only=True):
-    """An open verification challenge (from ``worker.verification_requested``; ``requested_ns`` is
-    its envelope time)."""
+    """An open verification challenge: its ``worker.verification_requested`` whole (``request``) and
+    that event's envelope time (``requested_ns``)."""
 
-    challenge_id: str
-    seed: str
-    size: int
-    rounds: int
-    deadline_s: float
+    request: WorkerVerificationRequested
     requested_ns: int
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker as the registry knows it. Times are envelope times in Unix nanoseconds.
+    """One worker as the registry knows it: its latest registration whole (``registration``: the
+    hardware, provider, pool, address and sandbox it registered with) and what has happened to it
+    since. Times are envelope times in Unix nanoseconds.
 
     Attributes:
         state: derived: ``deregistered`` > ``lost`` > ``cordoned`` > ``unverified`` > ``available``.
@@ -71,29 +69,13 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
         downtime_ns: total of closed lost intervals.
         excluded_ns: total of closed deregistered intervals.
         lost_count: how many times the worker was declared lost.
-        address: the host address other workers reach it at (empty: unknown).
-        sandbox / sandbox_problem: how its host isolates workloads, as it registered
-            (:class:`schemas.workers.WorkerRegistered`).
         last_change_seq: the WORKERS sequence of the last event that changed this record.
         last_seq: the WORKERS sequence of the worker's latest event, whether it changed the
             record or not: the expected sequence for appends about the worker.
     """
 
     worker_id: str
-    provider: str
-    hostname: str
-    region: str = ""
-    pool: Pool = "shared"
-    owner_tenant: str | None = None
-    gpus: list[Gpu] = []
-    cpus: int = 0
-    memory_mb: int = 0
-    driver: str = ""
-    agent_version: str = ""
-    labels: dict[str, str] = {}
-    address: str = ""
-    sandbox: Sandboxing = ""
-    sandbox_problem: str = ""
+    registration: WorkerRegistered
     state: WorkerState = "available"
     cordoned: bool = False
     cordon_reason: str = ""
@@ -142,32 +124,15 @@ def _derive(record: WorkerRecord) -> WorkerRecord:
 def _registered(
     old: WorkerRecord | None, worker_id: str, e: WorkerRegistered, seq: int, t: int
 ) -> WorkerRecord:
-    hardware: dict[str, Any] = {
-        "provider": e.provider,
-        "hostname": e.hostname,
-        "region": e.region,
-        "pool": e.pool,
-        "owner_tenant": e.owner_tenant,
-        "gpus": e.gpus,
-        "cpus": e.cpus,
-        "memory_mb": e.memory_mb,
-        "driver": e.driver,
-        "agent_version": e.agent_version,
-        "labels": e.labels,
-        "address": e.address,
-        "sandbox": e.sandbox,
-        "sandbox_problem": e.sandbox_problem,
-        "registered_ns": t,
-        "last_change_seq": seq,
-    }
+    changes: dict[str, Any] = {"registration": e, "registered_ns": t, "last_change_seq": seq}
     if old is None:
-        return _derive(WorkerRecord(worker_id=worker_id, since_ns=t, **hardware))
-    if old.verified and gpu_signature(old.gpus) != gpu_signature(e.gpus):
-        hardware.update(verified=False, verification_reason="its GPUs changed: awaiting verification")
+        return _derive(WorkerRecord(worker_id=worker_id, since_ns=t, **changes))
+    if old.verified and gpu_signature(old.registration.gpus) != gpu_signature(e.gpus):
+        changes.update(verified=False, verification_reason="its GPUs changed: awaiting verification")
     if old.deregistered_ns is not None:
-        hardware["excluded_ns"] = old.excluded_ns + (t - old.deregistered_ns)
-        hardware["deregistered_ns"] = None
-    return _derive(msgspec.structs.replace(old, **hardware))
+        changes["excluded_ns"] = old.excluded_ns + (t - old.deregistered_ns)
+        changes["deregistered_ns"] = None
+    return _derive(msgspec.structs.replace(old, **changes))
 
 
 def _changed(old: WorkerRecord, event: Any, seq: int, t: int) -> WorkerRecord | None:
@@ -194,15 +159,7 @@ def _changed(old: WorkerRecord, event: Any, seq: int, t: int) -> WorkerRecord | 
             down = old.downtime_ns + max(0, t - old.lost_since_ns)
             return replace(old, lost=False, lost_since_ns=None, downtime_ns=down, last_change_seq=seq)
         case WorkerVerificationRequested():
-            challenge = Challenge(
-                challenge_id=event.challenge_id,
-                seed=event.seed,
-                size=event.size,
-                rounds=event.rounds,
-                deadline_s=event.deadline_s,
-                requested_ns=t,
-            )
-            return replace(old, challenge=challenge, last_change_seq=seq)
+            return replace(old, challenge=Challenge(request=event, requested_ns=t), last_change_seq=seq)
         case WorkerVerified():
             return replace(
                 old, verified=True, verification_reason="", challenge=None, verified_ns=t, last_change_seq=seq
@@ -254,12 +211,7 @@ def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
 
 
 REGISTRY: Projection[RegistryState] = Projection(
-    name="registry",
-    stream="WORKERS",
-    version=5,
-    state_type=RegistryState,
-    initial=RegistryState,
-    evolve=evolve,
+    name="registry", stream="WORKERS", version=6, state_type=RegistryState, evolve=evolve
 )
 
 

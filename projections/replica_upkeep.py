@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from core.placement import Placed, parse_assignment_id
-from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord
+from core.placement.placing import parse_assignment_id
+from core.placement.values import Placed
+from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord, replica_assignment
 from projections.liveness import LastBeat
-from projections.recovery import Stop
+from projections.recovery import Stop, revoked_as
 from projections.registry import WorkerRecord
 from schemas import StopWork
 from schemas.endpoints import (
@@ -99,13 +100,7 @@ def retirement(
         return EndpointReplicaLost(
             assignment_id=replica.assignment_id, epoch=replica.epoch, reason=reason, retryable=True
         )
-    return EndpointReplicaRevoked(
-        assignment_id=replica.assignment_id,
-        worker_id=replica.worker_id,
-        slot=replica.slot,
-        epoch=replica.epoch,
-        reason=reason,
-    )
+    return revoked_as(EndpointReplicaRevoked, replica_assignment(replica), reason)
 
 
 def upkeep(endpoint: EndpointRecord, gone_workers: Collection[str]) -> Upkeep | None:

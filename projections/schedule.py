@@ -41,7 +41,7 @@ from typing import Any, Literal
 import msgspec
 
 from projections.base import Projection
-from projections.tenure import Tenure, forget_old, retire
+from projections.tenure import Tenure, retire, seen, tenure
 from schemas.envelope import Recorded
 from schemas.jobs import (
     JobAssignmentRevoked,
@@ -223,38 +223,37 @@ def _derive(job: JobRecord) -> JobRecord:
     return _replace(job, state=state, queue_reason=job.queue_reason if state == "queued" else "")
 
 
+_SINCE_PLACED = ("started", "done", "failed_slots")
+"""A job's maps of what each slot's current assignment has done since it was placed."""
+_PER_SLOT = ("assignments", "placed_ns", *_SINCE_PLACED)
+"""A job's maps of what belongs to each slot's current assignment, by ``str(slot)``."""
+
+
+def _per_slot(job: JobRecord, without: str | None = None) -> dict[str, dict[str, Any]]:
+    """Copies of ``job``'s per-slot maps (by field name), without slot ``without``."""
+    return {name: {k: v for k, v in getattr(job, name).items() if k != without} for name in _PER_SLOT}
+
+
 def _placed(job: JobRecord, event: JobPlaced, t: int) -> JobRecord | None:
-    assignments = dict(job.assignments)
-    started = dict(job.started)
-    done = dict(job.done)
-    failed = dict(job.failed_slots)
-    placed_ns = dict(job.placed_ns)
+    maps = _per_slot(job)
     superseded = []
     epoch = job.epoch
     for a in event.assignments:
         if a.epoch <= job.epoch or not 0 <= a.slot < job.spec.shards:
             continue
-        old = assignments.get(str(a.slot))
+        slot = str(a.slot)
+        old = maps["assignments"].get(slot)
         if old is not None:
             superseded.append(_tenure(job, old))
-        assignments[str(a.slot)] = a
-        placed_ns[str(a.slot)] = t
-        started.pop(str(a.slot), None)
-        done.pop(str(a.slot), None)
-        failed.pop(str(a.slot), None)
+        maps["assignments"][slot] = a
+        maps["placed_ns"][slot] = t
+        for name in _SINCE_PLACED:
+            maps[name].pop(slot, None)
         epoch = max(epoch, a.epoch)
     if epoch == job.epoch:
         return None
-    return _replace(
-        job,
-        assignments=assignments,
-        started=started,
-        done=done,
-        failed_slots=failed,
-        epoch=epoch,
-        placed_ns=placed_ns,
-        retired=retire(job.retired, superseded, t) if superseded else job.retired,
-    )
+    retired = retire(job.retired, superseded, t) if superseded else job.retired
+    return _replace(job, epoch=epoch, retired=retired, **maps)
 
 
 def _revoked(job: JobRecord, event: JobAssignmentRevoked, t: int) -> JobRecord | None:
@@ -262,22 +261,9 @@ def _revoked(job: JobRecord, event: JobAssignmentRevoked, t: int) -> JobRecord |
     current = job.assignments.get(slot)
     if current is None or current.assignment_id != event.assignment_id:
         return None
-    assignments = {k: a for k, a in job.assignments.items() if k != slot}
-    started = {k: e for k, e in job.started.items() if k != slot}
-    done = {k: e for k, e in job.done.items() if k != slot}
-    failed = {k: r for k, r in job.failed_slots.items() if k != slot}
-    placed_ns = {k: n for k, n in job.placed_ns.items() if k != slot}
-    return _replace(
-        job,
-        assignments=assignments,
-        started=started,
-        done=done,
-        failed_slots=failed,
-        placed_ns=placed_ns,
-        retired=retire(job.retired, [_tenure(job, current)], t),
-        revocations=job.revocations + 1,
-        queue_reason=event.reason,
-    )
+    retired = retire(job.retired, [_tenure(job, current)], t)
+    maps = _per_slot(job, without=slot)
+    return _replace(job, retired=retired, revocations=job.revocations + 1, queue_reason=event.reason, **maps)
 
 
 def _rejected(job: JobRecord, event: JobRejected) -> JobRecord | None:
@@ -387,34 +373,18 @@ def evolve(state: ScheduleState, recorded: Recorded[Any]) -> ScheduleState:
         return state
     changed = None if job.state in TERMINAL else _changed(job, event, seq, recorded.time_ns)
     job = job if changed is None else _derive(changed)
-    kept = forget_old(job.retired, recorded.time_ns)
-    state.jobs[key] = (
-        _replace(job, last_seq=seq) if kept is None else _replace(job, last_seq=seq, retired=kept)
-    )
+    state.jobs[key] = seen(job, job.retired, seq, recorded.time_ns)
     return state
 
 
 SCHEDULE: Projection[ScheduleState] = Projection(
-    name="schedule",
-    stream="JOBS",
-    version=10,
-    state_type=ScheduleState,
-    initial=ScheduleState,
-    evolve=evolve,
+    name="schedule", stream="JOBS", version=10, state_type=ScheduleState, evolve=evolve
 )
 
 
 def _tenure(job: JobRecord, assignment: Assignment) -> Tenure:
     """The tenure of a current assignment of ``job`` (``ended_ns``: the job's end, if it ended)."""
-    return Tenure(
-        assignment_id=assignment.assignment_id,
-        worker_id=assignment.worker_id,
-        slot=assignment.slot,
-        epoch=assignment.epoch,
-        gpus=assignment.gpus,
-        placed_ns=job.placed_ns.get(str(assignment.slot), job.submitted_ns),
-        ended_ns=job.ended_ns,
-    )
+    return tenure(assignment, job.placed_ns.get(str(assignment.slot), job.submitted_ns), job.ended_ns)
 
 
 def find_tenure(job: JobRecord, assignment_id: str) -> Tenure | None:

@@ -93,10 +93,5 @@ def quotas(state: TenantsState) -> dict[str, dict[str, int]]:
 
 
 TENANTS: Projection[TenantsState] = Projection(
-    name="tenants",
-    stream="TENANTS",
-    version=1,
-    state_type=TenantsState,
-    initial=TenantsState,
-    evolve=evolve,
+    name="tenants", stream="TENANTS", version=1, state_type=TenantsState, evolve=evolve
 )

@@ -9,7 +9,11 @@ time, at the next event of the same job or endpoint: :func:`forget_old`), so the
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
+
+from schemas.values import Assignment
 
 RETIRED_KEEP_NS = 15 * 60 * 1_000_000_000
 """How long an ended assignment is remembered: longer than any stop grace plus the intake's
@@ -32,6 +36,24 @@ class Tenure(msgspec.Struct, frozen=True, kw_only=True):
     gpus: int = 0
     placed_ns: int = 0
     ended_ns: int | None = None
+
+
+def tenure(assignment: Assignment, placed_ns: int, ended_ns: int | None) -> Tenure:
+    """The tenure of ``assignment``, placed at ``placed_ns`` (ended at ``ended_ns``, if it ended)."""
+    return Tenure(**msgspec.structs.asdict(assignment), placed_ns=placed_ns, ended_ns=ended_ns)
+
+
+H = TypeVar("H", bound=msgspec.Struct)
+
+
+def seen(record: H, retired: list[Tenure], seq: int, now_ns: int) -> H:
+    """``record`` (a job or an endpoint, whose tenures are ``retired``) after an event of it at
+    ``seq``, changed or not: ``last_seq`` is ``seq``, and tenures that ended long before ``now_ns``
+    are forgotten (:func:`forget_old`)."""
+    kept = forget_old(retired, now_ns)
+    if kept is None:
+        return msgspec.structs.replace(record, last_seq=seq)
+    return msgspec.structs.replace(record, last_seq=seq, retired=kept)
 
 
 def forget_old(retired: list[Tenure], now_ns: int) -> list[Tenure] | None:

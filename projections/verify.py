@@ -34,26 +34,17 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 async def verify(event_log: EventLog, projection: Projection[Any]) -> Verdict:
     """Rebuild ``projection`` up to its live snapshot's sequence and compare the hashes."""
     found = await read_snapshot(event_log, projection)
-    if found is None:
-        state, seq = await rebuild(event_log, projection)
-        return Verdict(
-            projection=projection.name,
-            stream=projection.stream,
-            seq=seq,
-            live_hash=None,
-            rebuilt_hash=state_hash(state),
-            status="no-snapshot",
-        )
-    header, _ = found
-    state, _ = await rebuild(event_log, projection, until_seq=header.seq)
+    header = None if found is None else found[0]
+    state, last = await rebuild(event_log, projection, until_seq=None if header is None else header.seq)
     rebuilt = state_hash(state)
+    status = "no-snapshot" if header is None else "match" if rebuilt == header.hash else "differ"
     return Verdict(
         projection=projection.name,
         stream=projection.stream,
-        seq=header.seq,
-        live_hash=header.hash,
+        seq=last if header is None else header.seq,
+        live_hash=None if header is None else header.hash,
         rebuilt_hash=rebuilt,
-        status="match" if rebuilt == header.hash else "differ",
+        status=status,
     )
 
 

@@ -7,7 +7,7 @@ Shared by ``resontech why`` (which folds the job's events itself) and ``GET /v1/
 
 from __future__ import annotations
 
-from core.placement import explain
+from core.placement.explaining import explain
 from projections.schedule import JobRecord
 from schemas.values import Provenance
 

@@ -62,6 +62,17 @@ class Value(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen value object nested inside events (no tag of its own)."""
 
 
+class Fields(msgspec.Struct, frozen=True, kw_only=True):
+    """A group of fields that several events (or values) carry with one meaning, defined once.
+
+    A struct takes one group by deriving from it after its own base
+    (``class JobStarted(Event, AssignmentRef, tag="job.started")``); a group may extend another.
+    Nothing is nested: the group's fields come first on the wire, in the group's order, then the
+    struct's own; a struct may give a field of the group another default, and the field keeps its
+    place. A group has no tag and is never stored by itself.
+    """
+
+
 E = TypeVar("E", bound=Event)
 Upcaster = Callable[[Any], Event]
 

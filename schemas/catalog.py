@@ -7,13 +7,14 @@ newest shape of each event.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any, get_args
 
 import msgspec
 
-from schemas._base import Event, is_superseded, upcast
+from schemas._base import Event, Fields, is_superseded, upcast
 from schemas.audit import AuditEvent
 from schemas.commands import CommandEvent
 from schemas.endpoints import EndpointEvent
@@ -95,11 +96,17 @@ def json_schemas() -> dict[str, dict[str, Any]]:
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": f"https://resontech.dev/schemas/{cls.event_tag()}.json",
             "title": cls.event_tag(),
-            "description": (cls.__doc__ or "").strip(),
+            "description": _description(cls),
             **ref,
             "$defs": components,
         }
     return out
+
+
+def _description(cls: type[Event]) -> str:
+    """The event's docstring, then those of the field groups it carries (their fields are its own)."""
+    groups = [c for c in cls.__mro__[1:] if issubclass(c, Fields) and c is not Fields]
+    return "\n\n".join(inspect.cleandoc(c.__doc__) for c in (cls, *groups) if c.__doc__)
 
 
 def export_json_schemas(directory: Path) -> list[Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas._base import Event
-from schemas.values import Assignment, Pool, Provenance
+from schemas.values import AssignmentRevocation, Placement, Pool
 
 Engine = Literal["vllm", "cpu"]
 ModelSource = Literal["hub", "workspace"]
@@ -55,21 +55,14 @@ class EndpointScaled(Event, tag="endpoint.scaled", frozen=True, kw_only=True):
     by: str = ""
 
 
-class EndpointReplicaPlaced(Event, tag="endpoint.replica_placed", frozen=True, kw_only=True):
+class EndpointReplicaPlaced(Event, Placement, tag="endpoint.replica_placed", frozen=True, kw_only=True):
     """Replicas were assigned to workers."""
 
-    assignments: list[Assignment]
-    provenance: Provenance
 
-
-class EndpointReplicaRevoked(Event, tag="endpoint.replica_revoked", frozen=True, kw_only=True):
+class EndpointReplicaRevoked(
+    Event, AssignmentRevocation, tag="endpoint.replica_revoked", frozen=True, kw_only=True
+):
     """A replica's assignment was taken back."""
-
-    assignment_id: str
-    worker_id: str
-    slot: int
-    epoch: int
-    reason: str
 
 
 class EndpointReplicaStarting(Event, tag="endpoint.replica_starting", frozen=True, kw_only=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas._base import Event, Value
-from schemas.values import Assignment, Pool, Provenance
+from schemas.values import AssignmentRef, AssignmentRevocation, Placement, Pool
 
 JobKind = Literal["federated", "ddp", "process"]
 Framework = Literal["numpy", "pytorch"]
@@ -98,21 +98,14 @@ class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):
     reason: str
 
 
-class JobPlaced(Event, tag="job.placed", frozen=True, kw_only=True):
+class JobPlaced(Event, Placement, tag="job.placed", frozen=True, kw_only=True):
     """A gang placement: every listed shard was assigned at once (all N or none)."""
 
-    assignments: list[Assignment]
-    provenance: Provenance
 
-
-class JobAssignmentRevoked(Event, tag="job.assignment_revoked", frozen=True, kw_only=True):
+class JobAssignmentRevoked(
+    Event, AssignmentRevocation, tag="job.assignment_revoked", frozen=True, kw_only=True
+):
     """A shard's assignment was taken back (worker lost, preempted, rejected, failed)."""
-
-    assignment_id: str
-    worker_id: str
-    slot: int
-    epoch: int
-    reason: str
 
 
 class JobRejected(Event, tag="job.rejected", frozen=True, kw_only=True):
@@ -124,13 +117,8 @@ class JobRejected(Event, tag="job.rejected", frozen=True, kw_only=True):
     reason: str
 
 
-class JobStarted(Event, tag="job.started", frozen=True, kw_only=True):
+class JobStarted(Event, AssignmentRef, tag="job.started", frozen=True, kw_only=True):
     """An agent started a shard's workload."""
-
-    assignment_id: str
-    worker_id: str
-    slot: int
-    epoch: int
 
 
 class JobProgress(Event, tag="job.progress", frozen=True, kw_only=True):
@@ -176,13 +164,8 @@ class JobRoundCompleted(Event, tag="job.round_completed", frozen=True, kw_only=T
     metrics: dict[str, float] = {}
 
 
-class JobShardCompleted(Event, tag="job.shard_completed", frozen=True, kw_only=True):
+class JobShardCompleted(Event, AssignmentRef, tag="job.shard_completed", frozen=True, kw_only=True):
     """One shard's workload exited successfully; the job completes when every shard has."""
-
-    assignment_id: str
-    worker_id: str
-    slot: int
-    epoch: int
 
 
 class JobCompleted(Event, tag="job.completed", frozen=True, kw_only=True):

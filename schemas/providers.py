@@ -11,7 +11,8 @@ The NATS server's list of agent users is derived from these events (``AgentEnrol
 
 from __future__ import annotations
 
-from schemas._base import Event
+from schemas._base import Event, Fields
+from schemas.values import KeyIssue, KeyRevocation
 
 
 class ProviderCreated(Event, tag="provider.created", frozen=True, kw_only=True):
@@ -21,24 +22,19 @@ class ProviderCreated(Event, tag="provider.created", frozen=True, kw_only=True):
     created_by: str = ""
 
 
-class ProviderKeyIssued(Event, tag="provider.api_key_issued", frozen=True, kw_only=True):
-    """An API key of the provider's account. Only its SHA-256 is stored; the key is shown once."""
+class ProviderKeyIssued(Event, KeyIssue, tag="provider.api_key_issued", frozen=True, kw_only=True):
+    """An API key of the provider's account was issued."""
 
-    key_id: str
-    key_sha256: str
     label: str = ""
     issued_by: str = ""
 
 
-class ProviderKeyRevoked(Event, tag="provider.api_key_revoked", frozen=True, kw_only=True):
-    """A provider API key stops working."""
-
-    key_id: str
-    revoked_by: str = ""
+class ProviderKeyRevoked(Event, KeyRevocation, tag="provider.api_key_revoked", frozen=True, kw_only=True):
+    """An API key of the provider's account stops working."""
 
 
-class EnrollmentTokenIssued(Event, tag="provider.enrollment_token_issued", frozen=True, kw_only=True):
-    """A one-time token an agent presents to enroll. Only its SHA-256 is stored.
+class TokenTerms(Fields, frozen=True, kw_only=True):
+    """The terms of a one-time enrollment token. Only its SHA-256 is stored.
 
     Attributes:
         expires_ns: the token is refused after this time (Unix ns).
@@ -53,6 +49,13 @@ class EnrollmentTokenIssued(Event, tag="provider.enrollment_token_issued", froze
     region: str = ""
     owner_tenant: str | None = None
     label: str = ""
+
+
+class EnrollmentTokenIssued(
+    Event, TokenTerms, tag="provider.enrollment_token_issued", frozen=True, kw_only=True
+):
+    """A one-time token an agent presents to enroll."""
+
     issued_by: str = ""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas._base import Event
+from schemas.values import KeyIssue, KeyRevocation
 
 Role = Literal["admin", "member", "viewer"]
 
@@ -18,21 +19,16 @@ class TenantCreated(Event, tag="tenant.created", frozen=True, kw_only=True):
     created_by: str = ""
 
 
-class ApiKeyIssued(Event, tag="tenant.api_key_issued", frozen=True, kw_only=True):
-    """An API key was issued. Only its SHA-256 is stored; the key itself is shown once."""
+class ApiKeyIssued(Event, KeyIssue, tag="tenant.api_key_issued", frozen=True, kw_only=True):
+    """An API key of the tenant was issued, for one ``role`` in it."""
 
-    key_id: str
-    key_sha256: str
     role: Role
     label: str = ""
     issued_by: str = ""
 
 
-class ApiKeyRevoked(Event, tag="tenant.api_key_revoked", frozen=True, kw_only=True):
-    """An API key stops working."""
-
-    key_id: str
-    revoked_by: str = ""
+class ApiKeyRevoked(Event, KeyRevocation, tag="tenant.api_key_revoked", frozen=True, kw_only=True):
+    """An API key of the tenant stops working."""
 
 
 class QuotaSet(Event, tag="tenant.quota_set", frozen=True, kw_only=True):

@@ -1,10 +1,10 @@
-"""Value objects shared by several event families."""
+"""Value objects, and groups of fields (:class:`schemas._base.Fields`), shared by several event families."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from schemas._base import Value
+from schemas._base import Fields, Value
 
 Pool = Literal["shared", "managed", "private"]
 """The three GPU runtime pools: multi-tenant, reserved for one organisation, the owner's own."""
@@ -63,19 +63,61 @@ class Provenance(Value, frozen=True, kw_only=True):
     policy: str = "rank-v1"
 
 
-class Assignment(Value, frozen=True, kw_only=True):
-    """One unit of placed work: a shard of a job or a replica of an endpoint on one worker.
+class AssignmentRef(Fields, frozen=True, kw_only=True):
+    """Which assignment: the identity every event about one assignment carries.
 
     Attributes:
         assignment_id: unique id of this placement (new on every re-placement).
         worker_id: the worker that runs it.
         slot: the shard index of a job or the replica index of an endpoint.
         epoch: fencing token; a higher epoch supersedes every older one for the same work.
-        gpus: GPUs the assignment occupies on the worker.
     """
 
     assignment_id: str
     worker_id: str
     slot: int
     epoch: int
+
+
+class Assignment(Value, AssignmentRef, frozen=True, kw_only=True):
+    """One unit of placed work: a shard of a job or a replica of an endpoint on one worker (which
+    one: :class:`AssignmentRef`).
+
+    Attributes:
+        gpus: GPUs the assignment occupies on the worker.
+    """
+
     gpus: int = 0
+
+
+class Placement(Fields, frozen=True, kw_only=True):
+    """What one placement decision assigned, and why.
+
+    Attributes:
+        assignments: the work placed, one assignment per shard or replica.
+        provenance: why the placement chose those workers.
+    """
+
+    assignments: list[Assignment]
+    provenance: Provenance
+
+
+class AssignmentRevocation(AssignmentRef, frozen=True, kw_only=True):
+    """An assignment taken back, and why (``reason``)."""
+
+    reason: str
+
+
+class KeyIssue(Fields, frozen=True, kw_only=True):
+    """An account's API key was issued. Only its SHA-256 (``key_sha256``) is stored; the key itself is
+    shown once."""
+
+    key_id: str
+    key_sha256: str
+
+
+class KeyRevocation(Fields, frozen=True, kw_only=True):
+    """An account's API key stops working."""
+
+    key_id: str
+    revoked_by: str = ""

@@ -1,7 +1,8 @@
 """Projection records for pure unit tests, built from one flat set of fields.
 
-A record carries its submission whole (``JobRecord.spec``, ``EndpointRecord.spec``); a test names
-the fields it cares about side by side, and these put each where it belongs.
+A record carries its submission whole (``JobRecord.spec``, ``EndpointRecord.spec``,
+``WorkerRecord.registration``); a test names the fields it cares about side by side, and these put
+each where it belongs.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import Any, TypeVar
 import msgspec
 
 from projections.endpoints import EndpointRecord
+from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
-from schemas import EndpointDeployed, JobSubmitted
+from schemas import EndpointDeployed, JobSubmitted, WorkerRegistered
 
-R = TypeVar("R", JobRecord, EndpointRecord)
+R = TypeVar("R", JobRecord, EndpointRecord, WorkerRecord)
 
 
 def _spec_fields(spec_type: type[msgspec.Struct], fields: dict[str, Any]) -> dict[str, Any]:
@@ -40,7 +42,19 @@ def endpoint_record(**fields: Any) -> EndpointRecord:
     return EndpointRecord(spec=EndpointDeployed(**spec), **fields)
 
 
+def worker_record(**fields: Any) -> WorkerRecord:
+    """A worker record; fields of :class:`WorkerRegistered` go into its ``registration``
+    (``provider`` defaults to ``p``, ``hostname`` to the worker id)."""
+    registration = _spec_fields(WorkerRegistered, fields)
+    registration.setdefault("provider", "p")
+    registration.setdefault("hostname", fields.get("worker_id", "host"))
+    return WorkerRecord(registration=WorkerRegistered(**registration), **fields)
+
+
 def changed(record: R, **changes: Any) -> R:
-    """``record`` with ``changes``, each made to its spec or to the record, wherever it belongs."""
-    spec = _spec_fields(type(record.spec), changes)
-    return msgspec.structs.replace(record, spec=msgspec.structs.replace(record.spec, **spec), **changes)
+    """``record`` with ``changes``, each made to its spec (registration) or to the record, wherever
+    it belongs."""
+    whole = "registration" if isinstance(record, WorkerRecord) else "spec"
+    inner = getattr(record, whole)
+    fields = _spec_fields(type(inner), changes)
+    return msgspec.structs.replace(record, **{whole: msgspec.structs.replace(inner, **fields)}, **changes)

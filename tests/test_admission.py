@@ -6,7 +6,8 @@ from typing import Any
 
 import msgspec
 
-from core.placement import Candidate, Placed, place
+from core.placement.placing import place
+from core.placement.values import Candidate, Placed
 from projections.admission import (
     Admit,
     Victim,
@@ -23,11 +24,11 @@ from projections.admission import (
 )
 from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord
 from projections.liveness import LastBeat, LivenessState
-from projections.registry import RegistryState, WorkerRecord
+from projections.registry import RegistryState
 from projections.schedule import JobRecord, ScheduleState, job_key
 from schemas import Assignment, JobResources, WorkerPolicy
 from schemas.values import GpuTelemetry
-from tests.records import changed, endpoint_record, job_record
+from tests.records import changed, endpoint_record, job_record, worker_record
 from tests.test_placement import NOW, S, host, request
 
 replace = msgspec.structs.replace
@@ -279,7 +280,7 @@ def test_no_preemption_when_impossible_or_needless() -> None:
 
 def registry(*worker_ids: str, **kw: Any) -> RegistryState:
     return RegistryState(
-        workers={w: WorkerRecord(worker_id=w, provider="p", hostname=w, **kw) for w in worker_ids}
+        workers={w: worker_record(worker_id=w, provider="p", hostname=w, **kw) for w in worker_ids}
     )
 
 
@@ -315,10 +316,10 @@ def test_health_cordons_on_hardware_errors() -> None:
 
 def test_health_skips_cordoned_and_deregistered_workers() -> None:
     reg = registry("w1")
-    reg.workers["w2"] = WorkerRecord(
+    reg.workers["w2"] = worker_record(
         worker_id="w2", provider="p", hostname="h", cordoned=True, state="cordoned"
     )
-    reg.workers["w3"] = WorkerRecord(
+    reg.workers["w3"] = worker_record(
         worker_id="w3", provider="p", hostname="h", deregistered_ns=1, state="deregistered"
     )
     failures = {w: [NOW] * 5 for w in ("w1", "w2", "w3")}

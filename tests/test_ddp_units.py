@@ -26,10 +26,9 @@ from ops.coordinator.inputs import Presigner
 from ops.coordinator.workspecs import WorkSpecError, checkpoint_keys, ddp_spec
 from ops.devstack.objectstore import ObjectStoreServer
 from projections import gangs
-from projections.registry import WorkerRecord
 from projections.schedule import Checkpoint, JobRecord
 from schemas import Assignment, Rendezvous, StartWork, WorkSpec
-from tests.records import job_record
+from tests.records import job_record, worker_record
 
 S = 1_000_000_000
 TENANT = f"u{secrets.token_hex(4)}"
@@ -114,8 +113,8 @@ def bucket(object_store: ObjectStoreServer) -> Iterator[tuple[Any, str]]:
 
 
 WORKERS = {
-    "w0": WorkerRecord(worker_id="w0", provider="p", hostname="host-0", address="10.0.0.5"),
-    "w1": WorkerRecord(worker_id="w1", provider="p", hostname="host-1"),
+    "w0": worker_record(worker_id="w0", provider="p", hostname="host-0", address="10.0.0.5"),
+    "w1": worker_record(worker_id="w1", provider="p", hostname="host-1"),
 }
 
 

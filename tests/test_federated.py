@@ -22,7 +22,7 @@ from core.proctags import kill_tagged, tagged_pids
 from core.settings import Settings
 from core.streams import job_subject
 from gateway.routes.jobs import job_view
-from ops.cli.user import job_detail
+from ops.cli.jobs import job_detail
 from ops.federation.server import TAG
 from ops.federation.workspace import list_keys
 from projections.schedule import ScheduleState, evolve

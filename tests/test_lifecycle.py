@@ -3,7 +3,7 @@ through the schedule reducer, then asks what the coordinator should append."""
 
 from __future__ import annotations
 
-from core.placement import Placed, Unplaceable
+from core.placement.values import Placed, Unplaceable
 from projections import SCHEDULE, lifecycle, recovery
 from projections.admission import Victim, Wait
 from projections.recovery import Revocation, Stop

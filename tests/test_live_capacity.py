@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from core.candidates import CandidateIndex
-from core.placement import PlacementRequest
+from core.placement.values import PlacementRequest
 from core.streams import endpoint_subject, heartbeat_subject, job_subject, worker_subject
 from ops.coordinator.live_capacity import LiveCapacity
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE

@@ -11,27 +11,20 @@ import msgspec
 import pytest
 
 from core.candidates import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
-from core.placement import (
-    FILTERS,
-    Candidate,
-    Placed,
-    PlacementRequest,
-    RankWeights,
-    Unplaceable,
-    explain,
-    in_maintenance,
-    place,
-)
+from core.placement.explaining import explain
+from core.placement.placing import place
+from core.placement.rules import FILTERS, in_maintenance
+from core.placement.values import Candidate, Placed, PlacementRequest, RankWeights, Unplaceable
 from core.pricing import list_price_micros
 from projections.capacity import candidate_of, candidates
 from projections.endpoints import EndpointsState, ReplicaRecord
 from projections.liveness import LastBeat, LivenessState
-from projections.registry import RegistryState, WorkerRecord
+from projections.registry import RegistryState
 from projections.schedule import ScheduleState
 from schemas import Assignment, Gpu, JobResources, WorkerPolicy
 from schemas.values import GpuTelemetry
 from schemas.workers import MaintenanceWindow
-from tests.records import endpoint_record, job_record
+from tests.records import endpoint_record, job_record, worker_record
 
 S = 1_000_000_000
 
@@ -328,7 +321,7 @@ def test_candidates_from_the_projections() -> None:
     day = 86_400 * S
     registry = RegistryState(
         workers={
-            "w1": WorkerRecord(
+            "w1": worker_record(
                 worker_id="w1",
                 provider="p",
                 hostname="h1",
@@ -340,7 +333,7 @@ def test_candidates_from_the_projections() -> None:
                 since_ns=NOW - 10 * day,
                 verified=True,
             ),
-            "w0": WorkerRecord(worker_id="w0", provider="p", hostname="h0", cpus=4, since_ns=NOW - day // 2),
+            "w0": worker_record(worker_id="w0", provider="p", hostname="h0", cpus=4, since_ns=NOW - day // 2),
         }
     )
     telemetry = [

@@ -279,7 +279,13 @@ def test_registry_register_cordon_and_reregister() -> None:
 
     _register(log, "w1", 7, driver="560.1", cpus=16)  # an agent restart: new hardware facts, same cordon
     w1 = state.workers["w1"]
-    assert (w1.state, w1.cordon_reason, w1.driver, w1.cpus, w1.gpus) == (
+    assert (
+        w1.state,
+        w1.cordon_reason,
+        w1.registration.driver,
+        w1.registration.cpus,
+        w1.registration.gpus,
+    ) == (
         "cordoned",
         "bad fan",
         "560.1",

@@ -4,7 +4,8 @@ through the endpoint and registry reducers, then asks what the coordinator shoul
 
 from __future__ import annotations
 
-from core.placement import Placed, assignment_id
+from core.placement.placing import assignment_id
+from core.placement.values import Placed
 from projections import ENDPOINTS, REGISTRY, replica_upkeep
 from projections.endpoints import EndpointRecord, EndpointsState
 from projections.liveness import LastBeat

@@ -28,7 +28,8 @@ from core.cgroups import Limits, detect
 from core.errors import ConfigError
 from core.files import write_private
 from core.log import EventLog
-from core.placement import Candidate, lanes
+from core.placement.rules import lanes
+from core.placement.values import Candidate
 from core.sandbox import ETC, Sandbox, group_members, python_paths
 from schemas import (
     JobCompleted,

@@ -9,8 +9,9 @@ import msgspec
 import pytest
 
 from ops.cli import main
-from schemas import BY_TAG, EVENT_TYPES, Event, decode, encode, upcast, upcaster
-from schemas.catalog import current_types
+from schemas import BY_TAG, EVENT_TYPES, Event, JobStarted, decode, encode, upcast, upcaster
+from schemas.catalog import current_types, json_schemas
+from schemas.values import AssignmentRef
 
 SAMPLES = Path(__file__).resolve().parent.parent / "schemas" / "samples"
 
@@ -87,3 +88,13 @@ def test_json_schema_export_covers_every_event(tmp_path: Path) -> None:
         sample = json.loads((SAMPLES / f"{tag}.json").read_text())
         assert set(sample) <= set(body["properties"]), tag
         assert body["properties"]["type"]["enum"] == [tag]
+
+
+def test_a_field_group_is_the_events_own_fields_first_and_its_exported_description() -> None:
+    """A group of fields (``Fields``) nests nothing: its fields lead the event's JSON, in order, and the
+    exported schema's description carries the group's docstring too."""
+    assert issubclass(JobStarted, AssignmentRef)
+    event = JobStarted(assignment_id="a1", worker_id="w1", slot=0, epoch=2)
+    assert list(json.loads(encode(event))) == ["type", "assignment_id", "worker_id", "slot", "epoch"]
+    description = json_schemas()["job.started"]["description"]
+    assert "fencing token" in description and description.startswith("An agent started a shard")

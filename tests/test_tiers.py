@@ -15,6 +15,7 @@ from core.tiers import (
 from projections.capacity import tier_of, uptime_30d
 from projections.registry import WorkerRecord
 from schemas import Gpu
+from tests.records import worker_record
 
 S = 1_000_000_000
 DAY = 86_400 * S
@@ -25,7 +26,7 @@ def record(
     since_days: float, *, models: tuple[str, ...] = ("NVIDIA A100-SXM4-80GB",), **kw: object
 ) -> WorkerRecord:
     gpus = [Gpu(index=i, model=m, vram_total_mb=81920, vram_free_mb=81920) for i, m in enumerate(models)]
-    return WorkerRecord(
+    return worker_record(
         worker_id="w1",
         provider="p",
         hostname="h",

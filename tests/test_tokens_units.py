@@ -12,11 +12,10 @@ from gateway.token_counts import SseUsage, ask_for_usage, tokens_of
 from gateway.token_meter import TokenMeter, token_tick
 from projections.endpoints import ReplicaRecord
 from projections.ledger import LEDGER, evolve
-from projections.registry import WorkerRecord
 from schemas.envelope import Recorded
 from schemas.metering import UsageTick
 from schemas.values import Gpu
-from tests.records import endpoint_record
+from tests.records import endpoint_record, worker_record
 
 NOW_MS = 1_780_000_000_000
 
@@ -103,7 +102,7 @@ def test_a_streaming_request_asks_for_usage_unless_the_client_did() -> None:
 
 ENDPOINT = endpoint_record(tenant="acme", endpoint_id="ep1", name="chat", model="m", pool="managed")
 REPLICA = ReplicaRecord(assignment_id="ep1-s0-e1", worker_id="w1", slot=0, epoch=1, gpus=1)
-WORKER = WorkerRecord(
+WORKER = worker_record(
     worker_id="w1",
     provider="gpuco",
     hostname="h",

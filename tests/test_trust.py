@@ -286,7 +286,7 @@ async def test_an_agent_cannot_fail_complete_reject_checkpoint_or_bill_another_w
         assert done.rejected_by == {} and done.last_checkpoint is None and done.progress.loss == 0.5
     registry, _ = await rebuild(stack.log, REGISTRY)
     assert registry.workers[honest].state == "available" and not registry.workers[honest].cordoned
-    assert registry.workers[mallory.worker_id].pool == "shared"
+    assert registry.workers[mallory.worker_id].registration.pool == "shared"
     ledger, _ = await rebuild(stack.log, LEDGER)
     [line] = ledger.lines.values()  # the honest agent's usage alone
     assert (line.tenant, line.work_id, line.gpu_type, line.gpu_ms) == (tenant, job_id, "cpu", 0)
@@ -592,7 +592,8 @@ async def test_identity_comes_from_the_enrollment_not_the_registration(
     await mallory.register()
     registry = await wait_for(stack.log, REGISTRY, lambda s: me in s.workers and s, "registered")
     worker = registry.workers[me]
-    assert (worker.provider, worker.pool, worker.owner_tenant, worker.region) == (
+    registered = worker.registration
+    assert (registered.provider, registered.pool, registered.owner_tenant, registered.region) == (
         mallory.enrolled.provider,
         "shared",
         None,

@@ -18,7 +18,7 @@ from agent import verify
 from core import verification
 from core.pricing import CPU_GPU_TYPE, PRICE_TABLES
 from core.verification import GPU_TFLOPS_FLOOR, P, answer, judge, new_challenge, validate
-from schemas import Gpu, WorkerVerificationReported
+from schemas import Gpu, WorkerVerificationReported, WorkerVerificationRequested
 from tests.support import REPO
 
 SEED = "00112233445566778899aabbccddeeff"
@@ -124,18 +124,18 @@ def _gpu(index: int, model: str = H100, vram: int = 81_559, uuid: str = "") -> G
 
 
 def _judge(report: WorkerVerificationReported, registered: list[Gpu], **over: Any) -> str | None:
+    """:func:`judge` of ``report``; ``over`` changes the challenge's fields or the other facts."""
+    challenge: dict[str, Any] = {**SMALL, "challenge_id": "ch-1", "deadline_s": 120.0}
     facts: dict[str, Any] = {
-        **SMALL,
-        "challenge_id": "ch-1",
         "requested_ns": 1_000_000_000_000,
-        "deadline_s": 120.0,
         "received_ns": 1_000_000_000_000 + 5_000_000_000,
         "report": report,
         "registered_gpus": registered,
         "expected_checksum": answer(**SMALL),
     }
-    facts.update(over)
-    return judge(**facts)
+    for name, value in over.items():
+        (challenge if name in WorkerVerificationRequested.__struct_fields__ else facts)[name] = value
+    return judge(WorkerVerificationRequested(**challenge), **facts)
 
 
 def _report(**over: Any) -> WorkerVerificationReported:
@@ -469,12 +469,8 @@ def test_the_real_workload_answers_on_this_host_and_the_kernel_accepts_it() -> N
     )
     assert 0 < report.elapsed_ms < 60_000
     verdict = judge(
-        seed=challenge.seed,
-        size=challenge.size,
-        rounds=challenge.rounds,
-        challenge_id=challenge.challenge_id,
+        challenge,
         requested_ns=requested_ns,
-        deadline_s=challenge.deadline_s,
         received_ns=received_ns,
         report=report,
         registered_gpus=[],

@@ -42,7 +42,7 @@ could never hold the gang or the tenant has no worker in a managed or private po
 :class:`core.candidates.CandidateIndex` gives the same decisions while inspecting a few
 workers: pass it as ``place(..., index=...)``.
 
-Its parts, by role (every name is importable from here):
+Its parts, by role (import each name from its module; this package re-exports none):
 
 * :mod:`core.placement.values`: what it is given and answers (:class:`PlacementRequest`,
   :class:`Candidate`, :class:`RankWeights`, :class:`Placed`, :class:`Unplaceable`);
@@ -51,66 +51,3 @@ Its parts, by role (every name is importable from here):
 * :mod:`core.placement.explaining`: why nothing fits (now, or ever) and ``resontech why``'s lines;
   they name exactly the filters and score terms of the rules, so the two change together.
 """
-
-from core.placement.explaining import REASONS, explain, group_of, permanent_reason, unplaceable
-from core.placement.placing import assignment_id, gang, parse_assignment_id, place
-from core.placement.rules import (
-    CAPACITY,
-    FILTERS,
-    MINUTES_PER_DAY,
-    MINUTES_PER_WEEK,
-    Decision,
-    Lane,
-    Ranked,
-    base_score,
-    busy,
-    in_maintenance,
-    lanes,
-    rank_key,
-    request_lane,
-    silent,
-)
-from core.placement.values import (
-    DEFAULT_WEIGHTS,
-    POLICY,
-    TOP_K,
-    Candidate,
-    Placed,
-    PlacementRequest,
-    RankWeights,
-    Unplaceable,
-)
-
-__all__ = [
-    "CAPACITY",
-    "DEFAULT_WEIGHTS",
-    "FILTERS",
-    "MINUTES_PER_DAY",
-    "MINUTES_PER_WEEK",
-    "POLICY",
-    "REASONS",
-    "TOP_K",
-    "Candidate",
-    "Decision",
-    "Lane",
-    "Placed",
-    "PlacementRequest",
-    "RankWeights",
-    "Ranked",
-    "Unplaceable",
-    "assignment_id",
-    "base_score",
-    "busy",
-    "explain",
-    "gang",
-    "group_of",
-    "in_maintenance",
-    "lanes",
-    "parse_assignment_id",
-    "permanent_reason",
-    "place",
-    "rank_key",
-    "request_lane",
-    "silent",
-    "unplaceable",
-]

@@ -14,10 +14,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.api import Call, Router
+from gateway.bodies import S, carried
 from gateway.errors import ApiError, not_found
 from gateway.scope import scoped_tenant
 from projections import LEDGER
-from projections.ledger import InvoiceLine, LedgerState, invoice, payouts, period_of
+from projections.ledger import (
+    InvoiceLine,
+    LedgerState,
+    PayoutLine,
+    WorkerEarnings,
+    invoice,
+    payouts,
+    period_of,
+)
 from schemas.api.billing import (
     Invoice,
     InvoiceLineView,
@@ -48,6 +57,18 @@ def money(micros: int) -> Money:
 
 def seconds(ms: int) -> float:
     return ms / 1000
+
+
+def paid(body: type[S], line: PayoutLine | WorkerEarnings, **given: Any) -> S:
+    """``body`` with a payout's figures: GPU- and CPU-seconds, ticks and the payout."""
+    return carried(
+        body,
+        line,
+        gpu_seconds=seconds(line.gpu_ms),
+        cpu_seconds=seconds(line.cpu_ms),
+        payout=money(line.payout_micros),
+        **given,
+    )
 
 
 def current_period() -> str:
@@ -137,18 +158,12 @@ async def get_invoice(call: Call[None, TenantQuery]) -> Invoice:
     if not lines:
         raise not_found(f"invoice for {period}")
     views = [
-        InvoiceLineView(
-            work_id=line.work_id,
-            work_kind=line.work_kind,
-            gpu_type=line.gpu_type,
-            pool=line.pool,
-            price_version=line.price_version,
+        carried(
+            InvoiceLineView,
+            line,
             gpu_seconds=seconds(line.gpu_ms),
             cpu_seconds=seconds(line.cpu_ms),
-            tokens=line.tokens,
-            ticks=line.ticks,
             charge=money(line.charge_micros),
-            source_ranges=line.source_ranges,
         )
         for line in lines
     ]
@@ -181,15 +196,7 @@ async def list_payouts(call: Call[None, PayoutQuery]) -> Payouts:
     by_period: dict[str, list[TierPayout]] = defaultdict(list)
     for line in payouts(call.kernel.state(LEDGER), provider):
         if call.query.period is None or line.period == call.query.period:
-            by_period[line.period].append(
-                TierPayout(
-                    tier=line.tier,
-                    gpu_seconds=seconds(line.gpu_ms),
-                    cpu_seconds=seconds(line.cpu_ms),
-                    ticks=line.ticks,
-                    payout=money(line.payout_micros),
-                )
-            )
+            by_period[line.period].append(paid(TierPayout, line))
     periods = [
         PeriodPayout(period=period, total=money(sum(t.payout.micros for t in tiers)), tiers=tiers)
         for period, tiers in sorted(by_period.items(), reverse=True)

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.api import Call, Router
+from gateway.bodies import carried
 from gateway.errors import conflict, forbidden, not_found
-from gateway.routes.providers import Decision, append_decided, providers
+from gateway.routes.providers import Decision, append_decided, providers, token_info
 from gateway.routes.tenants import iso, visible_tenant
 from projections.providers import (
     APPROVED_POOLS,
@@ -38,23 +39,27 @@ RECENT_NS = 14 * 86_400 * 1_000_000_000
 """Listings hold the requests issued within 14 days (a token lives at most 7): the pending ones, and
 those approved, refused, used or expired lately."""
 _DECISION_ERRORS = {409: "the token was already used (or, to approve, revoked or expired)"}
+_TENANT_DECISION: dict[str, Any] = {
+    "access": "tenant",
+    "role": "admin",
+    "response": EnrollmentRequest,
+    "errors": _DECISION_ERRORS,
+}
+"""The options of a tenant admin's decision routes."""
+_OPERATOR_DECISION: dict[str, Any] = {
+    "access": "operator",
+    "response": EnrollmentRequest,
+    "errors": _DECISION_ERRORS,
+}
+"""The options of the operator's decision routes."""
 
 
 def request_body(record: ProviderRecord, token: EnrollmentToken, now_ns: int) -> EnrollmentRequest:
-    return EnrollmentRequest(
-        token_id=token.token_id,
+    return carried(
+        EnrollmentRequest,
+        token_info(token, now_ns),
         provider=record.provider,
-        pool=token.pool,
-        region=token.region,
-        owner_tenant=token.owner_tenant,
-        label=token.label,
-        status=token_status(token, now_ns),
-        issued_at=iso(token.issued_ns),
-        expires_at=iso(token.expires_ns),
-        approved_by=token.approved_by,
-        revoked_by=token.revoked_by,
         decided_at=iso(token.decided_ns) if token.decided_ns else None,
-        used_by=token.used_by,
     )
 
 
@@ -146,13 +151,7 @@ async def list_tenant_enrollment_requests(call: Call[None, None]) -> list[Enroll
     return recent_requests(providers(call), lambda t: t.pool == "private" and t.owner_tenant == tenant)
 
 
-@router.post(
-    "/v1/tenants/{tenant}/enrollment-requests/{token_id}/approve",
-    access="tenant",
-    role="admin",
-    response=EnrollmentRequest,
-    errors=_DECISION_ERRORS,
-)
+@router.post("/v1/tenants/{tenant}/enrollment-requests/{token_id}/approve", **_TENANT_DECISION)
 async def approve_tenant_enrollment_request(call: Call[None, None]) -> EnrollmentRequest:
     """Approve a provider's host into the tenant's private pool (tenant admins only)."""
     tenant = visible_tenant(call).tenant
@@ -164,13 +163,7 @@ async def approve_tenant_enrollment_request(call: Call[None, None]) -> Enrollmen
     return await decided(call, tenant_token(tenant, call.params["token_id"]), approval)
 
 
-@router.post(
-    "/v1/tenants/{tenant}/enrollment-requests/{token_id}/deny",
-    access="tenant",
-    role="admin",
-    response=EnrollmentRequest,
-    errors=_DECISION_ERRORS,
-)
+@router.post("/v1/tenants/{tenant}/enrollment-requests/{token_id}/deny", **_TENANT_DECISION)
 async def deny_tenant_enrollment_request(call: Call[None, None]) -> EnrollmentRequest:
     """Refuse a provider's host into the tenant's private pool: the token is revoked."""
     tenant = visible_tenant(call).tenant
@@ -201,12 +194,7 @@ async def list_enrollment_requests(call: Call[None, None]) -> list[EnrollmentReq
     return recent_requests(providers(call), lambda t: True)
 
 
-@router.post(
-    "/v1/enrollment-requests/{provider}/{token_id}/approve",
-    access="operator",
-    response=EnrollmentRequest,
-    errors=_DECISION_ERRORS,
-)
+@router.post("/v1/enrollment-requests/{provider}/{token_id}/approve", **_OPERATOR_DECISION)
 async def approve_enrollment_request(call: Call[None, None]) -> EnrollmentRequest:
     """Approve a provider's host into a managed pool (a private pool's is its tenant's to approve)."""
     find = provider_token(call.params["provider"], call.params["token_id"])
@@ -219,12 +207,7 @@ async def approve_enrollment_request(call: Call[None, None]) -> EnrollmentReques
     return await decided(call, find, approval)
 
 
-@router.post(
-    "/v1/enrollment-requests/{provider}/{token_id}/deny",
-    access="operator",
-    response=EnrollmentRequest,
-    errors=_DECISION_ERRORS,
-)
+@router.post("/v1/enrollment-requests/{provider}/{token_id}/deny", **_OPERATOR_DECISION)
 async def deny_enrollment_request(call: Call[None, None]) -> EnrollmentRequest:
     """Refuse a provider's host into a managed or private pool: the token is revoked."""
     return await decided(call, provider_token(call.params["provider"], call.params["token_id"]), denial)

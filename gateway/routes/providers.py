@@ -28,9 +28,11 @@ from core.natsauth import AGENT_JS_API_PREFIX, agent_user, bcrypt_hash, inbox_pr
 from core.streams import provider_subject
 from gateway.api import Call, Router
 from gateway.auth import digest, new_key
+from gateway.bodies import carried
 from gateway.errors import ApiError, conflict, invalid, not_found
 from gateway.kernel import READ_YOUR_WRITES_S
-from gateway.routes.tenants import iso
+from gateway.routes.tenants import iso, key_infos
+from gateway.scope import named_in_path
 from projections import PROVIDERS, REGISTRY
 from projections.providers import (
     EnrollmentToken,
@@ -73,9 +75,9 @@ DECIDE_ATTEMPTS = 5
 
 def provider_body(record: ProviderRecord) -> Provider:
     now = time.time_ns()
-    return Provider(
-        provider=record.provider,
-        display_name=record.display_name,
+    return carried(
+        Provider,
+        record,
         created_at=iso(record.created_ns),
         agents=sum(not a.revoked for a in record.agents.values()),
         active_tokens=sum(token_status(t, now) == "active" for t in record.tokens.values()),
@@ -189,10 +191,7 @@ async def get_provider(call: Call[None, None]) -> Provider:
 async def list_provider_keys(call: Call[None, None]) -> list[KeyInfo]:
     """The provider's API keys (ids and labels; never the keys)."""
     record = visible_provider(call)
-    return [
-        KeyInfo(key_id=k.key_id, role="admin", label=k.label, issued_at=iso(k.issued_ns), revoked=k.revoked)
-        for k in sorted(record.keys.values(), key=lambda k: k.issued_ns)
-    ]
+    return key_infos(record.keys, role="admin")
 
 
 @router.post(
@@ -210,33 +209,24 @@ async def create_provider_key(call: Call[IssueProviderKey, None]) -> NewKey:
 async def revoke_provider_key(call: Call[None, None]) -> None:
     """Revoke a provider API key: it stops working at once."""
     record = visible_provider(call)
-    key_id = call.params["key_id"]
-    key = record.keys.get(key_id)
-    if key is None:
-        raise not_found(f"key {key_id}")
+    key = named_in_path(call, record.keys, "key_id", "key")
     if not key.revoked:
         await append(
-            call, record.provider, ProviderKeyRevoked(key_id=key_id, revoked_by=call.principal.label)
+            call, record.provider, ProviderKeyRevoked(key_id=key.key_id, revoked_by=call.principal.label)
         )
-    call.resource = key_id
 
 
 # -- enrollment tokens and agents -------------------------------------------------------------------
 
 
 def token_info(token: EnrollmentToken, now_ns: int) -> EnrollmentTokenInfo:
-    return EnrollmentTokenInfo(
-        token_id=token.token_id,
+    """The API body of an enrollment token (never the token itself)."""
+    return carried(
+        EnrollmentTokenInfo,
+        token,
         status=token_status(token, now_ns),
         expires_at=iso(token.expires_ns),
         issued_at=iso(token.issued_ns),
-        pool=token.pool,
-        region=token.region,
-        owner_tenant=token.owner_tenant,
-        label=token.label,
-        used_by=token.used_by,
-        approved_by=token.approved_by,
-        revoked_by=token.revoked_by,
     )
 
 
@@ -273,28 +263,18 @@ async def create_enrollment_token(call: Call[IssueEnrollmentToken, None]) -> New
     token_id = secrets.token_hex(6)
     token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
     expires_ns = time.time_ns() + body.expires_in_s * 1_000_000_000
-    event = EnrollmentTokenIssued(
+    event = carried(
+        EnrollmentTokenIssued,
+        body,
         token_id=token_id,
         token_sha256=digest(token),
         expires_ns=expires_ns,
-        pool=body.pool,
-        region=body.region,
-        owner_tenant=body.owner_tenant,
-        label=body.label,
         issued_by=call.principal.label,
     )
     await append(call, record.provider, event)
     call.resource = token_id
-    return NewEnrollmentToken(
-        token_id=token_id,
-        token=token,
-        status=token_status(providers(call).providers[record.provider].tokens[token_id], time.time_ns()),
-        expires_at=iso(expires_ns),
-        pool=body.pool,
-        region=body.region,
-        owner_tenant=body.owner_tenant,
-        label=body.label,
-    )
+    issued = providers(call).providers[record.provider].tokens[token_id]
+    return carried(NewEnrollmentToken, token_info(issued, time.time_ns()), token=token)
 
 
 @router.get(
@@ -317,20 +297,15 @@ async def list_enrollment_tokens(call: Call[None, None]) -> list[EnrollmentToken
 async def revoke_enrollment_token(call: Call[None, None]) -> None:
     """Revoke an unused enrollment token: no agent can enroll with it any more."""
     record = visible_provider(call)
-    token_id = call.params["token_id"]
-    token = record.tokens.get(token_id)
-    if token is None:
-        raise not_found(f"enrollment token {token_id}")
+    token = named_in_path(call, record.tokens, "token_id", "enrollment token")
     if token.used_by is not None:
         raise conflict(
-            f"enrollment token {token_id} was used by worker {token.used_by}; "
+            f"enrollment token {token.token_id} was used by worker {token.used_by}; "
             f"revoke that agent's credentials with DELETE .../agents/{token.used_by}"
         )
     if not token.revoked:
-        await append(
-            call, record.provider, EnrollmentTokenRevoked(token_id=token_id, revoked_by=call.principal.label)
-        )
-    call.resource = token_id
+        revoked = EnrollmentTokenRevoked(token_id=token.token_id, revoked_by=call.principal.label)
+        await append(call, record.provider, revoked)
 
 
 @router.get("/v1/providers/{provider}/agents", access="provider", response=list[AgentInfo])
@@ -338,14 +313,7 @@ async def list_agents(call: Call[None, None]) -> list[AgentInfo]:
     """The agents enrolled with the provider's tokens."""
     record = visible_provider(call)
     return [
-        AgentInfo(
-            worker_id=a.worker_id,
-            hostname=a.hostname,
-            token_id=a.token_id,
-            nats_user=a.nats_user,
-            enrolled_at=iso(a.enrolled_ns),
-            revoked=a.revoked,
-        )
+        carried(AgentInfo, a, enrolled_at=iso(a.enrolled_ns))
         for a in sorted(record.agents.values(), key=lambda a: a.enrolled_ns)
     ]
 
@@ -354,17 +322,10 @@ async def list_agents(call: Call[None, None]) -> list[AgentInfo]:
 async def revoke_agent(call: Call[None, None]) -> None:
     """Revoke an enrolled agent's NATS credentials: the server disconnects and refuses it."""
     record = visible_provider(call)
-    worker_id = call.params["worker_id"]
-    agent = record.agents.get(worker_id)
-    if agent is None:
-        raise not_found(f"agent {worker_id}")
+    agent = named_in_path(call, record.agents, "worker_id", "agent")
     if not agent.revoked:
-        await append(
-            call,
-            record.provider,
-            AgentCredentialsRevoked(worker_id=worker_id, revoked_by=call.principal.label),
-        )
-    call.resource = worker_id
+        revoked = AgentCredentialsRevoked(worker_id=agent.worker_id, revoked_by=call.principal.label)
+        await append(call, record.provider, revoked)
 
 
 # -- enrollment -------------------------------------------------------------------------------------
@@ -428,7 +389,7 @@ def check_worker(call: Call[Enroll, None], provider: str) -> None:
             "or enroll from a new state dir (a new worker id)",
         )
     worker = call.kernel.state(REGISTRY).workers.get(worker_id)
-    if worker is not None and worker.provider != provider:
+    if worker is not None and worker.registration.provider != provider:
         raise ApiError(
             409, "worker_taken", f"worker id {worker_id} belongs to another host; enroll from a new state dir"
         )
@@ -468,12 +429,11 @@ async def enroll_agent(call: Call[Enroll, None]) -> Enrolled:
     record, token, _ = await append_decided(call, decide)
     call.resource = body.worker_id
     nats_url = call.kernel.gateway.agent_nats_url or call.kernel.settings.nats_url
-    return Enrolled(
+    return carried(
+        Enrolled,
+        token,
         worker_id=body.worker_id,
         provider=record.provider,
-        pool=token.pool,
-        region=token.region,
-        owner_tenant=token.owner_tenant,
         nats=NatsCredentials(
             url=nats_url,
             user=agent_user(body.worker_id),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.api import Call, Router
+from gateway.bodies import carried
 from gateway.routes.tenants import iso
 from schemas.api.quarantine import QuarantinedMessage, QuarantinePage, QuarantineQuery
 
@@ -17,14 +18,10 @@ async def list_quarantine(call: Call[None, QuarantineQuery]) -> QuarantinePage:
     q = call.query
     found = await call.kernel.event_log.quarantined(after_seq=q.after, limit=q.limit + 1)
     items = [
-        QuarantinedMessage(
-            seq=m.seq,
+        carried(
+            QuarantinedMessage,
+            m,
             time=iso(m.time_ns),
-            stream=m.stream,
-            origin_seq=m.origin_seq,
-            subject=m.subject,
-            sender=m.sender,
-            reason=m.reason,
             data=(text := m.data.decode(errors="replace"))[:DATA_CHARS],
             truncated=len(text) > DATA_CHARS,
         )

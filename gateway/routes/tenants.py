@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from core.errors import ConcurrencyConflict
 from core.objects import bucket_for, provision
 from core.streams import tenant_subject
+from gateway import scope
 from gateway.api import Call, Router
 from gateway.auth import new_key
+from gateway.bodies import carried
 from gateway.errors import ApiError, conflict, forbidden, not_found
 from projections import TENANTS
-from projections.tenants import TenantRecord, TenantsState
+from projections.providers import ProviderKey
+from projections.tenants import ApiKey, TenantRecord, TenantsState
 from schemas.api.tenants import CreateTenant, IssueKey, KeyInfo, NewKey, SetQuota, Tenant, TenantCreatedBody
 from schemas.tenants import ApiKeyIssued, ApiKeyRevoked, QuotaSet, Role, TenantCreated
 
@@ -22,18 +25,19 @@ POOLS = ("shared", "managed", "private")
 
 
 def iso(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    """Unix nanoseconds as ISO 8601 UTC to the second (``2026-04-01T00:00:00Z``): account times."""
+    return scope.iso(ns, "seconds")
 
 
 def tenant_body(record: TenantRecord) -> Tenant:
-    return Tenant(
-        tenant=record.tenant,
-        display_name=record.display_name,
-        bucket=record.bucket,
-        plan=record.plan,
-        created_at=iso(record.created_ns),
-        quotas=dict(record.quotas),
-    )
+    return carried(Tenant, record, created_at=iso(record.created_ns), quotas=dict(record.quotas))
+
+
+def key_infos(keys: Mapping[str, ApiKey | ProviderKey], **given: Any) -> list[KeyInfo]:
+    """The API bodies of an account's keys (never the keys), oldest first; ``given``: what the
+    keys do not say themselves (a provider key's role)."""
+    ordered = sorted(keys.values(), key=lambda k: k.issued_ns)
+    return [carried(KeyInfo, k, issued_at=iso(k.issued_ns), **given) for k in ordered]
 
 
 def visible_tenant(call: Call[Any, Any], *, admin: bool = False) -> TenantRecord:
@@ -107,10 +111,7 @@ async def get_tenant(call: Call[None, None]) -> Tenant:
 async def list_keys(call: Call[None, None]) -> list[KeyInfo]:
     """The tenant's API keys (ids, roles, labels; never the keys)."""
     record = visible_tenant(call, admin=True)
-    return [
-        KeyInfo(key_id=k.key_id, role=k.role, label=k.label, issued_at=iso(k.issued_ns), revoked=k.revoked)
-        for k in sorted(record.keys.values(), key=lambda k: k.issued_ns)
-    ]
+    return key_infos(record.keys)
 
 
 @router.post(
@@ -128,14 +129,10 @@ async def create_key(call: Call[IssueKey, None]) -> NewKey:
 async def revoke_key(call: Call[None, None]) -> None:
     """Revoke an API key: it stops working at once."""
     record = visible_tenant(call, admin=True)
-    key_id = call.params["key_id"]
-    key = record.keys.get(key_id)
-    if key is None:
-        raise not_found(f"key {key_id}")
+    key = scope.named_in_path(call, record.keys, "key_id", "key")
     if not key.revoked:
-        event = ApiKeyRevoked(key_id=key_id, revoked_by=call.principal.label)
+        event = ApiKeyRevoked(key_id=key.key_id, revoked_by=call.principal.label)
         await call.kernel.append(tenant_subject(record.tenant, event), event, visible_in=TENANTS)
-    call.resource = key_id
 
 
 @router.put("/v1/tenants/{tenant}/quotas/{pool}", access="operator", body=SetQuota, response=Tenant)

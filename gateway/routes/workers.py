@@ -15,14 +15,15 @@ import msgspec
 
 from core.clock import LOST_AFTER_INTERVALS
 from gateway.api import Call, Router
+from gateway.bodies import carried
 from gateway.errors import not_found
 from gateway.paging import decode_cursor, encode_cursor
-from gateway.routes.billing import money, seconds
+from gateway.routes.billing import paid
 from gateway.scope import iso
 from projections import ENDPOINTS, LEDGER, LIVENESS, REGISTRY, SCHEDULE
 from projections.capacity import tier_of, uptime_30d
 from projections.endpoints import EndpointsState
-from projections.ledger import earnings
+from projections.ledger import WorkerEarnings, earnings
 from projections.liveness import LastBeat, silent_for
 from projections.registry import WorkerRecord
 from projections.schedule import TERMINAL, ScheduleState
@@ -48,59 +49,23 @@ def work_by_worker(schedule: ScheduleState, endpoints: EndpointsState) -> dict[s
             continue
         for slot, a in job.assignments.items():
             state = "done" if slot in job.done else "running" if slot in job.started else "placed"
-            found.setdefault(a.worker_id, []).append(
-                WorkerWork(
-                    kind="job",
-                    work_id=job.job_id,
-                    assignment_id=a.assignment_id,
-                    slot=a.slot,
-                    epoch=a.epoch,
-                    gpus=a.gpus,
-                    state=state,
-                    tenant=job.tenant,
-                )
-            )
+            work = carried(WorkerWork, a, kind="job", work_id=job.job_id, state=state, tenant=job.tenant)
+            found.setdefault(a.worker_id, []).append(work)
     for endpoint in endpoints.endpoints.values():
         if endpoint.state == "deleted":
             continue
         for r in endpoint.replicas.values():
-            found.setdefault(r.worker_id, []).append(
-                WorkerWork(
-                    kind="endpoint",
-                    work_id=endpoint.endpoint_id,
-                    assignment_id=r.assignment_id,
-                    slot=r.slot,
-                    epoch=r.epoch,
-                    gpus=r.gpus,
-                    state=r.state,
-                    tenant=endpoint.tenant,
-                )
+            work = carried(
+                WorkerWork, r, kind="endpoint", work_id=endpoint.endpoint_id, tenant=endpoint.tenant
             )
-    for work in found.values():
-        work.sort(key=lambda w: (w.kind, w.work_id, w.slot))
+            found.setdefault(r.worker_id, []).append(work)
+    for listed in found.values():
+        listed.sort(key=lambda w: (w.kind, w.work_id, w.slot))
     return found
 
 
 def telemetry(beat: LastBeat) -> Telemetry:
-    return Telemetry(
-        at=iso(beat.time_ns),
-        interval_s=beat.interval_s,
-        cpu_pct=beat.cpu_pct,
-        memory_used_mb=beat.memory_used_mb,
-        gpus=[
-            GpuReading(
-                index=g.index,
-                util_pct=g.util_pct,
-                mem_used_mb=g.mem_used_mb,
-                temp_c=g.temp_c,
-                power_w=g.power_w,
-                ecc_errors=g.ecc_errors,
-                xid_errors=g.xid_errors,
-            )
-            for g in beat.gpus
-        ],
-        running=beat.running,
-    )
+    return carried(Telemetry, beat, at=iso(beat.time_ns), gpus=[carried(GpuReading, g) for g in beat.gpus])
 
 
 def worker_view(
@@ -112,23 +77,15 @@ def worker_view(
     earned = earnings(call.kernel.state(LEDGER), record.worker_id)
     if call.principal.kind != "operator":
         work = [msgspec.structs.replace(w, tenant=None) for w in work]
-    return Worker(
+    registered = record.registration
+    return carried(
+        Worker,
+        registered,
         worker_id=record.worker_id,
-        provider=record.provider,
-        hostname=record.hostname,
-        region=record.region,
-        pool=record.pool,
-        owner_tenant=record.owner_tenant,
         state=record.state,
         online=beat is not None and silent is not None and silent <= LOST_AFTER_INTERVALS * beat.interval_s,
         cordon_reason=record.cordon_reason,
-        gpus=[GpuView(index=g.index, model=g.model, vram_total_mb=g.vram_total_mb) for g in record.gpus],
-        cpus=record.cpus,
-        memory_mb=record.memory_mb,
-        agent_version=record.agent_version,
-        sandbox=record.sandbox,
-        sandbox_problem=record.sandbox_problem,
-        driver=record.driver,
+        gpus=[carried(GpuView, g) for g in registered.gpus],
         tier=tier_of(record, now_ns),
         uptime_30d=round(uptime_30d(record, now_ns), 6),
         lost_count=record.lost_count,
@@ -137,19 +94,14 @@ def worker_view(
         last_heartbeat_at=iso(beat.time_ns) if beat is not None else None,
         silent_s=None if silent is None else round(silent, 3),
         work=work,
-        earnings=Earnings(
-            gpu_seconds=seconds(earned.gpu_ms) if earned else 0.0,
-            cpu_seconds=seconds(earned.cpu_ms) if earned else 0.0,
-            ticks=earned.ticks if earned else 0,
-            payout=money(earned.payout_micros if earned else 0),
-        ),
+        earnings=paid(Earnings, earned or WorkerEarnings(provider=registered.provider)),
         telemetry=telemetry(beat) if detail and beat is not None else None,
     )
 
 
 def _owns(call: Call[Any, Any], record: WorkerRecord) -> bool:
     principal = call.principal
-    return principal.kind == "operator" or record.provider == principal.account
+    return principal.kind == "operator" or record.registration.provider == principal.account
 
 
 @router.get("/v1/workers", access="provider", query=WorkerListQuery, response=WorkerPage)
@@ -161,7 +113,7 @@ async def list_workers(call: Call[None, WorkerListQuery]) -> WorkerPage:
         r
         for r in call.kernel.state(REGISTRY).workers.values()
         if _owns(call, r)
-        and (q.provider is None or r.provider == q.provider)
+        and (q.provider is None or r.registration.provider == q.provider)
         and (q.state is None or r.state == q.state)
         and (after is None or r.worker_id > after)
     ]

@@ -11,9 +11,10 @@ from typing import Any
 
 from gateway import workspace as ws
 from gateway.api import Call, Router
-from gateway.auth import tenant_of
-from gateway.errors import ApiError, not_found
+from gateway.bodies import carried
+from gateway.errors import ApiError
 from gateway.paging import encode_cursor
+from gateway.scope import scoped_tenant
 from projections import TENANTS
 from projections.tenants import TenantsState
 from schemas.api.common import Page
@@ -41,16 +42,30 @@ UPLOAD_ERRORS = {
 
 def bucket_of(call: Call[Any, Any]) -> str:
     """The caller's tenant's bucket (the operator's named tenant); 404 for an unknown tenant."""
-    tenant = tenant_of(call.principal, call.query.tenant)
     state: TenantsState = call.kernel.state(TENANTS)
-    record = state.tenants.get(tenant)
-    if record is None:
-        raise not_found(f"tenant {tenant}")
-    return record.bucket
+    return state.tenants[scoped_tenant(call, call.query.tenant)].bucket
 
 
 def upload_missing(upload_id: str, key: str) -> str:
     return f"upload {upload_id} of {key!r} not found: it was completed or aborted, or is not for this key"
+
+
+async def part_urls(
+    call: Call[Any, Any], bucket: str, key: str, upload_id: str, plan: ws.PartPlan, first: int, count: int
+) -> PartUrls:
+    """Presigned PUTs of parts ``first`` .. ``first + count - 1`` of an upload (clipped to its plan)."""
+    missing = upload_missing(upload_id, key)
+    parts, next_part, expires_at = await ws.s3_call(
+        ws.presign_parts, call.kernel.s3, bucket, key, upload_id, plan, first, count, missing=missing
+    )
+    return PartUrls(
+        upload_id=upload_id,
+        key=key,
+        part_count=plan.count,
+        parts=parts,
+        next_part=next_part,
+        expires_at=expires_at,
+    )
 
 
 @router.post(
@@ -77,19 +92,8 @@ async def create_upload(call: Call[CreateUpload, TenantQuery]) -> Upload:
         return SingleUpload(key=body.key, size=body.size, url=url, headers=headers, expires_at=expires_at)
     plan = ws.plan_parts(body.size)
     upload_id = await ws.s3_call(ws.start_multipart, s3, bucket, body.key, body.content_type, body.sha256)
-    parts, next_part, expires_at = await ws.s3_call(
-        ws.presign_parts, s3, bucket, body.key, upload_id, plan, 1, ws.FIRST_PAGE
-    )
-    return MultipartUpload(
-        key=body.key,
-        size=body.size,
-        upload_id=upload_id,
-        part_size=plan.part_size,
-        part_count=plan.count,
-        parts=parts,
-        next_part=next_part,
-        expires_at=expires_at,
-    )
+    urls = await part_urls(call, bucket, body.key, upload_id, plan, 1, ws.FIRST_PAGE)
+    return carried(MultipartUpload, urls, size=body.size, part_size=plan.part_size)
 
 
 @router.post(
@@ -113,22 +117,12 @@ async def upload_parts(call: Call[PartsRequest, TenantQuery]) -> PartUrls:
         )
     bucket = bucket_of(call)
     call.resource = body.key
-    s3 = call.kernel.s3
     missing = upload_missing(upload_id, body.key)
+    s3 = call.kernel.s3
     await ws.s3_call(
         s3.list_parts, Bucket=bucket, Key=body.key, UploadId=upload_id, MaxParts=1, missing=missing
     )
-    parts, next_part, expires_at = await ws.s3_call(
-        ws.presign_parts, s3, bucket, body.key, upload_id, plan, body.first, body.count, missing=missing
-    )
-    return PartUrls(
-        upload_id=upload_id,
-        key=body.key,
-        part_count=plan.count,
-        parts=parts,
-        next_part=next_part,
-        expires_at=expires_at,
-    )
+    return await part_urls(call, bucket, body.key, upload_id, plan, body.first, body.count)
 
 
 @router.post(

@@ -192,27 +192,36 @@ async def run(
     }
 
 
+def latency_rows(
+    figures: dict[str, Any], label: str, measured: str, baseline: str, target: str
+) -> list[tuple[str, ...]]:
+    """The p50 and p99 rows of one latency: ``measured`` against its ``baseline`` (figure name
+    prefixes), and the p99 ratio (``<measured>_ratio``) with its ``target``."""
+    return [
+        (
+            f"{label} p50 (ms)",
+            f"{figures[f'{measured}_p50_ms']}",
+            f"{figures[f'{baseline}_p50_ms']}",
+            "-",
+            "-",
+        ),
+        (
+            f"{label} p99 (ms)",
+            f"{figures[f'{measured}_p99_ms']}",
+            f"{figures[f'{baseline}_p99_ms']}",
+            f"{figures[f'{measured}_ratio']}",
+            target,
+        ),
+    ]
+
+
 def summary(figures: dict[str, Any]) -> str:
     """The human-readable report: submit and delivery latencies against their baselines, the counts."""
     rows: list[tuple[str, ...]] = [
         ("figure", "API", "log only", "ratio", "target"),
-        ("submit p50 (ms)", f"{figures['submit_p50_ms']}", f"{figures['raw_submit_p50_ms']}", "-", "-"),
-        (
-            "submit p99 (ms)",
-            f"{figures['submit_p99_ms']}",
-            f"{figures['raw_submit_p99_ms']}",
-            f"{figures['submit_ratio']}",
-            "API < 25",
-        ),
+        *latency_rows(figures, "submit", "submit", "raw_submit", "API < 25"),
         ("", "feed", "raw nats-py", "", ""),
-        ("delivery p50 (ms)", f"{figures['feed_p50_ms']}", f"{figures['raw_p50_ms']}", "-", "-"),
-        (
-            "delivery p99 (ms)",
-            f"{figures['feed_p99_ms']}",
-            f"{figures['raw_p99_ms']}",
-            f"{figures['feed_ratio']}",
-            "feed < 250",
-        ),
+        *latency_rows(figures, "delivery", "feed", "raw", "feed < 250"),
     ]
     submit = (
         f"submit: {figures['submit_rate']} requests/s offered, {figures['submit_achieved_rps']} sent, "

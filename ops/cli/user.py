@@ -22,10 +22,9 @@ import argparse
 from collections.abc import Callable
 
 from ops.cli import account, endpoints, jobs, workspace
-from ops.cli.jobs import job_detail
 from ops.cli.session import add_user_command
 
-__all__ = ["job_detail", "register"]  # job_detail: how tests/test_federated.py prints a job
+__all__ = ["register"]
 
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:

@@ -23,6 +23,7 @@ from core.settings import Settings
 from core.streams import provider_subject, token, worker_subject
 from ops.process import run_async
 from schemas import WorkerCordoned, WorkerUncordoned
+from schemas._base import Event
 from schemas.providers import AgentEnrolled, EnrollmentTokenApproved, EnrollmentTokenIssued, ProviderCreated
 
 
@@ -71,7 +72,7 @@ async def enroll_kernel_agent(
         label=f"kernel agent {worker_id}",
         issued_by=by,
     )
-    events = [issued]
+    events: list[Event] = [issued]
     if pool != "shared":
         events.append(EnrollmentTokenApproved(token_id=token_id, approved_by=by))
     events.append(AgentEnrolled(token_id=token_id, worker_id=worker_id))

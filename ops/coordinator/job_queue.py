@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
-from core import placement
+from core.placement.values import Placed, PlacementRequest, Unplaceable
 from ops.coordinator.live_capacity import LiveCapacity
 from ops.coordinator.pipeline import pipelined
 from projections import gangs, lifecycle
@@ -127,13 +127,13 @@ class JobQueue:
             request = request_for_job(job)
             decision = capacity.index.place(request, now_ns=now_ns)
             self.c.decision_ms.append((time.perf_counter() - started) * 1000)
-            if isinstance(decision, placement.Placed):
+            if isinstance(decision, Placed):
                 capacity.take(key, job, decision.assignments)
                 yield self._place(key, job, decision)
             else:
                 yield self._unplaced(capacity, job, request, decision, now_ns)
 
-    async def _place(self, key: str, job: JobRecord, decision: placement.Placed) -> None:
+    async def _place(self, key: str, job: JobRecord, decision: Placed) -> None:
         position = await self.c.append_job(job, lifecycle.placed(decision))
         if position is None:  # another writer got there first: the next step drops our hold
             self.c.job_changed(key)
@@ -145,8 +145,8 @@ class JobQueue:
         self,
         capacity: LiveCapacity,
         job: JobRecord,
-        request: placement.PlacementRequest,
-        decision: placement.Unplaceable,
+        request: PlacementRequest,
+        decision: Unplaceable,
         now_ns: int,
     ) -> None:
         """A job that did not fit: reject it if it never can, else preempt for it, else say why."""

@@ -23,11 +23,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from core import placement
 from core.candidates import CandidateIndex, occupy
+from core.placement.rules import silent
+from core.placement.values import DEFAULT_WEIGHTS, Candidate, PlacementRequest, RankWeights
 from projections.admission import Usage
 from projections.capacity import candidate_of
-from projections.endpoints import EndpointRecord, EndpointsState
+from projections.endpoints import EndpointRecord, EndpointsState, replica_assignment
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState
@@ -66,7 +67,7 @@ class LiveCapacity:
             caller clears it.
     """
 
-    def __init__(self, weights: placement.RankWeights = placement.DEFAULT_WEIGHTS) -> None:
+    def __init__(self, weights: RankWeights = DEFAULT_WEIGHTS) -> None:
         self.weights = weights
         self.index = CandidateIndex((), weights)
         self.usage: Usage = {}
@@ -85,7 +86,7 @@ class LiveCapacity:
         schedule: ScheduleState,
         endpoints: EndpointsState,
         now_ns: int,
-        weights: placement.RankWeights = placement.DEFAULT_WEIGHTS,
+        weights: RankWeights = DEFAULT_WEIGHTS,
     ) -> LiveCapacity:
         """Capacity from the whole state."""
         capacity = cls(weights)
@@ -134,14 +135,8 @@ class LiveCapacity:
         if endpoint is not None and endpoint.state != "deleted":
             for r in endpoint.replicas.values():
                 if r.state != "lost":
-                    a = Assignment(
-                        assignment_id=r.assignment_id,
-                        worker_id=r.worker_id,
-                        slot=r.slot,
-                        epoch=r.epoch,
-                        gpus=r.gpus,
-                    )
-                    active[r.assignment_id] = _Hold(a, 0.0, 0, endpoint.tenant, endpoint.spec.pool)
+                    hold = _Hold(replica_assignment(r), 0.0, 0, endpoint.tenant, endpoint.spec.pool)
+                    active[r.assignment_id] = hold
         self._set(("endpoint", key), active)
 
     def refresh(
@@ -181,7 +176,7 @@ class LiveCapacity:
         self._telemetry = {w: (b.gpus, b.cpu_pct) if (b := beats.get(w)) else None for w in workers}
         self.freed = True
 
-    def may_preempt(self, request: placement.PlacementRequest) -> bool:
+    def may_preempt(self, request: PlacementRequest) -> bool:
         """False when :func:`projections.admission.preemption_victims` can only find nothing: shared
         or private work, and no job of the tenant's pool of a lower priority holds a worker."""
         if request.pool == "managed":
@@ -234,14 +229,14 @@ _RANKING: dict[str, Any] = {
 """A candidate's fields that only rank it, or are compared apart (:func:`_roomier`), set to one value."""
 
 
-def _roomier(old: placement.Candidate, new: placement.Candidate, now_ns: int) -> bool:
+def _roomier(old: Candidate, new: Candidate, now_ns: int) -> bool:
     """Whether the worker may take work it could not take before: anything but the ranking terms
     and the beat's time changed, or it has more usable VRAM, or it is no longer silent."""
     if msgspec.structs.replace(old, **_RANKING) != msgspec.structs.replace(new, **_RANKING):
         return True
     if any(n > o for n, o in zip(new.vram_usable_mb, old.vram_usable_mb, strict=False)):
         return True
-    return placement.silent(old, now_ns) and not placement.silent(new, now_ns)
+    return silent(old, now_ns) and not silent(new, now_ns)
 
 
 def _job_hold(job: JobRecord, a: Assignment) -> _Hold:

@@ -21,8 +21,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from core import placement
 from core.errors import ConcurrencyConflict
+from core.placement.values import Placed
 from core.pricing import list_price_micros
 from core.streams import endpoint_filter, endpoint_subject
 from ops.coordinator.inputs import InputError
@@ -113,7 +113,7 @@ class Replicas:
     async def _place(self, endpoint: EndpointRecord, now_ns: int) -> None:
         capacity = self.c.ensure_capacity(now_ns)
         decision = capacity.index.place(request_for_endpoint(endpoint), now_ns=now_ns)
-        if not isinstance(decision, placement.Placed):
+        if not isinstance(decision, Placed):
             return  # tried again next step; the endpoint stays ``deploying``
         if await self._append(endpoint, replica_upkeep.placed(decision)):
             log.info("endpoint %s: placed %s", endpoint.endpoint_id, _where(decision.assignments))

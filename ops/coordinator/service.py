@@ -48,9 +48,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from typing import Any
 
-from core import placement
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
+from core.placement.values import DEFAULT_WEIGHTS, RankWeights
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
 from core.wire import Position
 from ops.coordinator.beat_deadlines import BeatDeadlines
@@ -102,7 +102,7 @@ class Coordinator:
         *,
         name: str = "coordinator",
         tick_s: float = 0.2,
-        weights: placement.RankWeights = placement.DEFAULT_WEIGHTS,
+        weights: RankWeights = DEFAULT_WEIGHTS,
         presigner: Presigner | None = None,
     ) -> None:
         self.log = event_log

@@ -78,7 +78,7 @@ def ddp_spec(
             tenant=job.tenant,
             job_id=job.job_id,
             epoch=assignment.epoch,
-            master_addr=record.address or record.hostname,
+            master_addr=record.registration.address or record.registration.hostname,
             nnodes=job.spec.shards,
             node_rank=assignment.slot,
             gpus=job.spec.resources.gpus,

@@ -348,10 +348,11 @@ class Intake:
             return
         for _ in range(3):
             worker = self.registry.state.workers.get(sender)
-            challenge = worker.challenge if worker is not None else None
-            if worker is None or challenge is None:
+            open_challenge = worker.challenge if worker is not None else None
+            if worker is None or open_challenge is None:
                 await self._refuse(claim, sender, f"worker {sender} has no open verification challenge")
                 return
+            challenge = open_challenge.request
             try:
                 expected = await asyncio.to_thread(
                     verification.answer, challenge.seed, challenge.size, challenge.rounds
@@ -359,15 +360,11 @@ class Intake:
             except ValueError as exc:
                 expected = f"unanswerable challenge: {exc}"
             reason = verification.judge(
-                seed=challenge.seed,
-                size=challenge.size,
-                rounds=challenge.rounds,
-                challenge_id=challenge.challenge_id,
-                requested_ns=challenge.requested_ns,
-                deadline_s=challenge.deadline_s,
+                challenge,
+                requested_ns=open_challenge.requested_ns,
                 received_ns=claim.time_ns,
                 report=report,
-                registered_gpus=worker.gpus,
+                registered_gpus=worker.registration.gpus,
                 expected_checksum=expected,
             )
             outcome: Event = (

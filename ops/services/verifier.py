@@ -19,6 +19,8 @@ import logging
 import secrets
 from typing import Any
 
+import msgspec
+
 from core import verification
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import EventLog
@@ -29,7 +31,7 @@ from projections.runner import ProjectionRunner
 from schemas import Event
 from schemas.commands import VerifyWorker
 from schemas.envelope import Recorded
-from schemas.workers import WorkerVerificationFailed, WorkerVerificationRequested
+from schemas.workers import WorkerVerificationFailed
 
 log = logging.getLogger("resontech.intake")
 
@@ -66,8 +68,8 @@ class Verifier:
             if found is None:
                 continue
             if found.action == "expire":
-                challenge = found.worker.challenge
-                assert challenge is not None
+                assert found.worker.challenge is not None
+                challenge = found.worker.challenge.request
                 failed = WorkerVerificationFailed(
                     reason=f"no answer within {challenge.deadline_s:g}s",
                     challenge_id=challenge.challenge_id,
@@ -78,23 +80,12 @@ class Verifier:
             await self._challenge(worker_id)
 
     async def _challenge(self, worker_id: str) -> None:
-        request = WorkerVerificationRequested(
-            challenge_id=f"vc-{secrets.token_hex(6)}",
-            seed=secrets.token_hex(16),
-            size=verification.SIZE,
-            rounds=verification.ROUNDS,
-            deadline_s=verification.DEADLINE_S,
-            requested_by=self.name,
+        request = verification.new_challenge(
+            f"vc-{secrets.token_hex(6)}", secrets.token_hex(16), requested_by=self.name
         )
         if not await self._append(worker_id, request):
             return
-        command = VerifyWorker(
-            challenge_id=request.challenge_id,
-            seed=request.seed,
-            size=request.size,
-            rounds=request.rounds,
-            deadline_s=request.deadline_s,
-        )
+        command = msgspec.convert(request, VerifyWorker, from_attributes=True)  # the request, less who asked
         try:
             await self.log.append(
                 command_subject(worker_id), command, event_id=f"verify-{request.challenge_id}"

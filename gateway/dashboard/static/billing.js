@@ -1,29 +1,22 @@
 // The billing view: usage and invoices (metering is not on the feed, so it is re-read every 30 s
 // while shown).
 
-import {$, badge, fmt, h, report} from './dom.js';
+import {$, badge, fmt, h, polling, report} from './dom.js';
 import {api} from './api.js';
 
 const BILLING_EVERY_MS = 30_000;
 
 export const billing = {
+  ...polling(BILLING_EVERY_MS),
   generation: 0,
-  timer: null,
   invoice: null, // the open invoice's period
 
   init() {
     $('billing-refresh').addEventListener('click', () => this.load());
   },
 
-  shown() {
+  poll() {
     this.load();
-    clearInterval(this.timer);
-    this.timer = setInterval(() => this.load(), BILLING_EVERY_MS);
-  },
-
-  hidden() {
-    clearInterval(this.timer);
-    this.timer = null;
   },
 
   reset() {

@@ -23,6 +23,23 @@ export function h(tag, props, ...children) {
   return node;
 }
 
+/** The shown() and hidden() of a view re-read every `everyMs` while it is shown (spread it into the
+ * view): its first() when shown (default: its poll()), then its poll() every `everyMs` until hidden. */
+export function polling(everyMs) {
+  return {
+    timer: null,
+    shown() {
+      (this.first || this.poll).call(this);
+      clearInterval(this.timer);
+      this.timer = setInterval(() => this.poll(), everyMs);
+    },
+    hidden() {
+      clearInterval(this.timer);
+      this.timer = null;
+    },
+  };
+}
+
 export const badge = (state) => h('span', {class: `state ${state}`}, state);
 export const dash = '\u2014';
 

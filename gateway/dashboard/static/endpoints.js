@@ -8,9 +8,9 @@
 // rows shown are re-read every 5 s from the list endpoint, one request per 200 rows whatever the
 // number of endpoints, and not at all while the browser tab is hidden.
 
-import {$, badge, dash, fmt, h, report, timeCell} from './dom.js';
+import {$, badge, dash, fmt, h, polling, report, timeCell} from './dom.js';
 import {api} from './api.js';
-import {LiveList} from './table.js';
+import {LiveList, listView} from './table.js';
 
 const TRAFFIC_EVERY_MS = 5_000;
 const LIST_LIMIT = 200; // the most GET /v1/endpoints returns at once
@@ -34,7 +34,8 @@ function replicaLine(r) {
 }
 
 export const endpoints = {
-  timer: null,
+  ...listView,
+  ...polling(TRAFFIC_EVERY_MS),
 
   init() {
     this.list = new LiveList({
@@ -55,32 +56,8 @@ export const endpoints = {
     $('endpoints-deleted').addEventListener('change', () => this.reload());
   },
 
-  shown() {
-    this.poll();
-    clearInterval(this.timer);
-    this.timer = setInterval(() => this.poll(), TRAFFIC_EVERY_MS);
-  },
-
-  hidden() {
-    clearInterval(this.timer);
-    this.timer = null;
-  },
-
   poll() {
     if (!document.hidden) this.list.refreshShown(LIST_LIMIT);
-  },
-
-  reset() {
-    this.list.reset();
-  },
-
-  async reload() {
-    this.reset();
-    await this.list.loadPage();
-  },
-
-  message(m) {
-    this.list.message(m);
   },
 
   handle(m) {

@@ -9,7 +9,7 @@
 
 import {$, badge, dash, fmt, h, report, timeCell} from './dom.js';
 import {api, session} from './api.js';
-import {LiveList, miniTable} from './table.js';
+import {LiveList, listView, miniTable} from './table.js';
 
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 
@@ -66,6 +66,7 @@ function summary(event) {
 }
 
 export const jobs = {
+  ...listView,
   gpu: new Map(), // job_id -> Map(worker -> mean GPU utilisation)
   detail: null, // {id, job, events: Set(seq), next, loading, live: []}
 
@@ -107,16 +108,6 @@ export const jobs = {
     this.list.reset();
     this.gpu.clear();
     this.close();
-  },
-
-  async reload() {
-    this.reset();
-    await this.list.loadPage();
-  },
-
-  /** A message of the feed (the list holds it back while a page loads). */
-  message(m) {
-    this.list.message(m);
   },
 
   handle(m) {

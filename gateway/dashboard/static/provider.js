@@ -3,7 +3,7 @@
 // The feed carries tenant events only (a provider key is refused with 4403), so these views are
 // re-read every 10 s while shown; the indicator says "polling" for a provider.
 
-import {$, badge, dash, fmt, h, listFooter, report} from './dom.js';
+import {$, badge, dash, fmt, h, listFooter, polling, report} from './dom.js';
 import {api, session} from './api.js';
 import {miniTable} from './table.js';
 
@@ -15,8 +15,8 @@ export const workers = {
   rows: new Map(), // worker_id -> tr
   next: null,
   generation: 0,
-  timer: null,
   selected: null,
+  ...polling(WORKERS_EVERY_MS),
 
   init() {
     $('workers-more').addEventListener('click', () => this.load(false));
@@ -26,15 +26,8 @@ export const workers = {
     });
   },
 
-  shown() {
+  first() {
     if (!this.rows.size) this.load(false);
-    clearInterval(this.timer);
-    this.timer = setInterval(() => this.poll(), WORKERS_EVERY_MS);
-  },
-
-  hidden() {
-    clearInterval(this.timer);
-    this.timer = null;
   },
 
   reset() {

@@ -27,6 +27,24 @@ export function miniTable(headings, rows, props = {}) {
     h('tbody', {}, rows.map((cells) => h('tr', {}, cells.map(cell)))));
 }
 
+/** What a view whose main table is a LiveList (its `list`) does with it (spread it into the view;
+ * a view that keeps more than its list resets that too in its own reset()). */
+export const listView = {
+  reset() {
+    this.list.reset();
+  },
+
+  async reload() {
+    this.reset();
+    await this.list.loadPage();
+  },
+
+  /** A message of the feed (the list holds it back while a page loads). */
+  message(m) {
+    this.list.message(m);
+  },
+};
+
 export class LiveList {
   /**
    * @param {object} o
