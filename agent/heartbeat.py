@@ -17,7 +17,7 @@ from agent.devices import DeviceSource
 from core.errors import AppendRejected, ResontechError
 from core.log import EventLog
 from core.streams import heartbeat_subject
-from schemas import Event
+from schemas._base import Event
 from schemas.values import GpuTelemetry
 from schemas.workers import Heartbeat
 

@@ -42,7 +42,7 @@ import msgspec
 
 from agent.protocol import CheckpointLine, ProgressLine, ReadyLine
 from core.streams import endpoint_subject, job_subject, metering_subject
-from schemas import Event
+from schemas._base import Event
 from schemas.commands import StartWork
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import bcrypt
 
 from core.streams import command_consumer, command_subject, token
-from schemas import Event
+from schemas._base import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
 from schemas.metering import UsageTick

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from core.errors import InvalidInput
-from schemas import Event
+from schemas._base import Event
 
 DAY_S = 86_400
 

@@ -27,7 +27,7 @@ from gateway.settings import GatewaySettings
 from projections import ENDPOINTS, LEDGER, LIVENESS, PROVIDERS, REGISTRY, SCHEDULE, TENANTS
 from projections.base import Projection
 from projections.runner import ProjectionRunner
-from schemas import Event
+from schemas._base import Event
 from schemas.audit import RequestRecorded
 from schemas.envelope import Recorded
 from schemas.providers import ProviderKeyIssued, ProviderKeyRevoked

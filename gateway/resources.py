@@ -27,7 +27,7 @@ from gateway.idempotency import REPLAYED_HEADER
 from gateway.paging import newest_first
 from gateway.scope import scoped_tenant
 from projections import Projection
-from schemas import Event
+from schemas._base import Event
 from schemas.commands import StopWork
 from schemas.envelope import Recorded
 

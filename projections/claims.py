@@ -50,7 +50,7 @@ from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from projections.schedule import find_tenure as shard_tenure
 from projections.tenure import Tenure
-from schemas import Event
+from schemas._base import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
 from schemas.metering import UsageTick

@@ -30,7 +30,7 @@ from projections.liveness import LastBeat
 from projections.recovery import Revocation, revoked, stop
 from projections.registry import WorkerRecord
 from projections.schedule import TERMINAL, JobRecord
-from schemas import JobFailed
+from schemas.jobs import JobFailed
 
 GANG_KINDS: frozenset[str] = frozenset({"ddp"})
 Verdict = Literal["wait", "restart", "fail"]

@@ -25,7 +25,7 @@ from core.placement.values import Placed, Unplaceable
 from projections.admission import Quotas, Usage, Victim, Wait, triage
 from projections.recovery import Revocation, revoked, stop
 from projections.schedule import TERMINAL, JobRecord, ScheduleState
-from schemas import JobCompleted, JobFailed, JobPlaced, JobQueued
+from schemas.jobs import JobCompleted, JobFailed, JobPlaced, JobQueued
 
 
 class Admission(NamedTuple):

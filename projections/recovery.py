@@ -27,15 +27,11 @@ from core.clock import NS_PER_S
 from projections.liveness import LastBeat
 from projections.registry import WorkerRecord
 from projections.schedule import TERMINAL, JobRecord
-from schemas import (
-    Assignment,
-    EndpointReplicaRevoked,
-    JobAssignmentRevoked,
-    JobFailed,
-    StopWork,
-    WorkerLost,
-    WorkerRecovered,
-)
+from schemas.commands import StopWork
+from schemas.endpoints import EndpointReplicaRevoked
+from schemas.jobs import JobAssignmentRevoked, JobFailed
+from schemas.values import Assignment
+from schemas.workers import WorkerLost, WorkerRecovered
 
 MAX_SHARD_ATTEMPTS = 3
 """A shard stopped this many times (by its agent, not by its own failure) fails its job."""

@@ -32,7 +32,7 @@ from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord,
 from projections.liveness import LastBeat
 from projections.recovery import Stop, revoked_as
 from projections.registry import WorkerRecord
-from schemas import StopWork
+from schemas.commands import StopWork
 from schemas.endpoints import (
     EndpointFailed,
     EndpointReplicaLost,

@@ -18,7 +18,7 @@ from core.proctags import kill_tagged
 from core.settings import Settings
 from core.streams import job_subject
 from ops.federation.server import TAG
-from schemas import FederatedTraining, JobResources, JobSubmitted
+from schemas.jobs import FederatedTraining, JobResources, JobSubmitted
 from tests.support import REPO
 
 EXAMPLES = REPO / "examples"

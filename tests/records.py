@@ -14,7 +14,9 @@ import msgspec
 from projections.endpoints import EndpointRecord
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
-from schemas import EndpointDeployed, JobSubmitted, WorkerRegistered
+from schemas.endpoints import EndpointDeployed
+from schemas.jobs import JobSubmitted
+from schemas.workers import WorkerRegistered
 
 R = TypeVar("R", JobRecord, EndpointRecord, WorkerRecord)
 

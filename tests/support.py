@@ -22,18 +22,12 @@ from core.settings import Settings
 from core.streams import STREAMS, endpoint_subject, job_subject, worker_subject
 from ops.cli.workers import enroll_state_dir
 from ops.coordinator import Coordinator, running
-from schemas import (
-    Assignment,
-    EndpointDeployed,
-    EndpointReplicaPlaced,
-    JobPlaced,
-    JobResources,
-    JobSubmitted,
-    Provenance,
-    StartWork,
-    WorkerVerified,
-)
+from schemas.commands import StartWork
+from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced
 from schemas.envelope import Recorded
+from schemas.jobs import JobPlaced, JobResources, JobSubmitted
+from schemas.values import Assignment, Provenance
+from schemas.workers import WorkerVerified
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 20.0

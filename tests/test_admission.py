@@ -26,8 +26,9 @@ from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState
 from projections.schedule import JobRecord, ScheduleState, job_key
-from schemas import Assignment, JobResources, WorkerPolicy
-from schemas.values import GpuTelemetry
+from schemas.jobs import JobResources
+from schemas.values import Assignment, GpuTelemetry
+from schemas.workers import WorkerPolicy
 from tests.records import changed, endpoint_record, job_record, worker_record
 from tests.test_placement import NOW, S, host, request
 

@@ -14,17 +14,9 @@ import pytest
 
 from core.log import EventLog
 from core.streams import job_subject, tenant_subject
-from schemas import (
-    JobAssignmentRevoked,
-    JobFailed,
-    JobPlaced,
-    JobQueued,
-    JobResources,
-    JobSubmitted,
-    QuotaSet,
-    StopWork,
-    TenantCreated,
-)
+from schemas.commands import StopWork
+from schemas.jobs import JobAssignmentRevoked, JobFailed, JobPlaced, JobQueued, JobResources, JobSubmitted
+from schemas.tenants import QuotaSet, TenantCreated
 from tests.support import AgentProcess, of, records, registered, wait_records
 from tests.test_coordinator import coordinator
 

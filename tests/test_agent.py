@@ -30,8 +30,8 @@ from core.pricing import gpu_family
 from core.settings import Settings
 from core.streams import command_subject
 from ops.devstack.natsserver import NatsServer
-from schemas import (
-    Heartbeat,
+from schemas.commands import StartWork, StopWork, WorkSpec
+from schemas.jobs import (
     JobCheckpointed,
     JobFailed,
     JobPlaced,
@@ -40,13 +40,9 @@ from schemas import (
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
-    StartWork,
-    StopWork,
-    UsageTick,
-    WorkerPolicySet,
-    WorkerRegistered,
-    WorkSpec,
 )
+from schemas.metering import UsageTick
+from schemas.workers import Heartbeat, WorkerPolicySet, WorkerRegistered
 from tests.support import (
     REPO,
     AgentProcess,

@@ -31,17 +31,11 @@ from agent.state import CommandState
 from core.cgroups import detect
 from core.errors import ConfigError
 from core.sandbox import Sandbox
-from schemas import (
-    EndpointReplicaLost,
-    Gpu,
-    GpuTelemetry,
-    JobFailed,
-    JobShardCompleted,
-    MaintenanceWindow,
-    StartWork,
-    WorkerPolicy,
-    WorkSpec,
-)
+from schemas.commands import StartWork, WorkSpec
+from schemas.endpoints import EndpointReplicaLost
+from schemas.jobs import JobFailed, JobShardCompleted
+from schemas.values import Gpu, GpuTelemetry
+from schemas.workers import MaintenanceWindow, WorkerPolicy
 
 # Monday 2026-06-01 10:30 UTC
 MONDAY_1030_NS = int(datetime(2026, 6, 1, 10, 30, tzinfo=UTC).timestamp()) * 1_000_000_000

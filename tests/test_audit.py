@@ -22,10 +22,9 @@ from core.streams import (
     worker_subject,
 )
 from projections import audit
-from schemas import (
-    Assignment,
-    EndpointDeployed,
-    Heartbeat,
+from schemas.commands import StopWork
+from schemas.endpoints import EndpointDeployed
+from schemas.jobs import (
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -34,13 +33,11 @@ from schemas import (
     JobQueued,
     JobStarted,
     JobSubmitted,
-    Provenance,
-    StopWork,
-    TenantCreated,
-    TokensServed,
-    UsageTick,
-    WorkerRegistered,
 )
+from schemas.metering import TokensServed, UsageTick
+from schemas.tenants import TenantCreated
+from schemas.values import Assignment, Provenance
+from schemas.workers import Heartbeat, WorkerRegistered
 
 COLUMNS = [
     ("stream", "VARCHAR"),

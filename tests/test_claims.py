@@ -13,13 +13,10 @@ from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import END_GRACE_MS, Accepted, Facts, Refused, judge
 from projections.probation import RETRY_AFTER_S, due
 from projections.tenure import RETIRED_KEEP_NS
-from schemas import (
-    Assignment,
-    EndpointDeployed,
-    EndpointReplicaPlaced,
-    EndpointReplicaReady,
-    Event,
-    Gpu,
+from schemas._base import Event
+from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced, EndpointReplicaReady
+from schemas.envelope import Recorded
+from schemas.jobs import (
     JobAssignmentRevoked,
     JobCheckpointed,
     JobCompleted,
@@ -31,13 +28,16 @@ from schemas import (
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
-    Provenance,
-    UsageTick,
-    WorkerRegistered,
 )
-from schemas.envelope import Recorded
+from schemas.metering import UsageTick
 from schemas.providers import AgentEnrolled, EnrollmentTokenIssued, ProviderCreated
-from schemas.workers import WorkerVerificationFailed, WorkerVerificationRequested, WorkerVerified
+from schemas.values import Assignment, Gpu, Provenance
+from schemas.workers import (
+    WorkerRegistered,
+    WorkerVerificationFailed,
+    WorkerVerificationRequested,
+    WorkerVerified,
+)
 
 S = 1_000_000_000
 T0 = 1_790_000_000 * S

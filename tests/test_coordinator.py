@@ -12,8 +12,7 @@ import pytest
 from agent.simulated import SimulatedFleet
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_subject, worker_subject
-from schemas import (
-    Heartbeat,
+from schemas.jobs import (
     JobAssignmentRevoked,
     JobCompleted,
     JobFailed,
@@ -23,9 +22,8 @@ from schemas import (
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
-    WorkerCordoned,
-    WorkerLost,
 )
+from schemas.workers import Heartbeat, WorkerCordoned, WorkerLost
 from tests.support import AgentProcess, coordinator, of, records, registered, until, wait_records
 
 pytestmark = pytest.mark.slow

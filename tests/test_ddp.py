@@ -23,7 +23,8 @@ from agent.runtimes.process import kill_marked
 from core.log import EventLog
 from core.streams import job_subject
 from ops.devstack.objectstore import ObjectStoreServer
-from schemas import (
+from schemas.envelope import Recorded
+from schemas.jobs import (
     JobAssignmentRevoked,
     JobCheckpointed,
     JobCompleted,
@@ -33,9 +34,8 @@ from schemas import (
     JobResources,
     JobShardCompleted,
     JobSubmitted,
-    WorkerLost,
 )
-from schemas.envelope import Recorded
+from schemas.workers import WorkerLost
 from tests.support import REPO, AgentProcess, coordinator, of, records, registered
 
 pytestmark = pytest.mark.slow

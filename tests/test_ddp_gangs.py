@@ -16,18 +16,9 @@ import pytest
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_subject, worker_subject
 from ops.coordinator import Coordinator
-from schemas import (
-    Heartbeat,
-    JobAssignmentRevoked,
-    JobFailed,
-    JobPlaced,
-    JobResources,
-    JobStarted,
-    JobSubmitted,
-    WorkerRegistered,
-    WorkerVerified,
-)
 from schemas.envelope import Recorded
+from schemas.jobs import JobAssignmentRevoked, JobFailed, JobPlaced, JobResources, JobStarted, JobSubmitted
+from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 from tests.support import of, records
 
 pytestmark = pytest.mark.slow

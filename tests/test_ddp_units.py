@@ -27,7 +27,8 @@ from ops.coordinator.workspecs import WorkSpecError, checkpoint_keys, ddp_spec
 from ops.devstack.objectstore import ObjectStoreServer
 from projections import gangs
 from projections.schedule import Checkpoint, JobRecord
-from schemas import Assignment, Rendezvous, StartWork, WorkSpec
+from schemas.commands import Rendezvous, StartWork, WorkSpec
+from schemas.values import Assignment
 from tests.records import job_record, worker_record
 
 S = 1_000_000_000

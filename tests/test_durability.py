@@ -11,7 +11,7 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import job_subject
 from ops.devstack.natsserver import NatsServer
-from schemas import JobProgress
+from schemas.jobs import JobProgress
 
 TOTAL = 3000
 BATCH = 50

@@ -20,7 +20,7 @@ from projections.providers import (
     enrollment_of,
     token_status,
 )
-from schemas import Event
+from schemas._base import Event
 from schemas.envelope import Recorded
 from schemas.providers import (
     AgentCredentialsRevoked,

@@ -27,7 +27,7 @@ from ops.federation.server import TAG
 from ops.federation.workspace import list_keys
 from projections.schedule import ScheduleState, evolve
 from projections.why import explain_job
-from schemas import (
+from schemas.jobs import (
     JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,

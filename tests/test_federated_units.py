@@ -23,7 +23,9 @@ from ops.coordinator.inputs import Presigner
 from ops.coordinator.workspecs import federated_spec
 from ops.federation.server import clean_env, provision
 from projections.schedule import Federation, JobRecord
-from schemas import Assignment, FederatedTraining, WorkSpec
+from schemas.commands import WorkSpec
+from schemas.jobs import FederatedTraining
+from schemas.values import Assignment
 from tests.records import job_record
 
 

@@ -11,7 +11,10 @@ from projections.liveness import LastBeat
 from projections.recovery import Revocation, Stop
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord, job_key
-from schemas import Assignment, JobFailed, JobShardCompleted, JobSubmitted, StopWork, WorkerLost
+from schemas.commands import StopWork
+from schemas.jobs import JobFailed, JobShardCompleted, JobSubmitted
+from schemas.values import Assignment
+from schemas.workers import WorkerLost
 from tests.test_reducers import Job, Log, _asg, _register, _verify
 
 S = 1_000_000_000

@@ -8,7 +8,8 @@ from projections import SCHEDULE, lifecycle, recovery
 from projections.admission import Victim, Wait
 from projections.recovery import Revocation, Stop
 from projections.schedule import JobRecord, ScheduleState, job_key
-from schemas import (
+from schemas.commands import StopWork
+from schemas.jobs import (
     JobCompleted,
     JobFailed,
     JobPlaced,
@@ -16,9 +17,8 @@ from schemas import (
     JobResources,
     JobShardCompleted,
     JobSubmitted,
-    Provenance,
-    StopWork,
 )
+from schemas.values import Provenance
 from tests.test_reducers import Job, Log, _asg
 
 PROV = Provenance(candidates=2)

@@ -21,23 +21,19 @@ from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
 from projections.admission import quota_usage
 from projections.capacity import candidates
 from projections.schedule import job_key
-from schemas import (
-    Assignment,
-    EndpointDeleted,
-    EndpointDeployed,
-    EndpointReplicaLost,
-    EndpointReplicaPlaced,
-    Event,
-    Gpu,
-    GpuTelemetry,
-    Heartbeat,
+from schemas._base import Event
+from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointReplicaLost, EndpointReplicaPlaced
+from schemas.jobs import (
     JobAssignmentRevoked,
     JobCancelled,
     JobCompleted,
     JobPlaced,
     JobResources,
     JobSubmitted,
-    Provenance,
+)
+from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
+from schemas.workers import (
+    Heartbeat,
     WorkerCordoned,
     WorkerDeregistered,
     WorkerLost,

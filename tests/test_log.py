@@ -19,7 +19,9 @@ from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import NO_RESPONDERS_RETRY_S, EventLog, new_event_id
 from core.settings import Settings
 from core.streams import heartbeat_subject, job_filter, job_subject
-from schemas import Heartbeat, JobProgress, JobQueued, JobSubmitted, encode
+from schemas.catalog import encode
+from schemas.jobs import JobProgress, JobQueued, JobSubmitted
+from schemas.workers import Heartbeat
 
 
 def submitted(name: str = "train") -> JobSubmitted:
@@ -449,7 +451,7 @@ async def test_the_tap_takes_its_frames_and_leaves_every_other_one_to_nats_py() 
 
 async def test_work_queue_stream_is_read_without_consuming_it(log: EventLog) -> None:
     from core.streams import command_subject
-    from schemas import StopWork
+    from schemas.commands import StopWork
 
     stop = StopWork(work_id="j1", assignment_id="a1", epoch=1, reason="preempted")
     await log.append(command_subject("w1"), stop)
@@ -468,7 +470,7 @@ async def test_an_unreachable_server_fails_with_one_clear_error() -> None:
 
 async def test_commands_wait_on_the_workers_durable_consumer_until_acknowledged(log: EventLog) -> None:
     from core.streams import command_subject
-    from schemas import StopWork
+    from schemas.commands import StopWork
 
     first = StopWork(work_id="j1", assignment_id="a1", epoch=1, reason="one")
     second = StopWork(work_id="j1", assignment_id="a1", epoch=1, reason="two")

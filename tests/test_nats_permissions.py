@@ -23,8 +23,10 @@ from core.errors import LogUnavailable
 from core.log import EventLog
 from core.natsauth import AGENT_ENDPOINT_EVENTS, AGENT_JOB_EVENTS, KERNEL_USER, agent_permissions
 from core.streams import command_subject, heartbeat_subject, intake_subject
-from schemas import Heartbeat, JobCompleted, StartWork, StopWork, WorkerRegistered, WorkSpec
 from schemas.api.providers import Enrolled
+from schemas.commands import StartWork, StopWork, WorkSpec
+from schemas.jobs import JobCompleted
+from schemas.workers import Heartbeat, WorkerRegistered
 from tests.secured import Stack, agent_settings
 from tests.support import AgentProcess, of, records, until, wait_records
 from tests.test_coordinator import coordinator, py, submit

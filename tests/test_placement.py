@@ -21,9 +21,9 @@ from projections.endpoints import EndpointsState, ReplicaRecord
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState
 from projections.schedule import ScheduleState
-from schemas import Assignment, Gpu, JobResources, WorkerPolicy
-from schemas.values import GpuTelemetry
-from schemas.workers import MaintenanceWindow
+from schemas.jobs import JobResources
+from schemas.values import Assignment, Gpu, GpuTelemetry
+from schemas.workers import MaintenanceWindow, WorkerPolicy
 from tests.records import endpoint_record, job_record, worker_record
 
 S = 1_000_000_000

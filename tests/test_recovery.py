@@ -7,15 +7,9 @@ from projections import REGISTRY, SCHEDULE, recovery
 from projections.liveness import LastBeat
 from projections.recovery import MAX_SHARD_ATTEMPTS
 from projections.schedule import JobRecord, job_key
-from schemas import (
-    Assignment,
-    JobAssignmentRevoked,
-    JobFailed,
-    JobRejected,
-    JobSubmitted,
-    WorkerLost,
-    WorkerRecovered,
-)
+from schemas.jobs import JobAssignmentRevoked, JobFailed, JobRejected, JobSubmitted
+from schemas.values import Assignment
+from schemas.workers import WorkerLost, WorkerRecovered
 from tests.test_reducers import Job, Log, _asg, _register, _verify
 
 S = 1_000_000_000

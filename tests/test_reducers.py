@@ -38,8 +38,8 @@ from projections.ledger import (
 from projections.liveness import LivenessState, overdue, silent_for
 from projections.registry import RegistryState, available, downtime, uptime
 from projections.schedule import ScheduleState, active_assignments, job_key, missing_slots, pending
-from schemas import (
-    Assignment,
+from schemas._base import Event
+from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
     EndpointFailed,
@@ -50,9 +50,9 @@ from schemas import (
     EndpointReplicaStarting,
     EndpointScaled,
     EndpointScaledToZero,
-    Event,
-    Gpu,
-    Heartbeat,
+)
+from schemas.envelope import Recorded
+from schemas.jobs import (
     JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
@@ -66,10 +66,13 @@ from schemas import (
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
-    Provenance,
-    QuotaSet,
-    TokensServed,
-    UsageTick,
+)
+from schemas.metering import TokensServed, UsageTick
+from schemas.providers import ProviderKeyRevoked
+from schemas.tenants import QuotaSet
+from schemas.values import Assignment, Gpu, Provenance
+from schemas.workers import (
+    Heartbeat,
     WorkerCordoned,
     WorkerDeregistered,
     WorkerLost,
@@ -80,8 +83,6 @@ from schemas import (
     WorkerUncordoned,
     WorkerVerified,
 )
-from schemas.envelope import Recorded
-from schemas.providers import ProviderKeyRevoked
 
 S = 1_000_000_000
 HOUR_MS = 3_600_000
@@ -1131,7 +1132,7 @@ def test_every_reducer_ignores_foreign_events_and_keeps_its_sequence(projection:
 
 
 def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
-    from schemas import JobShardCompleted
+    from schemas.jobs import JobShardCompleted
 
     log = Log(SCHEDULE)
     job = Job(log)
@@ -1157,7 +1158,7 @@ def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
 
 def test_tenants_keys_and_quotas() -> None:
     from projections.tenants import TENANTS, quotas
-    from schemas import ApiKeyIssued, ApiKeyRevoked, TenantCreated
+    from schemas.tenants import ApiKeyIssued, ApiKeyRevoked, TenantCreated
 
     log = Log(TENANTS)
     log(tenant_subject("acme", ApiKeyIssued), ApiKeyIssued(key_id="k0", key_sha256="0" * 64, role="admin"))

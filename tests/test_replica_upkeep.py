@@ -11,8 +11,8 @@ from projections.endpoints import EndpointRecord, EndpointsState
 from projections.liveness import LastBeat
 from projections.recovery import Stop
 from projections.replica_upkeep import MAX_START_FAILURES
-from schemas import (
-    Assignment,
+from schemas.commands import StopWork
+from schemas.endpoints import (
     EndpointDeleted,
     EndpointDeployed,
     EndpointFailed,
@@ -20,10 +20,9 @@ from schemas import (
     EndpointReplicaPlaced,
     EndpointReplicaRevoked,
     EndpointScaled,
-    Provenance,
-    StopWork,
-    WorkerLost,
 )
+from schemas.values import Assignment, Provenance
+from schemas.workers import WorkerLost
 from tests.test_reducers import Endpoint, Log, _register, _verify
 
 PROV = Provenance(candidates=1)

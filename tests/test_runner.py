@@ -15,7 +15,8 @@ from projections.ledger import LedgerState, charges
 from projections.runner import ProjectionRunner, encode_snapshot, read_snapshot, rebuild, snapshot_name
 from projections.schedule import job_key
 from projections.verify import verify, verify_all
-from schemas import JobCompleted, JobQueued, JobSubmitted, UsageTick
+from schemas.jobs import JobCompleted, JobQueued, JobSubmitted
+from schemas.metering import UsageTick
 
 
 def tick(i: int, tenant_ms: int = 1_795_000_000_000) -> UsageTick:

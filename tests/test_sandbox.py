@@ -31,18 +31,9 @@ from core.log import EventLog
 from core.placement.rules import lanes
 from core.placement.values import Candidate
 from core.sandbox import ETC, Sandbox, group_members, python_paths
-from schemas import (
-    JobCompleted,
-    JobFailed,
-    JobRejected,
-    JobShardCompleted,
-    JobStarted,
-    Rendezvous,
-    StartWork,
-    WorkerRegistered,
-    WorkSpec,
-)
-from schemas.workers import WorkerPolicy
+from schemas.commands import Rendezvous, StartWork, WorkSpec
+from schemas.jobs import JobCompleted, JobFailed, JobRejected, JobShardCompleted, JobStarted
+from schemas.workers import WorkerPolicy, WorkerRegistered
 from tests.support import AgentProcess, of, records, registered, wait_records
 from tests.test_agent import py, send, start_work
 

@@ -9,8 +9,9 @@ import msgspec
 import pytest
 
 from ops.cli import main
-from schemas import BY_TAG, EVENT_TYPES, Event, JobStarted, decode, encode, upcast, upcaster
-from schemas.catalog import current_types, json_schemas
+from schemas._base import Event, upcast, upcaster
+from schemas.catalog import BY_TAG, EVENT_TYPES, current_types, decode, encode, json_schemas
+from schemas.jobs import JobStarted
 from schemas.values import AssignmentRef
 
 SAMPLES = Path(__file__).resolve().parent.parent / "schemas" / "samples"

@@ -14,7 +14,7 @@ from core.tiers import (
 )
 from projections.capacity import tier_of, uptime_30d
 from projections.registry import WorkerRecord
-from schemas import Gpu
+from schemas.values import Gpu
 from tests.records import worker_record
 
 S = 1_000_000_000

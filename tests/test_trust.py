@@ -37,14 +37,16 @@ from projections import ENDPOINTS, LEDGER, PROVIDERS, REGISTRY, SCHEDULE, TENANT
 from projections.base import Projection, state_hash
 from projections.runner import rebuild
 from projections.schedule import job_key
-from schemas import (
-    Assignment,
+from schemas._base import Event
+from schemas.api.providers import Enrolled
+from schemas.catalog import encode
+from schemas.endpoints import (
     EndpointDeployed,
     EndpointReplicaPlaced,
     EndpointReplicaReady,
     EndpointReplicaStarting,
-    Event,
-    Heartbeat,
+)
+from schemas.jobs import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
@@ -54,15 +56,17 @@ from schemas import (
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
-    Provenance,
-    UsageTick,
+)
+from schemas.metering import UsageTick
+from schemas.values import Assignment, Provenance
+from schemas.workers import (
+    Heartbeat,
+    WorkerPolicy,
     WorkerPolicySet,
     WorkerRegistered,
     WorkerUncordoned,
+    WorkerVerified,
 )
-from schemas.api.providers import Enrolled
-from schemas.catalog import encode
-from schemas.workers import WorkerPolicy, WorkerVerified
 from tests.secured import Stack
 from tests.support import AgentProcess, coordinator, until
 from tests.test_nats_permissions import raw_agent, violation

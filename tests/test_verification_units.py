@@ -18,7 +18,8 @@ from agent import verify
 from core import verification
 from core.pricing import CPU_GPU_TYPE, PRICE_TABLES
 from core.verification import GPU_TFLOPS_FLOOR, P, answer, judge, new_challenge, validate
-from schemas import Gpu, WorkerVerificationReported, WorkerVerificationRequested
+from schemas.values import Gpu
+from schemas.workers import WorkerVerificationReported, WorkerVerificationRequested
 from tests.support import REPO
 
 SEED = "00112233445566778899aabbccddeeff"

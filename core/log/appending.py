@@ -18,7 +18,7 @@ from core.wire import (
     Position,
     new_event_id,
 )
-from schemas import Event
+from schemas._base import Event
 from schemas.catalog import encode
 
 NO_RESPONDERS_RETRY_S = 1.0

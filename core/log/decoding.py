@@ -25,8 +25,7 @@ from core.wire import (
     Position,
     Quarantined,
 )
-from schemas import Event
-from schemas._base import UPCASTERS, upcast
+from schemas._base import UPCASTERS, Event, upcast
 from schemas.catalog import FAMILIES, decoder
 from schemas.envelope import Recorded
 

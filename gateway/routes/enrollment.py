@@ -30,7 +30,7 @@ from projections.providers import (
     ProvidersState,
     token_status,
 )
-from schemas import Event
+from schemas._base import Event
 from schemas.api.providers import EnrollmentRequest
 from schemas.providers import EnrollmentTokenApproved, EnrollmentTokenRevoked
 

@@ -42,7 +42,7 @@ from projections.providers import (
     find_token,
     token_status,
 )
-from schemas import Event
+from schemas._base import Event
 from schemas.api.providers import (
     AgentInfo,
     CreateProvider,

@@ -24,7 +24,10 @@ from ops.bench.agents import Agent, until
 from ops.bench.common import median, private_nats
 from ops.coordinator import Coordinator
 from ops.services import intake
-from schemas import Assignment, JobCancelled, JobPlaced, JobResources, JobSubmitted, StopWork, WorkerLost
+from schemas.commands import StopWork
+from schemas.jobs import JobCancelled, JobPlaced, JobResources, JobSubmitted
+from schemas.values import Assignment
+from schemas.workers import WorkerLost
 
 
 async def verified(log: EventLog, workers: list[str]) -> None:

@@ -32,16 +32,10 @@ from core.settings import Settings
 from core.streams import intake_subject, job_subject, metering_subject, worker_subject
 from ops.bench.common import emit, machine, private_nats, table
 from ops.services.intake import Intake
-from schemas import (
-    Assignment,
-    JobPlaced,
-    JobResources,
-    JobSubmitted,
-    Provenance,
-    UsageTick,
-    WorkerRegistered,
-    WorkerVerified,
-)
+from schemas.jobs import JobPlaced, JobResources, JobSubmitted
+from schemas.metering import UsageTick
+from schemas.values import Assignment, Provenance
+from schemas.workers import WorkerRegistered, WorkerVerified
 
 TICK_MS = 10
 WORKERS = 100

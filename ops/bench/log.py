@@ -58,7 +58,11 @@ from ops.bench.common import (
 from projections import LEDGER, LIVENESS
 from projections.base import Projection, canonical_json
 from projections.runner import rebuild
-from schemas import Event, GpuTelemetry, Heartbeat, TokensServed, UsageTick, encode
+from schemas._base import Event
+from schemas.catalog import encode
+from schemas.metering import TokensServed, UsageTick
+from schemas.values import GpuTelemetry
+from schemas.workers import Heartbeat
 
 T0_MS = 1_780_272_000_000 - 1_000_000  # 1,000 s before 2026-06-01T00:00Z: billing spans two months
 ASSIGNMENTS = 5_000

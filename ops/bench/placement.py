@@ -32,7 +32,7 @@ from ops.bench.common import private_nats, process_peak_rss_mb
 from ops.bench.quantiles import nearest_rank
 from ops.bench.raw_appends import raw_placements
 from ops.coordinator import Coordinator
-from schemas import JobResources, JobSubmitted
+from schemas.jobs import JobResources, JobSubmitted
 
 GPU_JOBS: tuple[tuple[str | None, int, int], ...] = (
     # (GPU type, VRAM hint MiB, weight): a mix that fits the simulated fleet's free VRAM

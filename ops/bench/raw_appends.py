@@ -20,7 +20,11 @@ from agent.simulated import SimulatedFleet
 from core.log import new_event_id
 from core.streams import command_subject, heartbeat_subject, job_filter, job_subject
 from core.wire import EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, MSG_ID
-from schemas import Assignment, Heartbeat, JobPlaced, Provenance, StartWork, WorkSpec, encode
+from schemas.catalog import encode
+from schemas.commands import StartWork, WorkSpec
+from schemas.jobs import JobPlaced
+from schemas.values import Assignment, Provenance
+from schemas.workers import Heartbeat
 
 APPEND_CHUNK = 512
 """Appends in flight per chunk in the raw baseline (the coordinator's own bound)."""

@@ -59,7 +59,7 @@ from ops.bench.common import emit, machine, median, private_nats, process_peak_r
 from ops.devstack.objectstore import ObjectStoreServer
 from ops.federation.jobfolder import write_run
 from ops.federation.server import TAG
-from schemas import FederatedTraining, JobResources, JobSubmitted
+from schemas.jobs import FederatedTraining, JobResources, JobSubmitted
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "fedavg-numpy"

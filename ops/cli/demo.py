@@ -20,11 +20,8 @@ from core.streams import (
     tenant_subject,
     worker_subject,
 )
-from schemas import (
-    Assignment,
-    Event,
-    Gpu,
-    Heartbeat,
+from schemas._base import Event
+from schemas.jobs import (
     JobCheckpointed,
     JobCompleted,
     JobPlaced,
@@ -33,13 +30,11 @@ from schemas import (
     JobRoundCompleted,
     JobStarted,
     JobSubmitted,
-    Provenance,
-    ScoreCard,
-    TenantCreated,
-    UsageTick,
-    WorkerRegistered,
-    WorkerVerified,
 )
+from schemas.metering import UsageTick
+from schemas.tenants import TenantCreated
+from schemas.values import Assignment, Gpu, Provenance, ScoreCard
+from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 
 Entry = tuple[str, Event]
 """An event and the subject it goes to."""

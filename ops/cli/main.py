@@ -166,7 +166,7 @@ def cmd_audit_queries(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas import export_json_schemas
+    from schemas.catalog import export_json_schemas
 
     written = export_json_schemas(Path(args.dir))
     print(f"wrote {len(written)} JSON Schemas to {args.dir}")

@@ -22,9 +22,9 @@ from core.log import EventLog
 from core.settings import Settings
 from core.streams import provider_subject, token, worker_subject
 from ops.process import run_async
-from schemas import WorkerCordoned, WorkerUncordoned
 from schemas._base import Event
 from schemas.providers import AgentEnrolled, EnrollmentTokenApproved, EnrollmentTokenIssued, ProviderCreated
+from schemas.workers import WorkerCordoned, WorkerUncordoned
 
 
 async def cordon(settings: Settings, worker_id: str, reason: str, *, uncordon: bool = False) -> str:

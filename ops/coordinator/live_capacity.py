@@ -32,7 +32,7 @@ from projections.endpoints import EndpointRecord, EndpointsState, replica_assign
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState
-from schemas import Assignment, GpuTelemetry
+from schemas.values import Assignment, GpuTelemetry
 
 
 class _Hold(NamedTuple):

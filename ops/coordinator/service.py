@@ -67,8 +67,9 @@ from projections.recovery import Revocation
 from projections.registry import RegistryState
 from projections.runner import ProjectionRunner
 from projections.schedule import TERMINAL, JobRecord, job_key
-from schemas import JobFailed, WorkerCordoned
 from schemas.envelope import Recorded
+from schemas.jobs import JobFailed
+from schemas.workers import WorkerCordoned
 
 log = logging.getLogger("resontech.coordinator")
 

@@ -25,7 +25,9 @@ from ops.coordinator.pipeline import pipelined
 from ops.coordinator.workspecs import WorkSpecError, ddp_spec, federated_spec
 from projections.capacity import tier_of
 from projections.schedule import TERMINAL, JobRecord
-from schemas import Assignment, JobFailed, StartWork, WorkSpec
+from schemas.commands import StartWork, WorkSpec
+from schemas.jobs import JobFailed
+from schemas.values import Assignment
 
 if TYPE_CHECKING:
     from ops.coordinator.service import Coordinator

@@ -29,7 +29,8 @@ from core.rendezvous import rendezvous
 from ops.coordinator.inputs import Presigner
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
-from schemas import Assignment, WorkSpec
+from schemas.commands import WorkSpec
+from schemas.values import Assignment
 
 CHECKPOINT_URL_TTL_S = 24 * 60 * 60
 """Checkpoint uploads happen all along a placement: a placement longer than this checkpoints no more

@@ -57,7 +57,8 @@ from ops.federation.reports import JobReporter, once
 from ops.federation.runs import Run, replaced_sites, run_failure, sites_ready
 from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned, provision
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
-from schemas import JobFailed, JobFederationReady, JobFederationRun, JobFederationStopped, StopWork
+from schemas.commands import StopWork
+from schemas.jobs import JobFailed, JobFederationReady, JobFederationRun, JobFederationStopped
 
 log = logging.getLogger("resontech.federation")
 TICK_S = 0.25

@@ -21,7 +21,7 @@ from typing import Any
 from core import flarejob
 from ops.federation import workspace as ws
 from ops.federation.server import FederationError
-from schemas import FederatedTraining
+from schemas.jobs import FederatedTraining
 
 COMPONENT_SOURCE = Path(__file__).with_name(f"{flarejob.COMPONENT_MODULE}.py")
 

@@ -25,7 +25,7 @@ from core.objects import bucket_for
 from core.streams import job_filter, job_subject
 from ops.federation import workspace as ws
 from projections.schedule import JobRecord, job_key
-from schemas import JobCheckpointed, JobCompleted, JobProgress, JobRoundCompleted
+from schemas.jobs import JobCheckpointed, JobCompleted, JobProgress, JobRoundCompleted
 
 log = logging.getLogger("resontech.federation")
 

@@ -49,7 +49,7 @@ from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import Facts, Refused, Verdict, judge
 from projections.registry import RegistryState
 from projections.runner import ProjectionRunner
-from schemas import Event
+from schemas._base import Event
 from schemas.catalog import decode
 from schemas.commands import RegistrationRefused
 from schemas.jobs import JobProgress

@@ -28,7 +28,7 @@ from core.streams import command_subject, worker_filter, worker_subject
 from projections.probation import due
 from projections.registry import RegistryState
 from projections.runner import ProjectionRunner
-from schemas import Event
+from schemas._base import Event
 from schemas.commands import VerifyWorker
 from schemas.envelope import Recorded
 from schemas.workers import WorkerVerificationFailed

@@ -10,8 +10,9 @@ from __future__ import annotations
 from core.streams import heartbeat_subject, provider_subject, worker_subject
 from gateway.auth import new_key
 from projections import LIVENESS, PROVIDERS, REGISTRY
-from schemas import Gpu, Heartbeat, WorkerRegistered, WorkerVerified
 from schemas.providers import ProviderCreated, ProviderKeyIssued
+from schemas.values import Gpu
+from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 from tests.gateway.conftest import Api
 
 

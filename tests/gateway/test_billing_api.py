@@ -7,7 +7,7 @@ from core.pricing import price
 from core.streams import metering_subject
 from gateway.routes.billing import money
 from projections import LEDGER
-from schemas import UsageTick
+from schemas.metering import UsageTick
 from tests.gateway.accounts import provider_key
 from tests.gateway.conftest import Api
 

@@ -33,7 +33,6 @@ from core.streams import (
 from gateway.auth import new_key
 from gateway.dashboard import STATIC
 from projections import SCHEDULE
-from schemas import Gpu, Heartbeat, UsageTick, WorkerRegistered, WorkerVerified
 from schemas.endpoints import (
     EndpointFailed,
     EndpointReplicaLost,
@@ -42,8 +41,10 @@ from schemas.endpoints import (
     EndpointReplicaRevoked,
 )
 from schemas.jobs import JobFailed, JobPlaced, JobProgress, JobStarted, JobSubmitted
+from schemas.metering import UsageTick
 from schemas.providers import ProviderCreated, ProviderKeyIssued
-from schemas.values import Assignment, GpuTelemetry, Provenance
+from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
+from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 from tests.gateway.conftest import GatewayServer, ServeGateway
 from tests.gateway.test_inference import SLOW_HOST, ST_READY_S, _engine_pid
 from tests.support import REPO, AgentProcess, coordinator, registered

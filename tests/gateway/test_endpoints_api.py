@@ -8,8 +8,9 @@ from typing import Any
 from core.log import EventLog
 from core.streams import endpoint_subject
 from projections import ENDPOINTS
-from schemas import Assignment, EndpointReplicaPlaced, EndpointReplicaReady, Provenance, StopWork
-from schemas.endpoints import EndpointDeployed, EndpointScaled
+from schemas.commands import StopWork
+from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced, EndpointReplicaReady, EndpointScaled
+from schemas.values import Assignment, Provenance
 from tests.gateway.accounts import provider_key, register_worker
 from tests.gateway.conftest import Api
 from tests.support import records

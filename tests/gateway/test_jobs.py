@@ -14,19 +14,10 @@ import pytest
 from core.log import EventLog
 from core.streams import job_subject
 from projections import SCHEDULE
-from schemas import (
-    Assignment,
-    JobCheckpointed,
-    JobPlaced,
-    JobProgress,
-    JobQueued,
-    JobStarted,
-    JobSubmitted,
-    Provenance,
-    ScoreCard,
-    StopWork,
-)
 from schemas.api.jobs import HIDDEN
+from schemas.commands import StopWork
+from schemas.jobs import JobCheckpointed, JobPlaced, JobProgress, JobQueued, JobStarted, JobSubmitted
+from schemas.values import Assignment, Provenance, ScoreCard
 from tests.gateway.accounts import provider_key, register_worker
 from tests.gateway.conftest import Api
 from tests.support import AgentProcess, coordinator, records, registered, until
@@ -514,8 +505,9 @@ async def test_openapi_describes_every_route_of_these_areas(api: Api) -> None:
 def test_the_idle_fleet_rebuilds_only_the_workers_that_changed() -> None:
     from gateway.jobspec import IdleFleet
     from projections import REGISTRY
-    from schemas import Gpu, WorkerCordoned, WorkerRegistered
     from schemas.envelope import Recorded
+    from schemas.values import Gpu
+    from schemas.workers import WorkerCordoned, WorkerRegistered
 
     state = REGISTRY.initial()
     gpu = Gpu(index=0, model="A100", vram_total_mb=80_000, vram_free_mb=80_000)

@@ -27,7 +27,9 @@ from core.log import EventLog
 from core.streams import endpoint_subject
 from ops.ports import free_port
 from projections import ENDPOINTS
-from schemas import Assignment, EndpointReplicaPlaced, EndpointReplicaReady, Event, Provenance
+from schemas._base import Event
+from schemas.endpoints import EndpointReplicaPlaced, EndpointReplicaReady
+from schemas.values import Assignment, Provenance
 from tests.gateway.conftest import Api, GatewayServer
 from tests.gateway.test_feed import open_feed
 from tests.support import of, records

@@ -9,7 +9,9 @@ from core.log import EventLog
 from core.pricing import price
 from core.streams import job_subject, metering_subject
 from projections import LEDGER, LIVENESS, REGISTRY, SCHEDULE
-from schemas import Assignment, JobPlaced, JobStarted, JobSubmitted, Provenance, UsageTick
+from schemas.jobs import JobPlaced, JobStarted, JobSubmitted
+from schemas.metering import UsageTick
+from schemas.values import Assignment, Provenance
 from tests.gateway.accounts import provider_key, register_worker
 from tests.gateway.conftest import Api
 from tests.support import AgentProcess, registered, until

@@ -37,7 +37,6 @@ from typing import Any
 
 import msgspec
 
-import schemas
 from core.streams import (
     endpoint_subject,
     heartbeat_subject,
@@ -49,10 +48,9 @@ from core.streams import (
 )
 from projections import ALL
 from projections.base import Projection, canonical_json, state_hash
-from schemas import (
-    ApiKeyIssued,
-    ApiKeyRevoked,
-    Assignment,
+from schemas._base import Event
+from schemas.catalog import decode
+from schemas.endpoints import (
     EndpointDeployed,
     EndpointReplicaLost,
     EndpointReplicaPlaced,
@@ -60,11 +58,10 @@ from schemas import (
     EndpointReplicaRevoked,
     EndpointReplicaStarting,
     EndpointScaled,
-    Event,
+)
+from schemas.envelope import Recorded
+from schemas.jobs import (
     FederatedTraining,
-    Gpu,
-    GpuTelemetry,
-    Heartbeat,
     JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
@@ -80,11 +77,21 @@ from schemas import (
     JobRoundCompleted,
     JobStarted,
     JobSubmitted,
-    Provenance,
-    QuotaSet,
-    ScoreCard,
-    TenantCreated,
-    UsageTick,
+)
+from schemas.metering import UsageTick
+from schemas.providers import (
+    AgentCredentialsRevoked,
+    AgentEnrolled,
+    EnrollmentTokenIssued,
+    EnrollmentTokenRevoked,
+    ProviderCreated,
+    ProviderKeyIssued,
+    ProviderKeyRevoked,
+)
+from schemas.tenants import ApiKeyIssued, ApiKeyRevoked, QuotaSet, TenantCreated
+from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance, ScoreCard
+from schemas.workers import (
+    Heartbeat,
     WorkerCordoned,
     WorkerLost,
     WorkerPolicy,
@@ -95,16 +102,6 @@ from schemas import (
     WorkerVerificationFailed,
     WorkerVerificationRequested,
     WorkerVerified,
-)
-from schemas.envelope import Recorded
-from schemas.providers import (
-    AgentCredentialsRevoked,
-    AgentEnrolled,
-    EnrollmentTokenIssued,
-    EnrollmentTokenRevoked,
-    ProviderCreated,
-    ProviderKeyIssued,
-    ProviderKeyRevoked,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -626,7 +623,7 @@ def load_history(path: Path = HISTORY) -> list[Recorded[Any]]:
     records: list[Recorded[Any]] = []
     for text in path.read_text().splitlines():
         line = msgspec.json.decode(text, type=_Line)
-        event = schemas.decode(line.subject.split(".", 1)[0], bytes(line.event))
+        event = decode(line.subject.split(".", 1)[0], bytes(line.event))
         records.append(
             Recorded(
                 stream=line.stream,
