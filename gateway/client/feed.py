@@ -125,8 +125,8 @@ async def _session(ws: WebSocket, cursor: _Cursor) -> AsyncGenerator[FeedMessage
 
     error: FeedError | None = None
     try:
-        async for raw in ws:
-            message = _feed_message(raw)
+        while True:  # recv, not ``async for``: that ends quietly on a close, whose code matters here
+            message = _feed_message(await ws.recv())
             cursor.see(message)
             if message.kind == "feed.error":
                 error = message.error

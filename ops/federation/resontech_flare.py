@@ -156,7 +156,8 @@ class RoundWriter(FLComponent):
         stem = os.path.join(self.out_dir, f"round-{number:05d}")
         weights = model.get(ModelLearnableKey.WEIGHTS) or {}
         params = {str(name): as_array(value) for name, value in weights.items()}
-        _atomic_write(f"{stem}.npz", lambda sink: np.savez(sink, **params))
+        arrays: dict[str, Any] = params  # savez takes them as keyword arrays
+        _atomic_write(f"{stem}.npz", lambda sink: np.savez(sink, **arrays))
         summary = {
             "round": number,
             "metrics": {name: total / self._weights[name] for name, total in self._sums.items()},

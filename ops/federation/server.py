@@ -84,7 +84,7 @@ class Provisioned:
 
     @property
     def prod(self) -> Path:
-        name = yaml.safe_load((self.root / "project.yml").read_text())["name"]
+        name = str(yaml.safe_load((self.root / "project.yml").read_text())["name"])
         return self.root / "prov" / name / "prod_00"
 
     @property

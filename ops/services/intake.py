@@ -31,7 +31,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -134,7 +134,7 @@ class Intake:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await task
 
-    async def _batches(self, stop: asyncio.Event) -> AsyncIterator[list[Pulled]]:
+    async def _batches(self, stop: asyncio.Event) -> AsyncGenerator[list[Pulled], None]:
         pulling = self.log.pull("INTAKE", DURABLE, batch=BATCH, wait_s=0.5)
         stopping = asyncio.ensure_future(stop.wait())
         try:

@@ -281,6 +281,20 @@ async def test_the_feed_iterator_resumes_by_itself_after_being_dropped(
     assert seen == appended  # every event once, in order, across the reconnects
 
 
+async def test_the_feed_iterator_stops_with_the_reason_when_its_key_is_refused(
+    serve_gateway: ServeGateway,
+) -> None:
+    """A refusal is final (reconnecting cannot help): the iterator raises it instead of retrying."""
+    server = await serve_gateway()
+    await server.tenant()
+    async with AsyncClient(server.url, "rt_nosuchkey_0000000000000000") as rt:
+        feed = rt.feed()
+        with pytest.raises(ApiError) as refused:
+            await asyncio.wait_for(anext(feed), timeout=10.0)
+        await feed.aclose()
+    assert refused.value.status == 401, refused.value
+
+
 def test_the_sync_feed_and_watch_follow_a_job_to_its_end(
     gateway_server: GatewayServer, settings: Settings, tmp_path: Path
 ) -> None:
