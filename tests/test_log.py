@@ -6,8 +6,11 @@ import asyncio
 import itertools
 import random
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import msgspec
 import nats
 import nats.js.api
 import pytest
@@ -132,6 +135,17 @@ async def test_ten_concurrent_appenders_exactly_one_wins(settings: Settings, log
     finally:
         for appender in appenders:
             await appender.close()
+
+
+async def bulk_append(log: EventLog, items: Iterable[Any]) -> None:
+    """Append many events to set a scene, on a connection that waits up to a minute for each
+    acknowledgement: a server shared with a busy test session may take longer than the default 5 s
+    to fsync thousands of appends, and these tests are about reading them back."""
+    patient = await EventLog.connect(msgspec.structs.replace(log.settings, ack_timeout_s=60.0))
+    try:
+        await patient.append_many(items)
+    finally:
+        await patient.close()
 
 
 async def test_append_many_keeps_order_and_ids(log: EventLog) -> None:
@@ -300,9 +314,12 @@ async def test_scan_delivers_every_stored_message_once_in_order_up_to_its_start(
     messages): every message stored when the scan began, once, in order, and nothing after."""
     total = 9_000
     ids = [f"id-{i}" for i in range(total)]
-    await log.append_many(
-        (job_subject("acme", f"j{i % 5}", JobProgress), JobProgress(epoch=1, step=i), ids[i])
-        for i in range(total)
+    await bulk_append(
+        log,
+        (
+            (job_subject("acme", f"j{i % 5}", JobProgress), JobProgress(epoch=1, step=i), ids[i])
+            for i in range(total)
+        ),
     )
     seen: list[tuple[str, int, int, str, bytes]] = []
 
@@ -336,8 +353,8 @@ async def test_a_scan_whose_consumer_disappears_goes_on_after_its_last_message(
     a new one after the last message it delivered, and delivers the rest once."""
     monkeypatch.setattr(core.log.scan, "_SCAN_STALL_S", 0.5)
     total = 10_000
-    await log.append_many(
-        (job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i)) for i in range(total)
+    await bulk_append(
+        log, ((job_subject("acme", "j1", JobProgress), JobProgress(epoch=1, step=i)) for i in range(total))
     )
     other = await nats.connect(log.settings.nats_url)
     deleted: list[str] = []
