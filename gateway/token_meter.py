@@ -29,7 +29,7 @@ from core.pricing import CPU_GPU_TYPE, gpu_family
 from core.streams import metering_subject
 from gateway.kernel import Kernel
 from projections import REGISTRY
-from projections.capacity import tier_of
+from projections.candidates import tier_of
 from projections.endpoints import EndpointRecord, ReplicaRecord
 from projections.registry import WorkerRecord
 from schemas.metering import TokensServed

@@ -34,7 +34,7 @@ from core.clock import NS_PER_S
 from core.placement.explaining import permanent_reason
 from core.placement.rules import Decision, lanes
 from core.placement.values import DEFAULT_WEIGHTS, Candidate, PlacementRequest, RankWeights
-from projections.capacity import candidate_of
+from projections.candidates import candidate_of
 from projections.endpoints import EndpointRecord, EndpointsState, missing_replicas, replica_assignment
 from projections.liveness import LivenessState
 from projections.registry import RegistryState, WorkerRecord

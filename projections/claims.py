@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 from core.errors import InvalidInput
 from core.pricing import CPU_GPU_TYPE, gpu_family
 from core.streams import split_intake
-from projections.capacity import tier_of
+from projections.candidates import tier_of
 from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key
 from projections.endpoints import find_tenure as replica_tenure
 from projections.providers import ProvidersState, enrollment_of

@@ -2,7 +2,7 @@
 
 Events are folded by the real reducers; :class:`ops.coordinator.live_capacity.LiveCapacity` hears of them the
 way the coordinator tells it (``sync`` with the keys an event touched, ``beat`` for a heartbeat), and
-after every event it must hold what :func:`projections.capacity.candidates` and
+after every event it must hold what :func:`projections.candidates.candidates` and
 :func:`projections.admission.quota_usage` build from scratch, and decide as an index built from them.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from core.candidates import CandidateIndex
+from core.candidate_index import CandidateIndex
 from core.placement.values import PlacementRequest
 from core.streams import endpoint_subject, heartbeat_subject, job_subject, worker_subject
 from ops.coordinator.live_capacity import LiveCapacity
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
 from projections.admission import quota_usage
-from projections.capacity import candidates
+from projections.candidates import candidates
 from projections.schedule import job_key
 from schemas._base import Event
 from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointReplicaLost, EndpointReplicaPlaced

@@ -10,13 +10,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from core.candidates import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
+from core.candidate_index import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
 from core.placement.explaining import explain
 from core.placement.placing import place
 from core.placement.rules import FILTERS, in_maintenance
 from core.placement.values import Candidate, Placed, PlacementRequest, RankWeights, Unplaceable
 from core.pricing import list_price_micros
-from projections.capacity import candidate_of, candidates
+from projections.candidates import candidate_of, candidates
 from projections.endpoints import EndpointsState, ReplicaRecord
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState

@@ -12,7 +12,7 @@ from core.tiers import (
     tier_factor,
     tier_for,
 )
-from projections.capacity import tier_of, uptime_30d
+from projections.candidates import tier_of, uptime_30d
 from projections.registry import WorkerRecord
 from schemas.values import Gpu
 from tests.records import worker_record

@@ -39,7 +39,7 @@ over the ranked workers with room, best first). Fewer total slots than requested
 ``permanent`` when even the idle fleet (cordoned and lost workers included, deregistered excluded)
 could never hold the gang or the tenant has no worker in a managed or private pool.
 
-:class:`core.candidates.CandidateIndex` gives the same decisions while inspecting a few
+:class:`core.candidate_index.CandidateIndex` gives the same decisions while inspecting a few
 workers: pass it as ``place(..., index=...)``.
 
 Its parts, by role (import each name from its module; this package re-exports none):

@@ -23,7 +23,7 @@ from core.placement.values import (
 from schemas.values import Assignment, Provenance
 
 if TYPE_CHECKING:
-    from core.candidates import CandidateIndex
+    from core.candidate_index import CandidateIndex
 
 
 def place(
@@ -41,7 +41,7 @@ def place(
         candidates: every worker (ignored when ``index`` is given).
         weights: the ranking's knobs.
         now_ns: the instant, Unix ns (heartbeat silence, maintenance windows, list price).
-        index: a :class:`core.candidates.CandidateIndex` built with the same ``weights``: the
+        index: a :class:`core.candidate_index.CandidateIndex` built with the same ``weights``: the
             same assignments, ``top`` and permanence, far fewer workers inspected; its
             ``filtered`` counts are coarser (see the class).
 

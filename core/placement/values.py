@@ -52,7 +52,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker as placement sees it; built by :func:`projections.capacity.candidates`.
+    """One worker as placement sees it; built by :func:`projections.candidates.candidates`.
 
     A host with GPUs of several families is treated as a host of its most common family (ties: the
     alphabetically first); only those GPUs count.
@@ -65,7 +65,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         cpus / memory_mb: the host's, 0 when not reported; ``*_used`` by active job assignments.
         assignments: active assignments on the worker (jobs' shards and endpoints' replicas).
         util: live mean GPU utilisation (CPU on a CPU host), 0..1, ``None`` without telemetry.
-        uptime / tier: 30-day uptime and tier (:mod:`projections.capacity`) when built.
+        uptime / tier: 30-day uptime and tier (:mod:`projections.candidates`) when built.
         last_beat_ns / interval_s: the latest heartbeat's time (``None``: never) and interval.
         sandbox: how its host isolates workloads (``off``: owner's work only; ``unavailable``: none).
     """

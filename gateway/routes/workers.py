@@ -21,7 +21,7 @@ from gateway.paging import decode_cursor, encode_cursor
 from gateway.routes.billing import paid
 from gateway.scope import iso
 from projections import ENDPOINTS, LEDGER, LIVENESS, REGISTRY, SCHEDULE
-from projections.capacity import tier_of, uptime_30d
+from projections.candidates import tier_of, uptime_30d
 from projections.endpoints import EndpointsState
 from projections.ledger import WorkerEarnings, earnings
 from projections.liveness import LastBeat, silent_for

@@ -1,9 +1,9 @@
 """The capacity the coordinator places against, kept current change by change instead of rebuilt.
 
-:class:`LiveCapacity` holds the :class:`core.candidates.CandidateIndex` and the quota usage that
+:class:`LiveCapacity` holds the :class:`core.candidate_index.CandidateIndex` and the quota usage that
 placement reads. Its contract: after :meth:`LiveCapacity.sync` with the keys of what changed, and
 :meth:`LiveCapacity.beat` for every heartbeat, the index holds exactly the candidates that
-:func:`projections.capacity.candidates` builds from the same projections, and the usage is
+:func:`projections.candidates.candidates` builds from the same projections, and the usage is
 :func:`projections.admission.quota_usage`'s, except for two things:
 
 * the coordinator's own placements are held from the moment it decides them (:meth:`take`), before
@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from core.candidates import CandidateIndex, occupy
+from core.candidate_index import CandidateIndex, occupy
 from core.placement.rules import silent
 from core.placement.values import DEFAULT_WEIGHTS, Candidate, PlacementRequest, RankWeights
 from projections.admission import Usage
-from projections.capacity import candidate_of
+from projections.candidates import candidate_of
 from projections.endpoints import EndpointRecord, EndpointsState, replica_assignment
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord

@@ -28,7 +28,7 @@ from core.streams import endpoint_filter, endpoint_subject
 from ops.coordinator.inputs import InputError
 from projections import replica_upkeep
 from projections.admission import request_for_endpoint
-from projections.capacity import tier_of
+from projections.candidates import tier_of
 from projections.endpoints import EndpointRecord, ReplicaRecord, missing_replicas
 from projections.replica_upkeep import MAX_START_FAILURES, retirements
 from schemas.commands import StartWork, WorkSpec

@@ -23,7 +23,7 @@ from core.pricing import list_price_micros
 from ops.coordinator.inputs import InputError
 from ops.coordinator.pipeline import pipelined
 from ops.coordinator.workspecs import WorkSpecError, ddp_spec, federated_spec
-from projections.capacity import tier_of
+from projections.candidates import tier_of
 from projections.schedule import TERMINAL, JobRecord
 from schemas.commands import StartWork, WorkSpec
 from schemas.jobs import JobFailed

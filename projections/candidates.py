@@ -1,4 +1,4 @@
-"""Capacity as placement sees it, read off the projections: one candidate per worker, tiers.
+"""The placement candidates, read off the projections: one candidate per worker, with its tier.
 
 The pure placement rules in :mod:`core.placement` take :class:`core.placement.Candidate` values;
 this module builds them from the registry, the latest heartbeats and the active assignments of the

@@ -1,6 +1,6 @@
 """The candidates placement chooses from, indexed.
 
-:func:`projections.capacity.candidates` builds one :class:`core.placement.Candidate` per worker
+:func:`projections.candidates.candidates` builds one :class:`core.placement.Candidate` per worker
 from the projections.
 
 :class:`CandidateIndex` keeps them ordered for :func:`core.placement.place` (``index=``): the
