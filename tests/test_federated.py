@@ -279,13 +279,14 @@ async def test_a_dead_fl_server_is_restarted_and_the_job_resumes_from_its_last_g
 
 
 RAISES_ON_SITE_2 = """
-import json, os
+import json, os, time
 import nvflare.client as flare
 
 flare.init()
 while flare.is_running():
     model = flare.receive()
-    if flare.get_site_name() == "site-2" and model.current_round >= 1:  # site-1 has reported by then
+    if flare.get_site_name() == "site-2":
+        time.sleep(3)  # let site-1 report first: the job fails, and site-1 stops, once site-2 raises
         raise ValueError("row 17 of the shard has 4 columns, expected 3")
     kernel = [k for k in os.environ if "SECRET" in k or k.startswith(("RESONTECH_NATS", "AWS_"))]
     workdir = os.path.dirname(os.environ["RESONTECH_DATA_ROOT"])
