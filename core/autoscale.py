@@ -1,4 +1,4 @@
-"""Autoscaling: a pure decision from an endpoint's bounds and its recent load to a replica count.
+"""Autoscaling: a pure decision from an endpoint's deployment and its recent load to a replica count.
 
 No clock and no I/O: the caller passes the load it measured (requests per second over its window)
 and how long the endpoint has been idle. Rules, in order:
@@ -16,18 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from schemas.endpoints import EndpointDeployed
+
 SCALE_IN_HEADROOM = 0.8
 """Scale in only when the smaller count would run at most this share of its target."""
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """An endpoint's autoscaling settings as deployed (or last set by its tenant)."""
-
-    min_replicas: int
-    max_replicas: int
-    target_rps_per_replica: float
-    scale_to_zero_after_s: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +31,9 @@ class Scale:
     inputs: dict[str, float]
 
 
-def decide(bounds: Bounds, desired: int, rps: float, idle_s: float) -> Scale | None:
-    """The new replica count for an endpoint that wants ``desired`` now, or ``None`` to keep it."""
+def decide(bounds: EndpointDeployed, desired: int, rps: float, idle_s: float) -> Scale | None:
+    """The new replica count for an endpoint that wants ``desired`` now, or ``None`` to keep it.
+    ``bounds``: its deployment, with the bounds its tenant set since (``EndpointRecord.spec``)."""
     inputs = {"rps": round(rps, 3), "idle_s": round(idle_s, 3), "desired": float(desired)}
     if desired == 0:
         return None
@@ -57,7 +50,11 @@ def decide(bounds: Bounds, desired: int, rps: float, idle_s: float) -> Scale | N
     return None
 
 
-def wake(bounds: Bounds) -> Scale:
+def first_count(bounds: EndpointDeployed) -> int:
+    """How many replicas an endpoint wants when it starts serving: its minimum, at least one."""
+    return min(max(bounds.min_replicas, 1), bounds.max_replicas)
+
+
+def wake(bounds: EndpointDeployed) -> Scale:
     """The scale-up of an endpoint at zero when a request arrives."""
-    replicas = min(max(bounds.min_replicas, 1), bounds.max_replicas)
-    return Scale(replicas, "a request arrived at zero replicas", {"desired": 0.0})
+    return Scale(first_count(bounds), "a request arrived at zero replicas", {"desired": 0.0})

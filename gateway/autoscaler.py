@@ -35,15 +35,6 @@ RPS_WINDOW_S = 10.0
 seconds; the API's 60 s figures would take a minute to cross a target)."""
 
 
-def bounds_of(endpoint: EndpointRecord) -> autoscale.Bounds:
-    return autoscale.Bounds(
-        min_replicas=endpoint.spec.min_replicas,
-        max_replicas=endpoint.spec.max_replicas,
-        target_rps_per_replica=endpoint.spec.target_rps_per_replica,
-        scale_to_zero_after_s=endpoint.spec.scale_to_zero_after_s,
-    )
-
-
 async def append_scale(kernel: Kernel, endpoint: EndpointRecord, scale: autoscale.Scale) -> bool:
     """Append the decision at the endpoint's expected sequence; whether it was stored."""
     event: Any
@@ -68,7 +59,7 @@ async def wake(kernel: Kernel, endpoint: EndpointRecord) -> None:
     """Scale an endpoint at zero up for a request (a conflict means someone else just did); a failed
     endpoint stays down (only its tenant brings it back)."""
     if endpoint.desired_replicas == 0 and endpoint.spec.max_replicas > 0 and not endpoint.failed:
-        await append_scale(kernel, endpoint, autoscale.wake(bounds_of(endpoint)))
+        await append_scale(kernel, endpoint, autoscale.wake(endpoint.spec))
 
 
 class Autoscaler:
@@ -105,6 +96,6 @@ class Autoscaler:
                 continue
             idle = self.idle_s(key, endpoint, now)
             rps = self.proxy.figures(key, RPS_WINDOW_S).rps if key in self.proxy.traffic else 0.0
-            scale = autoscale.decide(bounds_of(endpoint), endpoint.desired_replicas, rps, idle)
+            scale = autoscale.decide(endpoint.spec, endpoint.desired_replicas, rps, idle)
             if scale is not None:
                 await append_scale(self.kernel, endpoint, scale)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from core.autoscale import first_count
 from projections.base import Projection
 from projections.tenure import Tenure, retire, seen, tenure
 from schemas.endpoints import (
@@ -135,7 +136,7 @@ def deployed(tenant: str, endpoint_id: str, e: EndpointDeployed, seq: int = 0, t
         tenant=tenant,
         endpoint_id=endpoint_id,
         spec=e,
-        desired_replicas=min(max(e.min_replicas, 1), e.max_replicas),
+        desired_replicas=first_count(e),
         deployed_seq=seq,
         deployed_ns=t,
         last_seq=seq,

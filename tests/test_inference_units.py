@@ -159,9 +159,17 @@ def test_percentiles_rps_and_error_rate_over_the_window() -> None:
 
 
 def test_autoscaler_scales_out_in_and_to_zero_within_bounds() -> None:
-    from core.autoscale import Bounds, decide, wake
+    from core.autoscale import decide, wake
+    from schemas.endpoints import EndpointDeployed
 
-    b = Bounds(min_replicas=0, max_replicas=4, target_rps_per_replica=10.0, scale_to_zero_after_s=60)
+    b = EndpointDeployed(
+        name="e",
+        model="m",
+        min_replicas=0,
+        max_replicas=4,
+        target_rps_per_replica=10.0,
+        scale_to_zero_after_s=60,
+    )
     out = decide(b, desired=1, rps=25.0, idle_s=0.0)
     assert out is not None and out.replicas == 3 and out.inputs["rps"] == 25.0
     assert decide(b, desired=1, rps=500.0, idle_s=0.0).replicas == 4  # type: ignore[union-attr]
@@ -170,7 +178,7 @@ def test_autoscaler_scales_out_in_and_to_zero_within_bounds() -> None:
     assert decide(b, desired=3, rps=15.0, idle_s=0.0).replicas == 2  # type: ignore[union-attr]
     assert decide(b, desired=2, rps=0.0, idle_s=61.0).replicas == 0  # type: ignore[union-attr]
     assert decide(b, desired=0, rps=0.0, idle_s=999.0) is None  # zero waits for a request
-    kept = Bounds(min_replicas=1, max_replicas=2, target_rps_per_replica=10.0, scale_to_zero_after_s=60)
+    kept = EndpointDeployed(name="e", model="m", min_replicas=1, max_replicas=2, scale_to_zero_after_s=60)
     assert decide(kept, desired=1, rps=0.0, idle_s=999.0) is None  # min 1: never to zero
     assert wake(b).replicas == 1 and wake(kept).replicas == 1
 
