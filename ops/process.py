@@ -249,13 +249,13 @@ class LocalServer:
                 raise ServerStartError(
                     f"{self.what} exited during start-up with code {code}; {self.log_file}: {tail}"
                 )
-            if self._ready():
-                return
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # before the probe: a probe that takes long is no extra time
                 raise ServerStartError(
                     f"{self.what} was not ready within {timeout:g}s on {self.host}:{self.port}; "
                     f"see {self.log_file}"
                 )
+            if self._ready():
+                return
             time.sleep(0.1)
 
     def _ports(self) -> list[tuple[int, str]]:
