@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-import msgspec
-
 from core import flare, flarejob
 from core.placement.values import Candidate
 from gateway.api import Call
@@ -254,8 +252,3 @@ def check_admission(
             f"this job could never be placed: {reason}; ask for less per shard, fewer shards or another pool",
             "unplaceable",
         )
-
-
-def same_submission(stored: JobSubmitted, new: JobSubmitted) -> bool:
-    """True if two submissions ask for the same job (who sent them aside)."""
-    return stored == msgspec.structs.replace(new, submitted_by=stored.submitted_by)

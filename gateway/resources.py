@@ -73,7 +73,8 @@ class Resource(Generic[R]):
         table: the records of a projection state, by key.
         alone: a projection state at a sequence holding the records given (one, or none).
         view: the API body of a record.
-        same: whether a stored creation event and a new one ask for the same thing.
+        sender: the field of its creation event that names who sent it: two creation events that
+            differ only there ask for the same thing.
         exists: what a 409 for a taken id advises.
         reused: what a 422 for an ``Idempotency-Key`` sent with another request says.
     """
@@ -87,7 +88,7 @@ class Resource(Generic[R]):
     table: Callable[[Any], dict[str, R]]
     alone: Callable[[int, dict[str, R]], Any]
     view: Callable[[R], msgspec.Struct]
-    same: Callable[[Any, Any], bool]
+    sender: str
     exists: str
     reused: str
 
@@ -121,6 +122,10 @@ class Resource(Generic[R]):
         if record is None:
             raise not_found(f"{self.noun} {resource_id}")
         return record
+
+    def same(self, stored: Event, new: Event) -> bool:
+        """True if two creation events ask for the same thing (who sent them aside)."""
+        return stored == msgspec.structs.replace(new, **{self.sender: getattr(stored, self.sender)})
 
     def as_applied(self, known: R | None, record: Recorded[Any]) -> R:
         """The record as the projection will hold it once it applies ``record``, from ``known`` (or

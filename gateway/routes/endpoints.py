@@ -133,7 +133,7 @@ ENDPOINT: Resource[EndpointRecord] = Resource(
     table=lambda state: state.endpoints,
     alone=lambda seq, endpoints: EndpointsState(seq=seq, endpoints=endpoints),
     view=endpoint_view,
-    same=lambda stored, new: stored == msgspec.structs.replace(new, deployed_by=stored.deployed_by),
+    sender="deployed_by",
     exists="choose another endpoint_id, or leave it out",
     reused="this Idempotency-Key was used for a different deployment; send a new key",
 )

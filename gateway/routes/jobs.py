@@ -29,7 +29,6 @@ from gateway.jobspec import (
     check_shards,
     idle_fleet,
     job_event,
-    same_submission,
     shards_prefix,
 )
 from gateway.paging import decode_seq_cursor, encode_cursor
@@ -96,7 +95,7 @@ JOB: Resource[JobRecord] = Resource(
     table=lambda state: state.jobs,
     alone=lambda seq, jobs: ScheduleState(seq=seq, jobs=jobs),
     view=job_view,
-    same=same_submission,
+    sender="submitted_by",
     exists="choose another job_id, or leave it out to get a new one",
     reused="this Idempotency-Key was used for a different job spec; send a new key for a new job",
 )
