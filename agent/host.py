@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -102,7 +103,12 @@ def route_address(url: str) -> str:
 
 def host_sandbox(settings: AgentSettings) -> tuple[Sandbox, str | None]:
     """The sandbox an agent with ``settings`` runs workloads in, and why it cannot start here
-    (``None``: it can; always ``None`` unsandboxed)."""
+    (``None``: it can; always ``None`` unsandboxed).
+
+    Beside the model cache, the host's Hugging Face hub cache is read-only in it (its snapshots link
+    to its blobs: the engine is given a snapshot folder; see :mod:`agent.hub_cache`), unless that
+    directory would hold the agent's own state, which no workload may see."""
+    from agent.hub_cache import hub_cache
     from agent.models import model_cache
 
     sandbox = Sandbox.for_host(
@@ -112,4 +118,7 @@ def host_sandbox(settings: AgentSettings) -> tuple[Sandbox, str | None]:
         processes=settings.max_processes,
         open_files=settings.max_open_files,
     )
+    hub = hub_cache().absolute()
+    if not any(Path(p).absolute().is_relative_to(hub) for p in (settings.state_dir, settings.work_dir)):
+        sandbox = replace(sandbox, read_only=(*sandbox.read_only, hub))
     return sandbox, None if settings.unsandboxed else problem(sandbox)

