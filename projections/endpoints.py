@@ -309,7 +309,7 @@ def evolve(state: EndpointsState, recorded: Recorded[Any]) -> EndpointsState:
 
 
 ENDPOINTS: Projection[EndpointsState] = Projection(
-    name="endpoints", stream="ENDPOINTS", version=6, state_type=EndpointsState, evolve=evolve
+    name="endpoints", stream="ENDPOINTS", version=7, state_type=EndpointsState, evolve=evolve
 )
 
 

@@ -10,6 +10,9 @@ from schemas.values import AssignmentRevocation, Placement, Pool
 Engine = Literal["vllm", "cpu"]
 ModelSource = Literal["hub", "workspace"]
 """Where an endpoint's model comes from: a model hub name, or a path in the tenant's workspace."""
+Routing = Literal["round_robin", "session", "prefix"]
+"""How the gateway picks a replica for a request: in turn; by the caller's session (the OpenAI
+``user`` field or an ``x-session-id`` header); by the prompt's leading text (for the prefix cache)."""
 
 
 class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True):
@@ -22,6 +25,10 @@ class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True
         min_replicas / max_replicas: the autoscaler's bounds.
         target_rps_per_replica: scale out above this load, in below it.
         scale_to_zero_after_s: idle seconds before scaling to zero (``None``: never).
+        max_concurrency: requests one replica holds at once; beyond, requests wait in line.
+        max_queue: requests that may wait in the endpoint's line (per gateway); more are refused (429).
+        queue_timeout_s: how long a request may wait in line (a cold start included) before a 429.
+        routing: how a replica is chosen (:data:`Routing`).
     """
 
     name: str
@@ -36,6 +43,10 @@ class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True
     engine: Engine | None = None
     deployed_by: str = ""
     model_source: ModelSource = "hub"
+    max_concurrency: int = 8
+    max_queue: int = 64
+    queue_timeout_s: float = 120.0
+    routing: Routing = "round_robin"
 
 
 class EndpointScaled(Event, tag="endpoint.scaled", frozen=True, kw_only=True):

@@ -99,3 +99,16 @@ def test_a_field_group_is_the_events_own_fields_first_and_its_exported_descripti
     assert list(json.loads(encode(event))) == ["type", "assignment_id", "worker_id", "slot", "epoch"]
     description = json_schemas()["job.started"]["description"]
     assert "fencing token" in description and description.startswith("An agent started a shard")
+
+
+def test_an_endpoint_deployed_before_queues_and_routing_decodes_with_their_defaults() -> None:
+    data = json.loads((SAMPLES / "endpoint.deployed.json").read_bytes())
+    for field in ("max_concurrency", "max_queue", "queue_timeout_s", "routing"):
+        del data[field]
+    event = decode("endpoint", json.dumps(data).encode())
+    assert (event.max_concurrency, event.max_queue, event.queue_timeout_s, event.routing) == (  # type: ignore[attr-defined]
+        8,
+        64,
+        120.0,
+        "round_robin",
+    )

@@ -13,7 +13,7 @@ from msgspec import UNSET, UnsetType
 
 from schemas.api.common import Page, PageQuery, Request
 from schemas.api.jobs import Pool, Token
-from schemas.endpoints import EndpointDeployed
+from schemas.endpoints import EndpointDeployed, Routing
 
 EndpointName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 """Letters, digits, ``.``, ``-`` and ``_``, 1-64 characters: what clients name as ``model``."""
@@ -37,6 +37,15 @@ class DeployEndpoint(Request, frozen=True, kw_only=True):
         target_rps_per_replica: requests per second a replica should take before scaling out.
         scale_to_zero_after_s: idle seconds before scaling to zero, ``null`` for never; only with
             ``min_replicas`` 0 (default 300 then).
+        max_concurrency: requests one replica holds at once (default 8); beyond that they wait in
+            the endpoint's line.
+        max_queue: requests that may wait in line (default 64, per gateway); beyond, 429.
+        queue_timeout_s: seconds a request may wait in line, a cold start included (default 120);
+            beyond, 429.
+        routing: ``round_robin`` (default), ``session`` (the same OpenAI ``user``, or
+            ``x-session-id`` header, goes to the same replica while it serves) or ``prefix`` (the
+            same leading prompt text goes to the same replica, for its prefix cache, within a bound
+            on load imbalance).
     """
 
     name: EndpointName
@@ -51,6 +60,10 @@ class DeployEndpoint(Request, frozen=True, kw_only=True):
     max_replicas: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     target_rps_per_replica: Annotated[float, msgspec.Meta(gt=0, le=100_000)] = 10.0
     scale_to_zero_after_s: Annotated[int, msgspec.Meta(ge=10, le=604_800)] | UnsetType | None = UNSET
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8
+    max_queue: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 64
+    queue_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120.0
+    routing: Routing = "round_robin"
 
 
 class ScaleEndpoint(Request, frozen=True, kw_only=True):
@@ -86,7 +99,14 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
 
 class Traffic(msgspec.Struct, frozen=True, kw_only=True):
     """An endpoint's inference traffic through this gateway over the last 60 s (latencies in ms,
-    from a request's arrival to the last byte of its response)."""
+    from a request's arrival to the last byte of its response, its wait in line included).
+
+    Attributes:
+        queue_depth / in_flight: requests waiting in the endpoint's line, and held by its replicas,
+            now.
+        wait_p50_ms / wait_p99_ms: time in line of the requests that left it for a replica.
+        rejected: requests answered 429 (line full, or waited past ``queue_timeout_s``).
+    """
 
     requests: int = 0
     rps: float = 0.0
@@ -94,6 +114,11 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
     p50_ms: float = 0.0
     p95_ms: float = 0.0
     p99_ms: float = 0.0
+    queue_depth: int = 0
+    in_flight: int = 0
+    wait_p50_ms: float = 0.0
+    wait_p99_ms: float = 0.0
+    rejected: int = 0
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
