@@ -1,9 +1,12 @@
 """The autoscaler: thin glue between the inference proxy's traffic and :func:`core.autoscale.decide`.
 
 It runs in the gateway because the gateway is where the load is seen: every :data:`TICK_S` it reads
-each endpoint's requests per second (the proxy's window) and how long it has been idle, asks the
-pure decision, and appends ``endpoint.scaled`` (or ``endpoint.scaled_to_zero``) with the inputs it
-saw, at the endpoint's expected sequence (a conflict: decided again next tick). The coordinator does
+each endpoint's requests per second (the proxy's window), the mean depth of its line (sampled every
+tick, over :data:`QUEUE_WINDOW_S`), the requests its replicas hold, how many replicas serve, the
+utilisation of their workers' GPUs (the latest heartbeats, where NVML reports it) and how long it
+has been idle, asks the pure decision, and appends ``endpoint.scaled`` (or
+``endpoint.scaled_to_zero``) with the inputs it saw, at the endpoint's expected sequence (a
+conflict: decided again next tick). The coordinator does
 the rest (:mod:`ops.coordinator.replicas`: places, or stops, replicas). A request at zero replicas calls
 :func:`wake`, which appends the scale-up the request then waits for.
 
@@ -24,8 +27,9 @@ from core.errors import ConcurrencyConflict, ResontechError
 from core.streams import endpoint_filter, endpoint_subject
 from gateway.inference import InferenceProxy
 from gateway.kernel import Kernel
-from projections import ENDPOINTS
-from projections.endpoints import EndpointRecord
+from projections import ENDPOINTS, LIVENESS
+from projections.endpoints import EndpointRecord, ready_replicas
+from projections.liveness import LivenessState
 from schemas.endpoints import EndpointScaled, EndpointScaledToZero
 
 log = logging.getLogger("resontech.gateway")
@@ -33,6 +37,8 @@ TICK_S = 1.0
 RPS_WINDOW_S = 10.0
 """The load the decisions see: requests per second over the last 10 s (a load step shows within
 seconds; the API's 60 s figures would take a minute to cross a target)."""
+QUEUE_WINDOW_S = 5.0
+"""The line's depth the decisions see: its mean over the last 5 s (a waiting line that lasts)."""
 
 
 async def append_scale(kernel: Kernel, endpoint: EndpointRecord, scale: autoscale.Scale) -> bool:
@@ -91,11 +97,40 @@ class Autoscaler:
         return now - max(since, last)
 
     async def tick(self, now: float) -> None:
+        beats = self.kernel.state(LIVENESS)
         for key, endpoint in list(self.kernel.state(ENDPOINTS).endpoints.items()):
             if endpoint.state in ("deleted", "failed"):
                 continue
             idle = self.idle_s(key, endpoint, now)
             rps = self.proxy.figures(key, RPS_WINDOW_S).rps if key in self.proxy.traffic else 0.0
-            scale = autoscale.decide(endpoint.spec, endpoint.desired_replicas, rps, idle)
+            scale = autoscale.decide(
+                endpoint.spec, endpoint.desired_replicas, rps, idle, self.load(key, endpoint, beats, now)
+            )
             if scale is not None:
                 await append_scale(self.kernel, endpoint, scale)
+
+    def load(self, key: str, endpoint: EndpointRecord, beats: LivenessState, now: float) -> autoscale.Load:
+        """The endpoint's line (sampled now) and replicas, as the decision reads them."""
+        line = self.proxy.lines.get(key)
+        if line is not None:
+            line.sample(now)
+        serving = ready_replicas(endpoint)
+        return autoscale.Load(
+            queued=line.mean_depth(now, QUEUE_WINDOW_S) if line is not None else 0.0,
+            in_flight=line.held if line is not None else 0,
+            ready=len(serving),
+            gpu_util_pct=gpu_util(beats, {r.worker_id for r in serving}),
+        )
+
+
+def gpu_util(beats: LivenessState, workers: set[str]) -> float | None:
+    """Mean utilisation of the GPUs of ``workers`` in their latest heartbeats; ``None`` when none
+    reports one (CPU hosts, no NVML). A worker's GPUs are all counted: a replica shares its host's."""
+    readings = [
+        g.util_pct
+        for w in sorted(workers)
+        if (beat := beats.beats.get(w)) is not None
+        for g in beat.gpus
+        if g.util_pct is not None
+    ]
+    return sum(readings) / len(readings) if readings else None

@@ -1,22 +1,28 @@
-"""The inference proxy: round-robin over an endpoint's ready replicas, failover, and its figures.
+"""The inference proxy: each endpoint's line and slots, routing, failover, and its figures.
 
-Why it sits apart from the routes (:mod:`gateway.routes.openai`): this is the part with state (the
-round-robin cursors, ejected replicas, the latency windows) and the part the benchmark measures.
+Why it sits apart from the routes (:mod:`gateway.routes.openai`): this is the part with state (each
+endpoint's :class:`gateway.queueing.Line` with its replicas' in-flight counts, ejected replicas, the
+latency windows) and the part the benchmark measures.
 
-* **Round robin.** Each endpoint has a cursor; a request starts at the next ready replica (from the
-  ENDPOINTS projection) that is not ejected.
+* **Slots and the line.** A request takes a slot on one replica (at most the endpoint's
+  ``max_concurrency`` each) or waits in the endpoint's line, fairly across API keys, bounded, with a
+  deadline (:mod:`gateway.queueing`); its slot is released when its answer ends, however it ends.
+* **Routing.** Which replica a slot is taken on is the endpoint's ``routing`` policy: round robin,
+  by session, or by prompt prefix (:mod:`gateway.routing`), among the ready replicas (from the
+  ENDPOINTS projection) that are not ejected.
 * **Failover.** A replica that refuses the connection, times out or answers 502/503/504 before the
   response started is ejected for :data:`EJECT_S` seconds (a passive health check), and the request
-  is retried on the next replica; once a response's headers went out, a failure ends that response
-  (a stream cannot be replayed). Ejected replicas are probed with ``GET /health`` (the active check)
-  and return when it answers 200.
+  is retried on the other replicas (its slot moves with it); once a response's headers went out, a
+  failure ends that response (a stream cannot be replayed). Ejected replicas are probed with
+  ``GET /health`` (the active check) and return when it answers 200.
 * **Keys.** Each replica takes its own key (made by its agent's runtime, from the ENDPOINTS
   projection): a request goes to a replica with ``Authorization: Bearer <that key>`` and never with
   the caller's own (a replica of an older event, without a key, is called without one). A replica
   that answers 401 refused the key the kernel holds for it, not the caller's: it fails over like a
   502, so that no client is told its own key is wrong.
 * **Figures.** Per endpoint, over a sliding :data:`WINDOW_S` window: requests per second, error rate
-  and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response).
+  and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response),
+  and the line's depth, slots held, time in line and refusals.
 
 The upstream client is aiohttp's, not httpx (which the SDK uses): measured here against the same
 local replica, a small request costs ~0.45 ms through aiohttp and ~4.5-6 ms through httpx, and the
@@ -30,11 +36,15 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
 from core.errors import ResontechError
+from gateway.queueing import Line
+from gateway.queueing import percentile as percentile  # the bench and tests read it here
+from gateway.routing import Picker
+from schemas.endpoints import EndpointDeployed
 
 EJECT_S = 5.0
 WINDOW_S = 60.0
@@ -54,6 +64,11 @@ class Figures:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    queue_depth: int = 0
+    in_flight: int = 0
+    wait_p50_ms: float = 0.0
+    wait_p99_ms: float = 0.0
+    rejected: int = 0
 
 
 @dataclass(slots=True)
@@ -94,14 +109,6 @@ class EndpointTraffic:
             p95_ms=percentile(latencies, 0.95) * 1000,
             p99_ms=percentile(latencies, 0.99) * 1000,
         )
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` percentile of an ascending sequence (0 for an empty one)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(0, min(len(sorted_values) - 1, int(q * len(sorted_values) + 0.999999) - 1))
-    return sorted_values[rank]
 
 
 class NoReplica(ResontechError):
@@ -155,6 +162,7 @@ class InferenceProxy:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
         self.traffic: dict[str, EndpointTraffic] = {}
+        self.lines: dict[str, Line] = {}
         self.ejected: dict[str, float] = {}  # address -> until (monotonic)
         self._probes: dict[str, asyncio.Task[None]] = {}
 
@@ -175,6 +183,18 @@ class InferenceProxy:
         if traffic is None:
             traffic = self.traffic[key] = EndpointTraffic()
         return traffic
+
+    def line_of(self, key: str, spec: EndpointDeployed) -> Line:
+        """Endpoint ``key``'s line, made on first use with its deployment's limits and policy."""
+        line = self.lines.get(key)
+        if line is None:
+            line = self.lines[key] = Line(spec.max_concurrency, spec.max_queue, Picker(spec.routing))
+        return line
+
+    def candidates(self, addresses: Sequence[str]) -> list[str]:
+        """The ready replicas a slot may be taken on: those not ejected."""
+        now = time.monotonic()
+        return [a for a in addresses if self.ejected.get(a, 0.0) <= now]
 
     def replicas_in_turn(self, key: str, addresses: Sequence[str]) -> list[str]:
         """The replicas to try for the next request of endpoint ``key``, round robin, ejected last
@@ -219,6 +239,8 @@ class InferenceProxy:
         failure; the response's body is not read yet.
 
         Args:
+            addresses: the replicas to try, in order (the routing's choice first; ejected ones
+                are skipped).
             headers: what to send every replica (an ``authorization`` among them is dropped).
             api_keys: each replica's key by address; a replica with none is sent no key.
 
@@ -229,7 +251,7 @@ class InferenceProxy:
         last = "no ready replica"
         attempts = 0
         common = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        for address in self.replicas_in_turn(key, addresses):
+        for address in self.candidates(addresses):
             attempts += 1
             sent = common
             if api_key := (api_keys or {}).get(address):
@@ -254,7 +276,19 @@ class InferenceProxy:
         self.traffic_of(key).record(now, now - started, ok)
 
     def figures(self, key: str, window_s: float = WINDOW_S) -> Figures:
-        return self.traffic_of(key).figures(time.monotonic(), window_s)
+        now = time.monotonic()
+        figures = self.traffic_of(key).figures(now, window_s)
+        line = self.lines.get(key)
+        if line is None:
+            return figures
+        return replace(
+            figures,
+            queue_depth=line.depth,
+            in_flight=line.held,
+            wait_p50_ms=line.wait_ms(now, 0.50),
+            wait_p99_ms=line.wait_ms(now, 0.99),
+            rejected=sum(line.rejected.values()),
+        )
 
     async def close(self) -> None:
         for task in list(self._probes.values()):

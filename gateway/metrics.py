@@ -160,7 +160,7 @@ class KernelCollector(Collector):
 
     def _inference(self, kernel: Kernel) -> Iterator[Metric]:
         """Per endpoint: ready replicas, and (from this gateway's proxy, last 60 s) requests per
-        second, error rate and latency percentiles."""
+        second, error rate and latency percentiles, and its line (:meth:`_line`)."""
         proxy = self.metrics.inference
         labels = ["tenant", "endpoint"]
         ready = GaugeMetricFamily("resontech_endpoint_ready_replicas", "Ready replicas", labels=labels)
@@ -175,6 +175,7 @@ class KernelCollector(Collector):
             "Inference latency percentiles, last 60 s",
             labels=[*labels, "quantile"],
         )
+        served = []
         for key, endpoint in sorted(kernel.state(ENDPOINTS).endpoints.items()):
             if endpoint.state == "deleted":
                 continue
@@ -182,12 +183,52 @@ class KernelCollector(Collector):
             ready.add_metric(names, len(ready_replicas(endpoint)))
             if proxy is None or key not in proxy.traffic:
                 continue
+            served.append((key, names))
             f = proxy.figures(key)
             rps.add_metric(names, f.rps)
             errors.add_metric(names, f.error_rate)
             for q, ms in (("0.5", f.p50_ms), ("0.95", f.p95_ms), ("0.99", f.p99_ms)):
                 latency.add_metric([*names, q], ms / 1000)
         yield from (ready, rps, errors, latency)
+        if proxy is not None:
+            yield from self._line(proxy, served)
+
+    def _line(self, proxy: InferenceProxy, served: list[tuple[str, list[str]]]) -> Iterator[Metric]:
+        """Per endpoint, its line in this gateway: depth, slots held, time in line (last 60 s),
+        requests refused (429) by reason and requests whose client left while waiting."""
+        labels = ["tenant", "endpoint"]
+        depth = GaugeMetricFamily(
+            "resontech_endpoint_queue_depth", "Requests waiting in line for a replica", labels=labels
+        )
+        held = GaugeMetricFamily(
+            "resontech_endpoint_in_flight", "Requests the endpoint's replicas hold now", labels=labels
+        )
+        wait = GaugeMetricFamily(
+            "resontech_endpoint_queue_wait_seconds",
+            "Time in line of the requests that got a replica, percentiles over the last 60 s",
+            labels=[*labels, "quantile"],
+        )
+        rejected = CounterMetricFamily(
+            "resontech_endpoint_rejected",
+            "Requests answered 429: the line full (queue_full) or waited past its deadline (queue_timeout)",
+            labels=[*labels, "reason"],
+        )
+        abandoned = CounterMetricFamily(
+            "resontech_endpoint_queue_abandoned", "Requests whose client left while in line", labels=labels
+        )
+        now = time.monotonic()
+        for key, names in served:
+            line = proxy.lines.get(key)
+            if line is None:
+                continue
+            depth.add_metric(names, line.depth)
+            held.add_metric(names, line.held)
+            for q in (0.5, 0.95, 0.99):
+                wait.add_metric([*names, str(q)], line.wait_ms(now, q) / 1000)
+            for reason in ("queue_full", "queue_timeout"):
+                rejected.add_metric([*names, reason], line.rejected.get(reason, 0))
+            abandoned.add_metric(names, line.abandoned)
+        yield from (depth, held, wait, rejected, abandoned)
 
 
 class RequestMetrics:
