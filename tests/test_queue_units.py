@@ -12,7 +12,9 @@ from core.autoscale import Load, decide
 from gateway.autoscaler import gpu_util
 from gateway.queueing import UNKNOWN_RETRY_S, Line, LineFull, Waiter
 from gateway.routing import LOAD_FACTOR, Picker, RoutedBody, leading_text, rendezvous, route_key
+from ops.cli.endpoints import traffic_text
 from projections.liveness import LastBeat, LivenessState
+from schemas.api.endpoints import Traffic
 from schemas.endpoints import EndpointDeployed, Routing
 from schemas.values import GpuTelemetry
 
@@ -213,3 +215,10 @@ def test_gpu_utilisation_is_the_mean_over_the_replicas_workers_reporting_it() ->
     })  # fmt: skip
     assert gpu_util(beats, {"w1", "w2"}) == 90.0
     assert gpu_util(beats, {"w2"}) is None and gpu_util(beats, set()) is None
+
+
+def test_the_cli_shows_the_line_beside_the_traffic_only_when_there_is_one() -> None:
+    quiet = Traffic(requests=3, rps=0.05, p50_ms=4.0, p95_ms=5.0, p99_ms=6.0)
+    assert traffic_text(quiet) == "3 req, 0.05 rps, 0.0% errors, p50/p95/p99 4.0/5.0/6.0 ms"
+    busy = Traffic(requests=3, queue_depth=5, in_flight=8, wait_p50_ms=120.0, wait_p99_ms=900.4, rejected=2)
+    assert traffic_text(busy).endswith("; 5 waiting, 8 in flight, wait p50/p99 120/900 ms, 2 refused (429)")

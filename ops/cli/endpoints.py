@@ -15,12 +15,25 @@ from schemas.api.endpoints import Endpoint, Traffic
 
 def traffic_text(t: Traffic) -> str:
     """An endpoint's traffic through the gateway (its last 60 s) in one phrase: requests, RPS, error
-    rate and P50/P95/P99 latency, or that nothing was served."""
-    if t.requests == 0:
-        return "no requests"
+    rate and P50/P95/P99 latency, or that nothing was served; then its line (:func:`line_text`)."""
+    served = "no requests"
+    if t.requests:
+        served = (
+            f"{t.requests} req, {t.rps:.2f} rps, {t.error_rate:.1%} errors, "
+            f"p50/p95/p99 {t.p50_ms:.1f}/{t.p95_ms:.1f}/{t.p99_ms:.1f} ms"
+        )
+    line = line_text(t)
+    return f"{served}; {line}" if line else served
+
+
+def line_text(t: Traffic) -> str:
+    """The endpoint's line in one phrase (empty when nothing waits, waited or was refused): waiting
+    and held requests now, time in line P50/P99, requests refused with 429."""
+    if not (t.queue_depth or t.in_flight or t.wait_p99_ms or t.rejected):
+        return ""
     return (
-        f"{t.requests} req, {t.rps:.2f} rps, {t.error_rate:.1%} errors, "
-        f"p50/p95/p99 {t.p50_ms:.1f}/{t.p95_ms:.1f}/{t.p99_ms:.1f} ms"
+        f"{t.queue_depth} waiting, {t.in_flight} in flight, wait p50/p99 "
+        f"{t.wait_p50_ms:.0f}/{t.wait_p99_ms:.0f} ms, {t.rejected} refused (429)"
     )
 
 
@@ -46,6 +59,8 @@ def endpoint_detail(e: Endpoint) -> str:
         f"endpoint {e.endpoint_id} ({e.spec.name}, {e.spec.model}) of {e.tenant}: {e.state}",
         f"  replicas: {e.ready_replicas}/{e.desired_replicas} ready (min {e.spec.min_replicas}, max "
         f"{e.spec.max_replicas}, target {e.spec.target_rps_per_replica:g} rps per replica, {zero})",
+        f"  serving: {e.spec.max_concurrency} requests per replica, then a line of {e.spec.max_queue} "
+        f"(up to {e.spec.queue_timeout_s:g} s each); routing {e.spec.routing}",
     ]
     if e.scale_reason:
         lines.append(f"  {'failed' if e.state == 'failed' else 'last scaled'}: {e.scale_reason}")
@@ -68,8 +83,12 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    spec = read_spec(args.spec)
+    for field in ("routing", "max_concurrency", "max_queue"):
+        if (value := getattr(args, field)) is not None:
+            spec[field] = value  # the command line over the file
     with client(args) as rt:
-        endpoint = rt.deploy(read_spec(args.spec))
+        endpoint = rt.deploy(spec)
     show(args, endpoint, lambda e: f"deployed {e.endpoint_id} ({e.spec.name}): {e.state}")
     return 0
 
@@ -121,6 +140,13 @@ def register(user: UserCommand) -> None:
     p.add_argument("--limit", type=int, default=50)
     p = user("deploy", cmd_deploy, "deploy an endpoint from a YAML, TOML or JSON spec file")
     p.add_argument("spec", help="the endpoint spec file (fields of POST /v1/endpoints)")
+    p.add_argument(
+        "--routing",
+        choices=["round_robin", "session", "prefix"],
+        help="how a replica is chosen: in turn (default), by the caller's session, by the prompt's prefix",
+    )
+    p.add_argument("--max-concurrency", type=int, help="requests one replica holds at once (default 8)")
+    p.add_argument("--max-queue", type=int, help="requests that may wait in line (default 64)")
     p = user("scale", cmd_scale, "change an endpoint's replica bounds")
     p.add_argument("endpoint")
     p.add_argument("--min", type=int, help="minimum replicas (0 allows scale to zero)")

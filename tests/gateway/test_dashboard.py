@@ -515,6 +515,7 @@ async def test_an_endpoint_serving_traffic_shows_its_figures_live_in_the_page_an
             await expect(cell(q)).to_have_text(ms(traffic[f"{q}_ms"]))
             await expect(cell(q)).to_have_attribute("title", re.compile(r"^[0-9.]+ ms$"))
         await expect(cell("errors")).to_have_text("0%")
+        await expect(cell("line")).to_have_text("0 waiting \u00b7 0 in flight")
         assert 0 < float(await cell("rps").inner_text()) <= 5
         await page.screenshot(path=str(tmp_path / "dashboard-traffic.png"))
 

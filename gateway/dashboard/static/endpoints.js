@@ -1,6 +1,7 @@
 // The endpoints view: the tenant's inference endpoints with their state (and why: the reason of the
 // latest scaling, a lost replica's reason), ready/desired replicas, each replica's state and address,
-// and their traffic through the gateway over the last 60 s (requests, RPS, error rate, P50/P95/P99).
+// and their traffic through the gateway over the last 60 s (requests, RPS, error rate, P50/P95/P99),
+// and their line: requests waiting for a replica and held by one now, time in line, 429s.
 //
 // Two sources keep a row current. State changes are events on the feed (deployed, replica placed,
 // ready, lost, scaled, scaled to zero, deleted): each re-reads that endpoint at once. Traffic is not
@@ -24,7 +25,18 @@ function trafficCells(t) {
     cell('rps', none ? '0' : fmt.rate(t.rps)),
     cell('errors', none ? dash : fmt.share(t.error_rate)),
     ...['p50', 'p95', 'p99'].map((q) => cell(q, none ? dash : fmt.ms(t[`${q}_ms`]), none ? null : `${t[`${q}_ms`]} ms`)),
+    lineCell(t),
   ];
+}
+
+/** The line: waiting / in flight now, with the time in line and the refusals in its title. */
+function lineCell(t) {
+  const line = h('td', {class: 'num nowrap', dataset: {col: 'line'}});
+  if (!t) return line;
+  line.title = `wait in line p50 ${fmt.ms(t.wait_p50_ms)}, p99 ${fmt.ms(t.wait_p99_ms)}; ${fmt.int(t.rejected)} refused (429)`;
+  line.append(`${fmt.int(t.queue_depth)} waiting \u00b7 ${fmt.int(t.in_flight)} in flight`);
+  if (t.rejected) line.append(h('span', {class: 'sub reason'}, `${fmt.int(t.rejected)} refused`));
+  return line;
 }
 
 function replicaLine(r) {
