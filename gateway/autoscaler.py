@@ -87,9 +87,14 @@ class Autoscaler:
 
     def idle_s(self, key: str, endpoint: EndpointRecord, now: float) -> float:
         """Seconds since the endpoint's last request, or since it last started serving: a replica
-        still starting (a cold start can take minutes) never counts as idle time."""
+        still starting (a cold start can take minutes) never counts as idle time, nor does a request
+        held or waiting (a long generation is not idleness)."""
         if endpoint.state != "serving":
             self.active_since.pop(key, None)
+            return 0.0
+        line = self.proxy.lines.get(key)
+        if line is not None and (line.held or line.depth):
+            self.active_since[key] = now  # busy now: idle time starts again from here
             return 0.0
         since = self.active_since.setdefault(key, now)
         traffic = self.proxy.traffic.get(key)

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from core.autoscale import Load, decide
-from gateway.autoscaler import gpu_util
+from gateway.autoscaler import Autoscaler, gpu_util
+from gateway.inference import InferenceProxy
 from gateway.queueing import UNKNOWN_RETRY_S, Line, LineFull, Waiter
 from gateway.routing import LOAD_FACTOR, Picker, RoutedBody, leading_text, rendezvous, route_key
 from ops.cli.endpoints import traffic_text
@@ -17,6 +18,7 @@ from projections.liveness import LastBeat, LivenessState
 from schemas.api.endpoints import Traffic
 from schemas.endpoints import EndpointDeployed, Routing
 from schemas.values import GpuTelemetry
+from tests.records import endpoint_record
 
 
 def _line(limit: int = 1, max_queue: int = 10, policy: Routing = "round_robin") -> Line:
@@ -222,3 +224,16 @@ def test_the_cli_shows_the_line_beside_the_traffic_only_when_there_is_one() -> N
     assert traffic_text(quiet) == "3 req, 0.05 rps, 0.0% errors, p50/p95/p99 4.0/5.0/6.0 ms"
     busy = Traffic(requests=3, queue_depth=5, in_flight=8, wait_p50_ms=120.0, wait_p99_ms=900.4, rejected=2)
     assert traffic_text(busy).endswith("; 5 waiting, 8 in flight, wait p50/p99 120/900 ms, 2 refused (429)")
+
+
+def test_an_endpoint_holding_a_request_is_never_idle() -> None:
+    proxy = InferenceProxy()
+    scaler = Autoscaler(None, proxy)  # type: ignore[arg-type]
+    endpoint = endpoint_record(tenant="t", endpoint_id="e", name="e", model="m", state="serving")
+    assert scaler.idle_s("t/e", endpoint, 100.0) == 0.0  # serving since now
+    assert scaler.idle_s("t/e", endpoint, 130.0) == 30.0
+    line = proxy.line_of("t/e", endpoint.spec)
+    line.enter("k", None, 130.0, ["r"])
+    assert scaler.idle_s("t/e", endpoint, 500.0) == 0.0
+    line.release("r", 500.0)
+    assert scaler.idle_s("t/e", endpoint, 510.0) == 10.0
