@@ -52,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "its owner's work (needs --pool private or managed and --owner-tenant)",
     )
     p.add_argument(
+        "--warm-engines",
+        type=int,
+        metavar="N",
+        help="vLLM engines kept started ahead of CPU replicas, for cold starts in seconds (default 1; "
+        "0: none; only on a host without GPUs that has vLLM)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="check that this host can sandbox workloads (bubblewrap, user namespaces, cgroups) and exit",
@@ -73,6 +80,7 @@ _FIELDS = (
     "work_dir",
     "device_source",
     "unsandboxed",
+    "warm_engines",
 )
 
 

@@ -39,10 +39,11 @@ Life of an agent:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,10 @@ from agent.identity import StateDirLock, owner_only, worker_id
 from agent.policy import decide, requested_vram_mb
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
-from agent.runtimes import RUNTIMES, StartFailed, checkpoint_dir, workload_env
+from agent.runtimes import RUNTIMES, Runtime, StartFailed, checkpoint_dir, workload_env
 from agent.runtimes.process import cgroup_name, reap_orphans
+from agent.runtimes.vllm import VllmRuntime, engine_env
+from agent.runtimes.warm import WarmEngines, remove_leftovers
 from agent.settings import AgentSettings
 from agent.state import CommandState
 from agent.verify import run_verification
@@ -120,6 +123,7 @@ class Agent:
         self._assignments = Assignments([])
         self._busy = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
+        self.warm = WarmEngines(self.sandbox, self.work_dir, 0, {})
 
     @property
     def log(self) -> EventLog:
@@ -168,12 +172,17 @@ class Agent:
         )
         loops = [asyncio.create_task(beats.run()), asyncio.create_task(self._metering_loop())]
         commands = asyncio.create_task(take_commands(self.log, self.worker_id, self._busy, self._handle))
+        sandboxed_cpu_host = not self._assignments.gpus and self.sandbox_problem is None
+        count = self.settings.warm_engines if sandboxed_cpu_host else 0
+        self.warm = WarmEngines(self.sandbox, self.work_dir, count, engine_env({}, gpus=0, options={}))
+        self.warm.fill()
         try:
             await stop.wait()
         finally:
             async with self._busy:  # never in the middle of handling a command
                 commands.cancel()
             await asyncio.gather(commands, return_exceptions=True)
+            await self.warm.close()
             await self._stop_all()
             for task in loops:
                 task.cancel()
@@ -218,9 +227,10 @@ class Agent:
         self.registered.set()
 
     async def _recover(self) -> None:
-        """Kill what a crashed previous run left running, remove its workloads' cgroups, and report
-        its assignments failed."""
+        """Kill what a crashed previous run left running, remove its workloads' cgroups and its warm
+        engines' folders, and report its assignments failed."""
         reap_orphans(self.work_dir)
+        await asyncio.to_thread(remove_leftovers, self.work_dir)
         if self.sandbox.cgroups is not None:
             for workdir in await asyncio.to_thread(
                 lambda: [d for d in self.work_dir.iterdir() if d.is_dir()]
@@ -313,7 +323,11 @@ class Agent:
                 return
             prep.fetch.result()
             env = workload_env(cmd, workdir, gpu_indices=prep.gpu_indices)
-            runtime = RUNTIMES[cmd.spec.runtime](self.sandbox)
+            runtimes: dict[str, Callable[[Sandbox], Runtime]] = {
+                **RUNTIMES,
+                "vllm": functools.partial(VllmRuntime, warm=self.warm),
+            }
+            runtime = runtimes[cmd.spec.runtime](self.sandbox)
             workload = await runtime.start(self._spec_here(cmd), workdir, env)
         except StartFailed as exc:
             self._forget(cmd)

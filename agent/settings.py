@@ -52,6 +52,9 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
             ``managed`` or ``private`` pool and an owner.
         max_processes / max_open_files: each workload's processes (and threads) and open files
             per process (its memory is the assignment's).
+        warm_engines: vLLM engines kept started ahead of the CPU replicas they will serve
+            (:mod:`agent.runtimes.warm`; default 1, 0 for none); kept only on a host without GPUs
+            that has vLLM.
     """
 
     name: str
@@ -73,6 +76,7 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
     unsandboxed: bool = False
     max_processes: int = 4096
     max_open_files: int = 65_536
+    warm_engines: int = 1
 
 
 _FIELDS = {f.name: f for f in msgspec.structs.fields(AgentSettings)}
@@ -154,5 +158,7 @@ def _check(s: AgentSettings) -> None:
         )
     if not 16 <= s.max_processes <= 1_000_000 or not 64 <= s.max_open_files <= 1_048_576:
         raise ConfigError(f"{PREFIX}MAX_PROCESSES must be 16-1000000 and {PREFIX}MAX_OPEN_FILES 64-1048576")
+    if not 0 <= s.warm_engines <= 16:
+        raise ConfigError(f"{PREFIX}WARM_ENGINES must be 0-16")
     if s.pool not in _POOLS:  # unreachable through convert; kept for direct construction
         raise ConfigError(f"{PREFIX}POOL must be one of {', '.join(_POOLS)}")

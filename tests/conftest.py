@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,9 @@ from core.settings import Settings
 from ops.devstack.natsserver import NatsAuth, NatsServer
 from ops.devstack.objectstore import ObjectStoreServer
 from tests.secured import Stack, running_stack
-from tests.support import AgentProcess, IntakeProcess, wipe_streams
+from tests.support import WARM_ENGINES, AgentProcess, IntakeProcess, wipe_streams
+
+os.environ["RESONTECH_AGENT_WARM_ENGINES"] = WARM_ENGINES  # agents a dev stack starts in a test too
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,11 @@ VERIFICATION_TIMEOUT_S = 60.0
 takes longer than other steps."""
 
 
+WARM_ENGINES = "0"
+"""Agents in tests keep no warm engine (each imports torch and vLLM: 9 s of one of this host's two
+cores) unless a test asks for one (``--warm-engines``)."""
+
+
 class AgentProcess:
     """One ``python -m ops.cli agent`` child process with its own state dir."""
 
@@ -49,6 +54,7 @@ class AgentProcess:
             RESONTECH_NATS_URL=nats_url,
             RESONTECH_DATA_DIR=str(root),
             RESONTECH_AGENT_METERING_INTERVAL_S="0.5",
+            RESONTECH_AGENT_WARM_ENGINES=WARM_ENGINES,
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -50,12 +50,15 @@ class ProcessRuntime:
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
 
-    async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> ProcessWorkload:
-        """Start the command. Raises :class:`StartFailed` for an empty command or one that cannot run."""
+    async def start(
+        self, spec: WorkSpec, workdir: Path, env: Mapping[str, str], *, commands: bool = False
+    ) -> ProcessWorkload:
+        """Start the command (``commands``: see :func:`spawn`). Raises :class:`StartFailed` for an
+        empty command or one that cannot run."""
         if not spec.command:
             raise StartFailed("empty command")
         prepare(workdir)
-        return await spawn(spec.command, workdir, env, sandbox=self.sandbox, spec=spec)
+        return await spawn(spec.command, workdir, env, sandbox=self.sandbox, spec=spec, commands=commands)
 
 
 def prepare(workdir: Path) -> None:
@@ -73,9 +76,11 @@ async def spawn(
     sandbox: Sandbox,
     spec: WorkSpec,
     workload: type[ProcessWorkload] | None = None,
+    commands: bool = False,
 ) -> ProcessWorkload:
     """Start ``argv`` in ``workdir`` as its workload, in ``sandbox`` with the limits of ``spec`` (a
-    ``workload`` subclass wraps it, if given).
+    ``workload`` subclass wraps it, if given). ``commands``: its standard input is a pipe the agent
+    writes one command to (:meth:`ProcessWorkload.command`), else it is closed.
 
     Raises:
         StartFailed: the executable cannot run, or its cgroup cannot be made.
@@ -94,7 +99,7 @@ async def spawn(
             *sandbox.command(argv, workdir, gpus=spec.gpus > 0),
             cwd=workdir,
             env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if commands else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
@@ -132,6 +137,7 @@ class ProcessWorkload:
         self.workdir = workdir
         self.sandbox = sandbox
         self.log_path = workdir / LOG_FILE
+        self.pid_path = workdir / PID_FILE
         # Unbounded: the agent always drains it, and a slow server must never block the workload's
         # output (backpressure would stall training, not the agent).
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
@@ -192,13 +198,37 @@ class ProcessWorkload:
         if not self._pump.cancelled() and self._pump.exception() is not None:
             log.warning("output of pid %d not fully captured: %s", proc.pid, self._pump.exception())
         with contextlib.suppress(OSError):
-            (self.workdir / PID_FILE).unlink()
+            self.pid_path.unlink()
         assert proc.returncode is not None
         return self.sandbox.exit_status(proc.returncode)
 
     async def lines(self) -> AsyncIterator[str]:
         while (line := await self._lines.get()) is not _EOF:
             yield line
+
+    async def command(self, line: bytes) -> None:
+        """Write ``line`` to its standard input (a pipe: ``spawn(commands=True)``) and close it.
+
+        Raises:
+            StartFailed: it exited before it could take the line.
+        """
+        stdin = self._proc.stdin
+        assert stdin is not None, "started without a command pipe"
+        try:
+            stdin.write(line)
+            await stdin.drain()
+            stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            raise StartFailed("the engine exited before it took its command") from None
+
+    def moved_to(self, workdir: Path) -> None:
+        """Its directory was renamed to ``workdir`` (:mod:`agent.warm`): its log and pid file are
+        there now. Its marks (:func:`kill_marked`) and cgroup keep the name it started with, which
+        the pid file records for :func:`reap_orphans`."""
+        self.log_path = workdir / LOG_FILE
+        self.pid_path = workdir / PID_FILE
+        with contextlib.suppress(OSError):
+            self.pid_path.write_text(f"{self._proc.pid} {self.workdir.name}")
 
     async def wait(self) -> int:
         return await asyncio.shield(self._reaper)
@@ -247,19 +277,22 @@ def reap_orphans(work_dir: Path) -> list[str]:
     """Kill workloads a previous run of the agent left running; return their assignment ids.
 
     A process counts as ours only if its environment still names the assignment (so a recycled pid
-    is never killed).
+    is never killed): the folder's name, or the name the pid file gives after the pid (a warm engine
+    started under its own name, :meth:`ProcessWorkload.moved_to`).
     """
     reaped = []
     for pid_file in sorted(work_dir.glob(f"*/{PID_FILE}")):
         assignment_id = pid_file.parent.name
         try:
-            pid = int(pid_file.read_text().strip())
+            pid_text, _, marked_as = pid_file.read_text().strip().partition(" ")
+            pid = int(pid_text)
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except (OSError, ValueError):
-            environ = b""
-        if f"{MARKER}={assignment_id}".encode() in environ.split(b"\0"):
+            environ, marked_as = b"", ""
+        name = marked_as or assignment_id
+        if f"{MARKER}={name}".encode() in environ.split(b"\0"):
             signal_workload(pid, signal.SIGKILL, sandboxed=False)
-            kill_marked(pid_file.parent)
+            kill_marked(pid_file.parent.with_name(name))
             reaped.append(assignment_id)
             log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)
         with contextlib.suppress(OSError):

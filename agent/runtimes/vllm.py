@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import shutil
 import socket
@@ -52,9 +53,12 @@ from agent.models import ResolvedModel, resolve
 from agent.protocol import KEYWORD_PREFIX, READY
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessRuntime, ProcessWorkload
+from agent.runtimes.warm import WarmEngines, adopt, seen_from, warm_command
 from core.sandbox import Sandbox
 from schemas.commands import WorkSpec
 
+log = logging.getLogger("resontech.agent")
+ENTRY = "vllm.entrypoints.openai.api_server"
 HEALTH_INTERVAL_S = 0.5
 HEALTH_FAILURES = 5
 READY_TIMEOUT_S = 600.0
@@ -83,7 +87,7 @@ def engine_command(
         return [sys.executable, "-m", "agent.engines.embeddings", "--model", model.path,
                 "--served-model-name", model.served_name, "--host", host, "--port", str(port)]  # fmt: skip
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        sys.executable, "-m", ENTRY,
         "--model", model.path, "--served-model-name", model.served_name,
         "--host", host, "--port", str(port),
         "--disable-uvicorn-access-log",
@@ -105,6 +109,9 @@ def engine_command(
         argv += ["--dtype", options.get("dtype", "float32")]
         if options.get("compile") != "1":
             argv.append("--enforce-eager")
+        # The model in the engine-core process, not in a worker process of its own (one import of
+        # torch and vLLM less: see agent.engines.warm); needs VLLM_ENABLE_V1_MULTIPROCESSING=0.
+        argv += ["--distributed-executor-backend", "uni"]
     elif "dtype" in options:
         argv += ["--dtype", options["dtype"]]
     return argv
@@ -142,16 +149,56 @@ def engine_env(
         out["VLLM_TARGET_DEVICE"] = "cpu"
         out["VLLM_CPU_OMP_THREADS_BIND"] = options.get("cpu_bind", "nobind")
         out["OMP_WAIT_POLICY"] = "PASSIVE"
+        out["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return out
 
 
 class VllmRuntime:
-    """Starts an engine for one endpoint replica in ``sandbox`` (see the module docstring)."""
+    """Starts an engine for one endpoint replica in ``sandbox`` (see the module docstring); a CPU
+    replica becomes one of ``warm``'s engines when one is waiting (:mod:`agent.warm`)."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, warm: WarmEngines | None = None) -> None:
         self.sandbox = sandbox
+        self.warm = warm
 
     async def start(self, spec: WorkSpec, workdir: Path, env: Mapping[str, str]) -> EngineWorkload:
+        options = spec.options
+        model = await self._model(spec, workdir)
+        host = options.get("advertise_host", "127.0.0.1")
+        port = free_port(host)
+        argv = engine_command(model, host=host, port=port, gpus=spec.gpus, options=options)
+        # In a sandbox, /tmp is the engine's own (its path is short): nothing to make or clean up.
+        rpc_dir = None if self.sandbox.bwrap else Path(tempfile.mkdtemp(prefix="rt-vllm-"))
+        api_key = secrets.token_urlsafe(32)
+        engine = engine_env(
+            env, gpus=spec.gpus, options=options, rpc_dir=rpc_dir or SANDBOX_TMP, api_key=api_key
+        )
+        try:
+            if argv[1:3] == ["-m", ENTRY] and spec.gpus == 0:
+                inner, warm = await self._cpu_engine(spec, argv, workdir, engine)
+            else:
+                engine_spec = WorkSpec(
+                    runtime="process", command=argv, gpus=spec.gpus, memory_mb=spec.memory_mb
+                )
+                inner, warm = await ProcessRuntime(self.sandbox).start(engine_spec, workdir, engine), False
+        except StartFailed:
+            if rpc_dir is not None:
+                shutil.rmtree(rpc_dir, ignore_errors=True)
+            raise
+        timeout = float(options.get("ready_timeout_s", READY_TIMEOUT_S))
+        workload = EngineWorkload(
+            inner,
+            f"http://{host}:{port}",
+            api_key=api_key,
+            ready_timeout_s=timeout,
+            rpc_dir=rpc_dir,
+            warm=warm,
+        )
+        if warm and self.warm is not None:
+            self.warm.refill_after(workload.settled())
+        return workload
+
+    async def _model(self, spec: WorkSpec, workdir: Path) -> ResolvedModel:
         options = spec.options
         if not options.get("model"):
             raise StartFailed("no model given (options.model)")
@@ -165,31 +212,37 @@ class VllmRuntime:
             raise StartFailed(f"model {options['model']!r}: {exc}") from None
         if options.get("engine") == "cpu" and not await asyncio.to_thread(Path(model.path).is_dir):
             raise StartFailed(
-                f"model {options['model']!r} is neither a shipped model nor a folder from the workspace "
-                "(nothing is fetched from a model hub)"
+                f"model {options['model']!r} is not a folder (a shipped model, a workspace folder or a "
+                "cached Hugging Face repository)"
             )
         if "served_name" in options:
             model = ResolvedModel(model.path, options["served_name"], model.task)
-        host = options.get("advertise_host", "127.0.0.1")
-        port = free_port(host)
-        argv = engine_command(model, host=host, port=port, gpus=spec.gpus, options=options)
-        engine_spec = WorkSpec(runtime="process", command=argv, gpus=spec.gpus, memory_mb=spec.memory_mb)
-        # In a sandbox, /tmp is the engine's own (its path is short): nothing to make or clean up.
-        rpc_dir = None if self.sandbox.bwrap else Path(tempfile.mkdtemp(prefix="rt-vllm-"))
-        api_key = secrets.token_urlsafe(32)
-        engine = engine_env(
-            env, gpus=spec.gpus, options=options, rpc_dir=rpc_dir or SANDBOX_TMP, api_key=api_key
-        )
-        try:
-            inner = await ProcessRuntime(self.sandbox).start(engine_spec, workdir, engine)
-        except StartFailed:
-            if rpc_dir is not None:
-                shutil.rmtree(rpc_dir, ignore_errors=True)
-            raise
-        timeout = float(options.get("ready_timeout_s", READY_TIMEOUT_S))
-        return EngineWorkload(
-            inner, f"http://{host}:{port}", api_key=api_key, ready_timeout_s=timeout, rpc_dir=rpc_dir
-        )
+        return model
+
+    async def _cpu_engine(
+        self, spec: WorkSpec, argv: list[str], workdir: Path, env: dict[str, str]
+    ) -> tuple[ProcessWorkload, bool]:
+        """vLLM-CPU as :mod:`agent.engines.warm` runs it: a warm engine becomes the replica, or one
+        starts now and is given its command at once; whether it was warm."""
+        taken = self.warm.take() if self.warm is not None and not spec.memory_mb else None
+        if taken is None:
+            workload = await ProcessRuntime(self.sandbox).start(
+                WorkSpec(runtime="process", command=warm_command(), memory_mb=spec.memory_mb), workdir, env,
+                commands=True,
+            )  # fmt: skip
+            await workload.command(_command_line(argv[3:], env))
+            return workload, False
+        await asyncio.to_thread(adopt, taken.workdir, workdir)
+        taken.workload.moved_to(workdir)
+        inside = [seen_from(a, workdir, taken.workdir) for a in argv[3:]]
+        seen = {k: seen_from(v, workdir, taken.workdir) for k, v in env.items()}
+        await taken.workload.command(_command_line(inside, seen))
+        log.info("%s starts from a warm engine (%s)", workdir.name, taken.workdir.name)
+        return taken.workload, True
+
+
+def _command_line(argv: list[str], env: Mapping[str, str]) -> bytes:
+    return json.dumps({"argv": argv, "env": dict(env)}).encode() + b"\n"
 
 
 class EngineWorkload:
@@ -208,12 +261,15 @@ class EngineWorkload:
         api_key: str = "",
         ready_timeout_s: float,
         rpc_dir: Path | None = None,
+        warm: bool = False,
     ) -> None:
         self.inner = inner
+        self.warm = warm
         self.rpc_dir = rpc_dir
         self.address = address
         self.api_key = api_key
         self.ready_timeout_s = ready_timeout_s
+        self.serving = asyncio.Event()
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
         self._pump = asyncio.create_task(self._forward())
         self._watch = asyncio.create_task(self._health())
@@ -225,6 +281,14 @@ class EngineWorkload:
     @property
     def returncode(self) -> int | None:
         return self.inner.returncode
+
+    async def settled(self) -> None:
+        """Until the engine serves, or has stopped trying to (it exited, or never became healthy)."""
+        serving = asyncio.ensure_future(self.serving.wait())
+        try:
+            await asyncio.wait([serving, self._watch], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            serving.cancel()
 
     async def _forward(self) -> None:
         try:
@@ -244,6 +308,7 @@ class EngineWorkload:
                 return
             ready = {"address": self.address, "api_key": self.api_key}
             self._lines.put_nowait(f"{READY} {json.dumps(ready)}")
+            self.serving.set()
             failures = 0
             while failures < HEALTH_FAILURES:
                 await asyncio.sleep(HEALTH_INTERVAL_S * 4)

@@ -10,6 +10,7 @@ ready in seconds, where vLLM-CPU compiles the model first: minutes on this share
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -217,8 +218,13 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
     if reason is not None:
         pytest.skip(f"vLLM-CPU cannot run on this machine: {reason}")
     server = gateway_server
-    await registered(log, agents("v1", *SLOW_HOST))
+    agent = agents("v1", *SLOW_HOST, "--warm-engines", "1")
+    await registered(log, agent)
     tenant, admin = await server.tenant()
+    warm = await until(
+        lambda: _warm_engine(agent), "a warm engine imported torch and vLLM", timeout=VLLM_READY_S
+    )
+    assert _reachable_sockets(warm) == []  # it waits on its pipe: no port, no socket to reach it
     async with coordinator(log):
         # two vLLM-CPU replicas side by side on one 2-core host (pinned engines starved each other)
         endpoint = await deploy(
@@ -271,7 +277,67 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
             await api.completions.create(model="no-such-model", prompt="x", max_tokens=1)
         with pytest.raises(openai.BadRequestError):
             await api.completions.create(model=None, prompt="x")  # type: ignore[arg-type]
+        # one replica became the warm engine; the others started cold, through the same program
+        assert agent.stderr().count("starts from a warm engine") == 1
+        logs = [p.read_text() for p in (agent.state_dir / "work").glob("*/log.txt")]
+        assert not any("cannot replace" in text for text in logs)  # vLLM's internals are as pinned
+        # vLLM's development routes (sleep, RPC into the workers) are not there, even with the key
+        ready = of(
+            await records(log, "ENDPOINTS", f"endpoint.*.{endpoint['endpoint_id']}.>"), EndpointReplicaReady
+        )
+        keyed = {"authorization": f"Bearer {ready[0].api_key}"}
+        async with httpx.AsyncClient(base_url=ready[0].address, headers=keyed) as engine:
+            for path in ("/sleep?level=1", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
+                assert (await engine.post(path, json={"method": "x"})).status_code == 404, path
+            assert (await engine.get("/is_sleeping")).status_code == 404
+        # and a new warm engine is kept for the next cold start, once the first replica served
+        await until(lambda: _warm_engine(agent), "a new warm engine", timeout=VLLM_READY_S)
     assert tenant
+
+
+async def _warm_engine(agent: AgentProcess) -> list[int]:
+    """The processes of a warm engine of ``agent`` that imported torch and vLLM (none: empty)."""
+    for folder in (agent.state_dir / "work").glob("warm-*"):
+        log_text = (folder / "log.txt").read_text() if (folder / "log.txt").exists() else ""
+        if "warm engine: imported" in log_text and "command taken" not in log_text:
+            return _marked(f"RESONTECH_ASSIGNMENT_ID={folder.name}".encode())
+    return []
+
+
+def _marked(mark: bytes) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and mark in open(f"/proc/{entry}/environ", "rb").read().split(b"\0"):  # noqa: SIM115
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _reachable_sockets(pids: list[int]) -> list[str]:
+    """The sockets of the processes ``pids`` that another process could connect to: TCP or UDP bound
+    to a port, or a Unix socket listening or with a name (the pipes to the agent, socket pairs with no
+    name, are not)."""
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    reachable = []
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        for line in open(f"/proc/net/{table}").read().splitlines()[1:]:  # noqa: SIM115
+            fields = line.split()
+            if fields[9] in inodes:
+                reachable.append(f"{table} {fields[1]}")
+    for line in open("/proc/net/unix").read().splitlines()[1:]:  # noqa: SIM115
+        fields = line.split()
+        listening = int(fields[3], 16) & 0x10000
+        if fields[6] in inodes and (listening or len(fields) > 7):
+            reachable.append(f"unix {fields[7:] or 'listening'}")
+    return reachable
 
 
 async def _metered_tokens(log: EventLog, endpoint_id: str, least: int) -> int:

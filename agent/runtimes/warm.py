@@ -1,0 +1,214 @@
+"""Warm engines: vLLM servers started ahead of the replicas they will serve, on CPU hosts.
+
+A replica of vLLM-CPU spends most of its cold start importing torch and vLLM (8 to 11 s of a core on
+this project's reference host, before any work of its own). An agent with ``warm_engines`` N keeps N
+engines that have done it already: each is the program :mod:`agent.engines.warm`, started in a
+sandbox of its own like any workload, with no model, no tenant and no port, waiting for one command
+on a pipe only the agent holds. A replica's start takes one (:meth:`WarmEngines.take`): its inputs
+move into the engine's directory, which then takes the assignment's name (:func:`adopt`), and the
+agent writes the command. From then on the engine *is* that replica: metered, stopped and cleaned up
+as it is, and never used again. The agent starts the next warm engine once the replica that took one
+is serving (or gone), so that the imports never compete with the start they are meant to speed up.
+
+Isolation is a workload's, unchanged: one sandbox per engine, entered before any tenant's bytes exist
+in it; an engine is used for one replica, so nothing of one tenant's can reach another's. What it is
+not: a sleeping replica. It holds no model and belongs to no tenant; its cost (about 0.65 GB of
+memory and 9 s of a core per start, idle otherwise) is the provider's, who chooses to keep it, like
+any other readiness the host keeps (the README's "Cold starts" says more).
+
+Only CPU replicas use one: a GPU replica's sandbox holds its own GPUs' device nodes, which a sandbox
+made before the assignment cannot know. Nor does a replica with a memory limit of its own (the warm
+engine's limits are the host's defaults).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.runtimes.base import RESERVED_PREFIX, StartFailed
+from agent.runtimes.process import MARKER, ProcessWorkload, prepare, spawn
+from core.sandbox import Sandbox
+from schemas.commands import WorkSpec
+
+log = logging.getLogger("resontech.agent")
+PROGRAM = "agent.engines.warm"
+NAME_PREFIX = "warm-"
+"""A warm engine's directory (in the agent's work dir) until a replica takes it."""
+RETIRE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class WarmEngine:
+    """A started engine waiting for its command.
+
+    Attributes:
+        workdir: its directory, and its sandbox's only writable place, at this path for its life.
+        workload: the process.
+    """
+
+    workdir: Path
+    workload: ProcessWorkload
+
+
+def warm_command() -> list[str]:
+    """The argv of a warm engine."""
+    return [sys.executable, "-m", PROGRAM]
+
+
+def start_env(
+    workdir: Path, engine_env: Mapping[str, str], host_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A warm engine's own environment: a clean one in ``workdir`` (its ``HOME`` and the
+    ``RESONTECH_ASSIGNMENT_ID`` mark carry the directory's name, as a workload's do) plus
+    ``engine_env``, which must hold what libraries read when torch is imported (OpenMP's)."""
+    host = os.environ if host_env is None else host_env
+    env = {
+        "PATH": host.get("PATH") or "/usr/bin:/bin",
+        "LANG": host.get("LANG") or "C.UTF-8",
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir / "tmp"),
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        **{k: v for k, v in engine_env.items() if not k.startswith(RESERVED_PREFIX)},
+    }
+    env[MARKER] = workdir.name
+    return env
+
+
+def adopt(engine_dir: Path, workdir: Path) -> None:
+    """Give ``engine_dir`` the name ``workdir`` with ``workdir``'s contents (the inputs fetched for
+    the assignment) moved in: the engine's sandbox, bound to the directory itself, sees them at its own
+    path, while the agent keeps finding the assignment where it always does."""
+    if workdir.exists():
+        _merge(workdir, engine_dir)
+    engine_dir.rename(workdir)
+
+
+def _merge(source: Path, target: Path) -> None:
+    """Move every entry of ``source`` into ``target`` (directories merged), then remove ``source``."""
+    for entry in list(source.iterdir()):
+        into = target / entry.name
+        if entry.is_dir() and not entry.is_symlink() and into.is_dir() and not into.is_symlink():
+            _merge(entry, into)
+        else:
+            if into.is_dir() and not into.is_symlink():
+                shutil.rmtree(into)
+            os.replace(entry, into)
+    source.rmdir()
+
+
+def seen_from(path_or_value: str, workdir: Path, engine_dir: Path) -> str:
+    """A path under ``workdir`` as the adopted engine's sandbox sees it (under ``engine_dir``);
+    anything else unchanged."""
+    outer = str(workdir)
+    if path_or_value == outer or path_or_value.startswith(outer + "/"):
+        return str(engine_dir) + path_or_value[len(outer) :]
+    return path_or_value
+
+
+def remove_leftovers(work_dir: Path) -> None:
+    """Remove the folders of warm engines a previous run of the agent left (their processes are gone:
+    :func:`agent.runtimes.process.reap_orphans`)."""
+    for folder in work_dir.glob(f"{NAME_PREFIX}*"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class WarmEngines:
+    """The warm engines of one agent (see the module docstring).
+
+    Args:
+        sandbox: the host's.
+        work_dir: the agent's work dir (each engine's directory is made in it).
+        count: how many to keep (0: none, and none where vLLM is not installed; every start is cold).
+        engine_env: the CPU engine's environment (:func:`agent.runtimes.vllm.engine_env`).
+    """
+
+    def __init__(self, sandbox: Sandbox, work_dir: Path, count: int, engine_env: Mapping[str, str]) -> None:
+        self.sandbox = sandbox
+        self.work_dir = work_dir
+        self.count = count if count and importlib.util.find_spec("vllm") else 0
+        self.engine_env = dict(engine_env)
+        self.ready: list[WarmEngine] = []
+        self._starting = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def fill(self) -> None:
+        """Start engines in the background until :attr:`count` are kept."""
+        while not self._closed and len(self.ready) + self._starting < self.count:
+            self._starting += 1
+            self._spawn(self._start_one())
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_one(self) -> None:
+        workdir = self.work_dir / f"{NAME_PREFIX}{secrets.token_hex(6)}"
+        try:
+            await asyncio.to_thread(prepare, workdir)
+            env = start_env(workdir, self.engine_env)
+            workload = await spawn(warm_command(), workdir, env, sandbox=self.sandbox,
+                                   spec=WorkSpec(runtime="vllm"), commands=True)  # fmt: skip
+        except StartFailed as exc:
+            log.warning("cannot start a warm engine: %s", exc.message)
+            return
+        finally:
+            self._starting -= 1
+        engine = WarmEngine(workdir, workload)
+        if self._closed:
+            await self._retire(engine)
+            return
+        self.ready.append(engine)
+        log.info("warm engine started in %s (pid %s)", workdir.name, workload.pid)
+
+    def take(self) -> WarmEngine | None:
+        """A running engine for a replica to become, or ``None`` (every start is then cold). Dead
+        ones are dropped on the way, and replaced."""
+        while self.ready:
+            engine = self.ready.pop(0)
+            if engine.workload.returncode is None:
+                return engine
+            log.warning("warm engine %s exited (%s): %s", engine.workdir.name, engine.workload.returncode,
+                        engine.workload.log_tail(5))  # fmt: skip
+            self._spawn(self._cleanup(engine))
+        self.fill()
+        return None
+
+    def refill_after(self, settled: Awaitable[object]) -> None:
+        """Start the replacement of a taken engine once ``settled`` (its replica serving or gone)."""
+
+        async def later() -> None:
+            with contextlib.suppress(Exception):
+                await settled
+            self.fill()
+
+        self._spawn(later())
+
+    async def _cleanup(self, engine: WarmEngine) -> None:
+        await engine.workload.wait()
+        await asyncio.to_thread(shutil.rmtree, engine.workdir, True)
+
+    async def _retire(self, engine: WarmEngine) -> None:
+        await engine.workload.cancel(RETIRE_S)
+        await asyncio.to_thread(shutil.rmtree, engine.workdir, True)
+
+    async def close(self) -> None:
+        """Stop every engine not taken (a taken one is its replica's, stopped with it)."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        engines, self.ready = self.ready, []
+        await asyncio.gather(*(self._retire(e) for e in engines), return_exceptions=True)
