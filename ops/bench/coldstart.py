@@ -5,12 +5,12 @@ gateway, streamed where the engine streams; ``total_s`` is from sending it to it
 whole answer, for an embedding). The phases come from the endpoint's events, stamped by the NATS
 server on this same host:
 
-* ``wake_s``: the request to ``endpoint.scaled`` (the gateway's scale-up from zero);
+* ``scale_s``: the request to ``endpoint.scaled`` (the gateway's scale-up from zero);
 * ``place_s``: to ``endpoint.replica_placed`` (the coordinator's placement);
 * ``agent_s``: to ``endpoint.replica_starting`` (the command reaches the agent, which fetches the
   inputs and starts the engine);
 * ``engine_s``: to ``endpoint.replica_ready`` (the engine loads the model, sizes its KV cache and
-  answers its health check; the agent polls it every 0.5 s);
+  answers its health check; the agent polls it every 0.1 s);
 * ``first_token_s``: to the first token (the gateway sees the replica ready and forwards the request).
 
 ``warm`` says whether the replica became a warm engine (:mod:`agent.runtimes.warm`): the agent logs it.
@@ -37,7 +37,7 @@ from schemas.endpoints import (
 )
 
 PHASES = (
-    ("wake_s", EndpointScaled),
+    ("scale_s", EndpointScaled),
     ("place_s", EndpointReplicaPlaced),
     ("agent_s", EndpointReplicaStarting),
     ("engine_s", EndpointReplicaReady),

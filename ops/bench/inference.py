@@ -221,7 +221,7 @@ async def cold_starts(
     figures: dict[str, Any] = {"cold_start_s": median([s["total_s"] for s in samples]),
                                "cold_starts_s": [round(s["total_s"], 2) for s in samples],
                                "cold_starts_warm": sum(bool(s["warm"]) for s in samples)}  # fmt: skip
-    for phase in ("wake_s", "place_s", "agent_s", "engine_s", "first_token_s"):
+    for phase in ("scale_s", "place_s", "agent_s", "engine_s", "first_token_s"):
         figures[f"phase_{phase}"] = median([s.get(phase, float("nan")) for s in samples])
     if args.warm:
         figures["wake_s"] = median([s["engine_s"] for s in samples if s["warm"]] or [float("nan")])
