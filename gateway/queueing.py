@@ -152,9 +152,10 @@ class Line:
         self.waits.append((now, now - waiter.joined))
         self._trim(now)
 
-    def leave(self, waiter: Waiter, now: float, reason: str | None = None) -> None:
-        """A waiter gives up (``reason``: ``queue_timeout`` counts as refused, ``None`` as its client
-        gone); one granted meanwhile gives its slot back."""
+    def leave(self, waiter: Waiter, now: float, reason: str | None = None, abandoned: bool = True) -> None:
+        """A waiter gives up (``reason``: ``queue_timeout`` counts as refused; without one, as its
+        client gone when ``abandoned``, else not at all: its endpoint failed or went); one granted
+        meanwhile gives its slot back."""
         if waiter.address is not None:
             self.release(waiter.address, now)
             return
@@ -165,10 +166,10 @@ class Line:
         self.depth -= 1
         if not queue:
             self._forget(waiter.key_id)
-        if reason is None:
-            self.abandoned += 1
-        else:
+        if reason is not None:
             self.rejected[reason] += 1
+        elif abandoned:
+            self.abandoned += 1
 
     def release(self, address: str, now: float) -> None:
         """A request held by ``address`` finished (or failed): its slot goes to the next waiter."""

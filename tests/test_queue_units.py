@@ -237,3 +237,11 @@ def test_an_endpoint_holding_a_request_is_never_idle() -> None:
     assert scaler.idle_s("t/e", endpoint, 500.0) == 0.0
     line.release("r", 500.0)
     assert scaler.idle_s("t/e", endpoint, 510.0) == 10.0
+
+
+def test_a_waiter_whose_endpoint_failed_is_neither_refused_nor_abandoned() -> None:
+    line = _line(limit=1)
+    line.enter("a", None, 0.0, ["r"])
+    waiter = line.enter("a", None, 0.0, ["r"])
+    line.leave(waiter, 1.0, abandoned=False)
+    assert line.depth == 0 and line.abandoned == 0 and not line.rejected

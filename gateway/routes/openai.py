@@ -192,8 +192,8 @@ async def take_slot(
                 raise ClientGone("the client hung up while waiting in line")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.granted.wait(), min(_WAIT_STEP_S, deadline - now))
-    except BaseException:
-        line.leave(waiter, time.monotonic())  # a no-op once refused; a slot granted meanwhile is freed
+    except BaseException as exc:  # a no-op once refused; a slot granted meanwhile is freed
+        line.leave(waiter, time.monotonic(), abandoned=isinstance(exc, ClientGone | asyncio.CancelledError))
         raise
     proxy.traffic_of(key).last_request_at = time.monotonic()
     return endpoint, waiter, line
