@@ -37,23 +37,13 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import InvalidInput, ResontechError
+from core.errors import ResontechError
+from core.hub import PREFIX, HubReference
 
-_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-REPO_ID = re.compile(rf"(?:{_PART}/)?{_PART}")
-"""Hugging Face's repo id grammar, ASCII only: an optional namespace, a name of at most 96 letters,
-digits, ``-``, ``_`` or ``.``, neither starting nor ending with ``-`` or ``.`` (plus, below, no ``--``
-nor ``..``: the hub forbids both, and ``--`` is the cache's own separator)."""
-_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}"
-REVISION = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT}){{0,3}}")
-"""A branch or tag (``main``, ``v1.0``, ``refs/pr/3``) or a commit: at most four segments."""
 COMMIT = re.compile(r"[0-9a-f]{40}")
-PREFIX = "models--"
-MAX_REFERENCE = 200
 DEFAULT_MAX_GB = 100.0
 SKIPPED = (
     "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.onnx", "*.onnx_data", "*.mlmodel", "*.gguf",
@@ -69,51 +59,6 @@ class HubModelError(ResontechError, FileNotFoundError):
     (a ``FileNotFoundError`` too: the runtime reports those as the replica's start failure)."""
 
     code = "model_unavailable"
-
-
-class InvalidRepoReference(InvalidInput, ValueError):
-    """A string that is not ``org/name[@revision]`` by the strict grammar."""
-
-
-@dataclass(frozen=True, slots=True)
-class HubReference:
-    """A validated repo id and revision (default ``main``)."""
-
-    repo_id: str
-    revision: str = "main"
-
-    @property
-    def folder(self) -> str:
-        """The repo's folder in the cache: ``models--org--name``."""
-        return PREFIX + self.repo_id.replace("/", "--")
-
-    def __str__(self) -> str:
-        return self.repo_id if self.revision == "main" else f"{self.repo_id}@{self.revision}"
-
-
-def parse(reference: str) -> HubReference:
-    """``org/name[@revision]`` as a :class:`HubReference`.
-
-    Raises:
-        InvalidRepoReference: the string breaks the grammar (the message says how).
-    """
-    if len(reference) > MAX_REFERENCE:
-        raise InvalidRepoReference(f"longer than {MAX_REFERENCE} characters")
-    repo_id, at, revision = reference.partition("@")
-    if not REPO_ID.fullmatch(repo_id) or ".." in repo_id or "--" in repo_id:
-        raise InvalidRepoReference(
-            "a repo id is [org/]name: ASCII letters, digits, '-', '_', '.', no '..' or '--', "
-            "not starting or ending with '-' or '.'"
-        )
-    if not at:
-        return HubReference(repo_id)
-    bad = not REVISION.fullmatch(revision) or ".." in revision or revision.endswith(".lock")
-    if bad:
-        raise InvalidRepoReference(
-            "a revision is a branch, tag or commit: up to 4 '/'-separated segments of letters, digits, "
-            "'.', '_', '-', no '..'"
-        )
-    return HubReference(repo_id, revision)
 
 
 def hub_cache(env: Mapping[str, str] | None = None) -> Path:

@@ -57,6 +57,7 @@ from typing import Literal
 import msgspec
 
 from agent import gguf, hub_cache
+from core import hub as hub_refs
 
 Task = Literal["generate", "embed"]
 log = logging.getLogger("resontech.agent")
@@ -311,7 +312,7 @@ def resolve(
     hub = hub if hub is not None else hub_cache.hub_cache()
     shipped = SHIPPED.get(reference.lower())
     if shipped is not None:
-        cached = hub_cache.cached_snapshot(hub_cache.parse(reference), hub)
+        cached = hub_cache.cached_snapshot(hub_refs.parse(reference), hub)
         path = cached or shipped_path(shipped, cache or model_cache())
         return ResolvedModel(str(path), reference, task or shipped.task)
     local = (workdir / reference).resolve()
@@ -320,8 +321,8 @@ def resolve(
             raise FileNotFoundError(f"model path {reference!r} leaves the assignment directory")
         return ResolvedModel(str(local), reference, task or "generate")
     try:
-        ref = hub_cache.parse(reference)
-    except hub_cache.InvalidRepoReference as exc:
+        ref = hub_refs.parse(reference)
+    except hub_refs.InvalidRepoReference as exc:
         raise ValueError(
             f"neither a shipped model, a folder of the assignment, nor a Hugging Face repo id: {exc}"
         ) from None

@@ -22,6 +22,7 @@ import pytest
 from agent import hub_cache, models
 from agent.host import host_sandbox
 from agent.settings import AgentSettings
+from core import hub as hub_refs
 from tests.hf_cache import MINILM_REPO, minilm_folder, populate
 
 HOSTILE = [
@@ -132,8 +133,8 @@ def test_where_the_hub_cache_is() -> None:
 def test_a_hostile_reference_is_refused_before_it_names_a_path(
     hub: Path, tmp_path: Path, reference: str
 ) -> None:
-    with pytest.raises(hub_cache.InvalidRepoReference):
-        hub_cache.parse(reference)
+    with pytest.raises(hub_refs.InvalidRepoReference):
+        hub_refs.parse(reference)
     with pytest.raises((ValueError, FileNotFoundError)):
         models.resolve(reference, tmp_path / "work", hub=hub)
 
@@ -148,10 +149,10 @@ def test_a_revision_cannot_reach_a_planted_ref_outside_refs(hub: Path, tmp_path:
 
 
 def test_valid_references_parse() -> None:
-    assert hub_cache.parse("gpt2") == hub_cache.HubReference("gpt2")
-    assert hub_cache.parse("org/n.v1_2-x@refs/pr/3") == hub_cache.HubReference("org/n.v1_2-x", "refs/pr/3")
-    assert str(hub_cache.parse("org/name@v1.0")) == "org/name@v1.0"
-    assert str(hub_cache.parse("org/n")) == "org/n"
+    assert hub_refs.parse("gpt2") == hub_refs.HubReference("gpt2")
+    assert hub_refs.parse("org/n.v1_2-x@refs/pr/3") == hub_refs.HubReference("org/n.v1_2-x", "refs/pr/3")
+    assert str(hub_refs.parse("org/name@v1.0")) == "org/name@v1.0"
+    assert str(hub_refs.parse("org/n")) == "org/n"
 
 
 def _copy(tmp_path: Path) -> tuple[Path, Path]:

@@ -11,13 +11,13 @@ Accepted`` with the endpoint as the projection will hold it; a retried deploymen
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 import msgspec
 from starlette.responses import Response
 
+from core import hub
 from core.objects import bucket_for
 from core.streams import endpoint_filter, endpoint_subject
 from gateway.api import Call, Router, respond
@@ -45,7 +45,6 @@ from schemas.api.jobs import TenantQuery
 from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointScaled
 
 router = Router("endpoints")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 CHANGE_ATTEMPTS = 5
 ACCEPTED = (
     "stored, but this gateway has not applied it yet: the body is the endpoint as it will read once "
@@ -83,11 +82,14 @@ def _check_bounds(low: int, high: int) -> None:
 def deployment(body: DeployEndpoint, deployed_by: str) -> EndpointDeployed:
     """The ``endpoint.deployed`` of a body that passes every rule that needs no state; 422 otherwise."""
     _check_bounds(body.min_replicas, body.max_replicas)
-    if body.model_source == "hub" and not _MODEL_NAME.match(body.model):
-        raise _invalid(
-            f"model {body.model!r} is not a model name like org/name; for a workspace path send "
-            "model_source 'workspace'"
-        )
+    if body.model_source == "hub":
+        try:
+            hub.parse(body.model)
+        except hub.InvalidRepoReference as exc:
+            raise _invalid(
+                f"model {body.model!r} is not a model name like org/name[@revision] ({exc.message}); for a "
+                "workspace path send model_source 'workspace'"
+            ) from None
     if body.model_source == "workspace" and (problem := key_problem(body.model)) is not None:
         raise _invalid(f"bad model path: {problem}", "invalid_key")
     if body.engine == "cpu" and (body.gpu_type or body.vram_mb):

@@ -67,6 +67,10 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
     (deploy_body(target_rps_per_replica=0), 400, "invalid_body"),
     (deploy_body(min_replicas=3, max_replicas=2), 422, "invalid_spec"),
     (deploy_body(model="not a model!"), 422, "invalid_spec"),
+    # a repo id the agent's cache lookup would refuse is refused here first (core.hub's grammar)
+    (deploy_body(model="org/../secrets"), 422, "invalid_spec"),
+    (deploy_body(model="a--b/c"), 422, "invalid_spec"),
+    (deploy_body(model="org/name@../../refs"), 422, "invalid_spec"),
     (deploy_body(engine="cpu", gpu_type="A100"), 422, "invalid_spec"),
     (deploy_body(min_replicas=1, scale_to_zero_after_s=60), 422, "invalid_spec"),
     (deploy_body(model="../secrets/", model_source="workspace"), 422, "invalid_key"),
@@ -87,6 +91,8 @@ async def test_bad_deployments_are_refused_and_append_nothing(api: Api, log: Eve
     )
     assert response.status_code == 400
     assert await records(log, "ENDPOINTS") == []
+    pinned = await deploy(api, admin, deploy_body(model="HuggingFaceTB/SmolLM2-135M-Instruct@v1.0"))
+    assert pinned.status_code == 201, pinned.text  # a revision is part of the grammar
 
 
 async def test_ids_and_live_names_are_unique_and_a_keyed_retry_is_stored_once(
