@@ -99,7 +99,14 @@ def test_endpoints_and_status_of_an_endpoint(gateway_server: GatewayServer, tmp_
     auth = ("--url", gateway_server.url, "--key", admin)
     spec = tmp_path / "endpoint.yaml"
     spec.write_text("name: chat\nmodel: HuggingFaceTB/SmolLM2-135M-Instruct\nmin_replicas: 1\n")
-    endpoint = json.loads(cli("deploy", str(spec), "--json", *auth).stdout)["endpoint_id"]
+    deployed = json.loads(
+        cli("deploy", str(spec), "--routing", "session", "--max-queue", "5", "--json", *auth).stdout
+    )
+    endpoint = deployed["endpoint_id"]
+    assert (deployed["spec"]["routing"], deployed["spec"]["max_queue"]) == (
+        "session",
+        5,
+    )  # the flags over the file
 
     listed = cli("endpoints", *auth).stdout.splitlines()
     assert listed[0].split()[:4] == [endpoint, "chat", "deploying", "0/1"]
@@ -108,9 +115,11 @@ def test_endpoints_and_status_of_an_endpoint(gateway_server: GatewayServer, tmp_
     assert f"endpoint {endpoint} (chat, HuggingFaceTB/SmolLM2-135M-Instruct) of ep-co: deploying" in status
     assert "replicas: 0/1 ready (min 1, max 1, target 10 rps per replica, never to zero)" in status
     assert "traffic, last 60 s: no requests" in status
+    assert "serving: 8 requests per replica, then a line of 5 (up to 120 s each); routing session" in status
     as_json = json.loads(cli("status", endpoint, "--json", *auth).stdout)
     assert as_json["traffic"] == {
-        "requests": 0, "rps": 0.0, "error_rate": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0
+        "requests": 0, "rps": 0.0, "error_rate": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0,
+        "queue_depth": 0, "in_flight": 0, "wait_p50_ms": 0.0, "wait_p99_ms": 0.0, "rejected": 0,
     }  # fmt: skip
     missing = cli("status", "nothing-here", *auth, ok=False)
     assert missing.returncode == 1 and missing.stderr.strip() == "error: no job or endpoint nothing-here"
