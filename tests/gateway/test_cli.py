@@ -103,10 +103,8 @@ def test_endpoints_and_status_of_an_endpoint(gateway_server: GatewayServer, tmp_
         cli("deploy", str(spec), "--routing", "session", "--max-queue", "5", "--json", *auth).stdout
     )
     endpoint = deployed["endpoint_id"]
-    assert (deployed["spec"]["routing"], deployed["spec"]["max_queue"]) == (
-        "session",
-        5,
-    )  # the flags over the file
+    spec_shown = deployed["spec"]
+    assert (spec_shown["routing"], spec_shown["max_queue"]) == ("session", 5)  # the flags over the file
 
     listed = cli("endpoints", *auth).stdout.splitlines()
     assert listed[0].split()[:4] == [endpoint, "chat", "deploying", "0/1"]
