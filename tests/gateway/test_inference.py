@@ -277,8 +277,9 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
             await api.completions.create(model="no-such-model", prompt="x", max_tokens=1)
         with pytest.raises(openai.BadRequestError):
             await api.completions.create(model=None, prompt="x")  # type: ignore[arg-type]
-        # one replica became the warm engine; the others started cold, through the same program
-        assert agent.stderr().count("starts from a warm engine") == 1
+        # a replica became the warm engine (a later one may take its successor); the others started
+        # cold, through the same program
+        assert 1 <= agent.stderr().count("starts from a warm engine") <= 3
         logs = [p.read_text() for p in (agent.state_dir / "work").glob("*/log.txt")]
         assert not any("cannot replace" in text for text in logs)  # vLLM's internals are as pinned
         # vLLM's development routes (sleep, RPC into the workers) are not there, even with the key
