@@ -62,7 +62,7 @@ from agent.policy import decide, requested_vram_mb
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
 from agent.runtimes import RUNTIMES, Runtime, StartFailed, checkpoint_dir, workload_env
-from agent.runtimes.process import cgroup_name, reap_orphans
+from agent.runtimes.process import cgroup_name, reap_orphans, started_dirs
 from agent.runtimes.vllm import VllmRuntime, engine_env
 from agent.runtimes.warm import WarmEngines, remove_leftovers
 from agent.settings import AgentSettings
@@ -229,13 +229,12 @@ class Agent:
     async def _recover(self) -> None:
         """Kill what a crashed previous run left running, remove its workloads' cgroups and its warm
         engines' folders, and report its assignments failed."""
+        started = await asyncio.to_thread(started_dirs, self.work_dir)
         reap_orphans(self.work_dir)
-        await asyncio.to_thread(remove_leftovers, self.work_dir)
         if self.sandbox.cgroups is not None:
-            for workdir in await asyncio.to_thread(
-                lambda: [d for d in self.work_dir.iterdir() if d.is_dir()]
-            ):
+            for workdir in started:
                 await asyncio.to_thread(self.sandbox.release, cgroup_name(workdir))
+        await asyncio.to_thread(remove_leftovers, self.work_dir)
         interrupted = list(self._state.running.values())
         if not interrupted:
             return

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.engines.warm import MAX_COMMAND_BYTES, BadCommand, parse_command
-from agent.runtimes.process import MARKER, reap_orphans
+from agent.runtimes.process import MARKER, reap_orphans, started_dirs
 from agent.runtimes.warm import adopt, remove_leftovers, seen_from, start_env
 
 
@@ -82,6 +82,8 @@ def test_an_adopted_engine_left_running_by_a_crashed_agent_is_killed(tmp_path: P
         (workdir / "pid").write_text(f"{proc.pid} {engine.name}")  # as ProcessWorkload.moved_to writes it
         leftover = work / "warm-def"
         leftover.mkdir()
+        # its cgroup is named after the folder it started in, which the agent releases too
+        assert set(started_dirs(work)) == {workdir, leftover, engine}
         assert reap_orphans(work) == ["asg-1"]
         remove_leftovers(work)
         deadline = time.monotonic() + 5

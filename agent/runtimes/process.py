@@ -273,6 +273,18 @@ def kill_marked(workdir: Path) -> list[int]:
     return killed
 
 
+def started_dirs(work_dir: Path) -> list[Path]:
+    """Every workload folder in ``work_dir``, and the folder a warm engine started in before a replica
+    took it (its cgroup is named after that one: :meth:`ProcessWorkload.moved_to`)."""
+    found = [d for d in work_dir.iterdir() if d.is_dir()] if work_dir.is_dir() else []
+    for pid_file in work_dir.glob(f"*/{PID_FILE}"):
+        with contextlib.suppress(OSError):
+            _, _, marked_as = pid_file.read_text().strip().partition(" ")
+            if marked_as and "/" not in marked_as:
+                found.append(work_dir / marked_as)
+    return found
+
+
 def reap_orphans(work_dir: Path) -> list[str]:
     """Kill workloads a previous run of the agent left running; return their assignment ids.
 
