@@ -1,0 +1,498 @@
+"""The dispatcher's conversation with one Kubernetes API server: exactly the calls it needs, typed.
+
+Built on the official client's typed APIs (``CoreV1Api``, ``BatchV1Api``...), called with
+``_preload_content=False`` so that every answer is the API server's own JSON (a dict), not the
+client's models. Typed APIs build each URL from a fixed table (:data:`KINDS`), so they need no
+discovery round-trip and behave the same against a real server and against kmock, whose discovery
+serves only resources it has seen. ``DynamicClient`` needs that discovery; ``create_from_dict``
+cannot patch on a conflict. The client blocks, so every call runs in a worker thread
+(``asyncio.to_thread``) with a connect and read timeout, and every failure becomes a
+:class:`~core.errors.ResontechError`: :class:`ClusterUnreachable` (no answer, a timeout, a 5xx: try
+again later), :class:`ClusterRefused` (a 4xx: the request or the dispatcher's RBAC is wrong),
+:class:`~core.errors.NotFound`.
+
+Deleting a namespace is one call: the namespace controller deletes what it holds, pods included,
+and the dispatcher does not delete the objects one by one as well. Doing so would repeat the
+controller's work kind by kind and would still race the controllers that make pods. The test
+harness (``tests/kube.py``) emulates that cascade, because kmock has no namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import urllib3
+from kubernetes import client, config
+
+from core.errors import ConfigError, InvalidInput, NotFound, ResontechError
+
+Json = dict[str, Any]
+"""An object as the API server sends it (``metadata``, ``spec``, ``status``...)."""
+TIMEOUT_S = (5.0, 30.0)
+"""Connect and read timeouts of every call, in seconds."""
+LOG_TAIL_BYTES = 64 * 1024
+"""At most this much of a pod's log is read, whatever the line count asked."""
+
+
+class ClusterUnreachable(ResontechError):
+    """The API server did not answer, timed out, or failed (5xx); retrying later may work."""
+
+    code = "cluster_unreachable"
+
+
+class ClusterRefused(ResontechError):
+    """The API server refused a request (4xx): a bad manifest, or RBAC the dispatcher lacks.
+
+    Attributes:
+        status: the HTTP status (403: forbidden, 422: invalid, ...).
+        reason: the ``reason`` of the server's ``Status`` (``Forbidden``, ``Invalid``...).
+    """
+
+    code = "cluster_refused"
+
+    def __init__(self, message: str, *, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How the typed client reaches one kind: its API class and the suffix of its methods."""
+
+    api: type
+    suffix: str
+    namespaced: bool = True
+
+
+KINDS: dict[tuple[str, str], Kind] = {
+    ("v1", "Namespace"): Kind(client.CoreV1Api, "namespace", namespaced=False),
+    ("v1", "ResourceQuota"): Kind(client.CoreV1Api, "resource_quota"),
+    ("v1", "LimitRange"): Kind(client.CoreV1Api, "limit_range"),
+    ("v1", "Service"): Kind(client.CoreV1Api, "service"),
+    ("v1", "ServiceAccount"): Kind(client.CoreV1Api, "service_account"),
+    ("v1", "ConfigMap"): Kind(client.CoreV1Api, "config_map"),
+    ("v1", "Pod"): Kind(client.CoreV1Api, "pod"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): Kind(client.NetworkingV1Api, "network_policy"),
+    ("batch/v1", "Job"): Kind(client.BatchV1Api, "job"),
+    ("apps/v1", "Deployment"): Kind(client.AppsV1Api, "deployment"),
+}
+"""The kinds :meth:`Cluster.apply` knows, by ``(apiVersion, kind)``. Secrets are absent on purpose:
+no credentials go into a job's namespace."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One object :meth:`Cluster.apply` wrote: ``created`` False when it existed and was patched."""
+
+    kind: str
+    namespace: str | None
+    name: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A namespace as listed: ``terminating`` once its deletion started (it may linger a while)."""
+
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    terminating: bool
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Objects listed at once, and the ``resourceVersion`` a watch resumes from."""
+
+    items: list[Json]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change a watch saw: ``ADDED``, ``MODIFIED`` or ``DELETED`` and the object after it."""
+
+    type: Literal["ADDED", "MODIFIED", "DELETED"]
+    object: Json
+
+
+class WatchExpired(ResontechError):
+    """The watch's ``resourceVersion`` is too old (410 Gone): list again, then watch from there."""
+
+    code = "watch_expired"
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """One container of a pod, as the kubelet reports it.
+
+    Attributes:
+        state: ``waiting``, ``running``, ``terminated``, or ``unknown`` when not reported yet.
+        reason: why it waits or ended (``ImagePullBackOff``, ``Completed``, ``OOMKilled``...).
+        exit_code: the exit code once terminated.
+        started_at: RFC 3339 time it started running, or empty.
+        finished_at: RFC 3339 time it terminated, or empty.
+    """
+
+    name: str
+    state: Literal["waiting", "running", "terminated", "unknown"]
+    reason: str = ""
+    exit_code: int | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One pod: its phase (``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``), node,
+    start time (RFC 3339, empty before the kubelet took it) and containers."""
+
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    phase: str
+    node: str
+    started_at: str
+    containers: tuple[ContainerState, ...]
+
+
+def _error(exc: Exception, what: str) -> ResontechError:
+    """The project's error for a failed call about ``what``."""
+    if isinstance(exc, client.ApiException):
+        status = int(exc.status or 0)
+        try:
+            body = json.loads(exc.body or "{}")
+        except ValueError:
+            body = {}
+        reason = str(body.get("reason") or exc.reason or "")
+        message = f"{what}: {status} {reason}: {body.get('message') or exc.reason}"
+        if status == 404:
+            return NotFound(message)
+        if 400 <= status < 500:
+            return ClusterRefused(message, status=status, reason=reason)
+        return ClusterUnreachable(message)
+    return ClusterUnreachable(f"{what}: {type(exc).__name__}: {exc}")
+
+
+_FAILURES = (client.ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def _call(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+    """Call one client method, blocking: the raw urllib3 response, or the project's error."""
+    try:
+        return fn(*args, _preload_content=False, _request_timeout=TIMEOUT_S, **kwargs)
+    except _FAILURES as exc:
+        raise _error(exc, what) from exc
+
+
+def _json(response: Any) -> Json:
+    data = json.loads(response.data or b"{}")
+    if not isinstance(data, dict):
+        raise ClusterUnreachable(f"the API server answered {type(data).__name__}, not an object")
+    return data
+
+
+def _order(manifests: list[Json]) -> list[Json]:
+    """Namespaces first (what goes in them needs them), the rest in the order given."""
+    return sorted(manifests, key=lambda m: m.get("kind") != "Namespace")
+
+
+class Cluster:
+    """One Kubernetes API server, as the dispatcher uses it. Every method is a coroutine that runs
+    the blocking client in a thread; close it with :meth:`close`."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._core = client.CoreV1Api(api)
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path | None = None, *, context: str | None = None) -> Cluster:
+        """A cluster from a kubeconfig file (default: ``$KUBECONFIG``, else ``~/.kube/config``) and
+        one of its contexts (default: its current context).
+
+        Raises:
+            ConfigError: the file is missing or does not name a usable cluster.
+        """
+        configuration = client.Configuration()
+        try:
+            config.load_kube_config(
+                config_file=str(path) if path else None,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except (config.ConfigException, OSError, ValueError) as exc:
+            raise ConfigError(f"kubeconfig {path or '(default)'}: {exc}") from exc
+        return cls(client.ApiClient(configuration))
+
+    @classmethod
+    def in_cluster(cls) -> Cluster:
+        """A cluster from the service account of the pod this process runs in.
+
+        Raises:
+            ConfigError: not running in a pod (no service-account token or environment).
+        """
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException as exc:
+            raise ConfigError(f"in-cluster configuration: {exc}") from exc
+        return cls(client.ApiClient(configuration))
+
+    def close(self) -> None:
+        """Release the client's connections."""
+        self.api.close()
+
+    async def apply(self, manifests: list[Json]) -> list[Applied]:
+        """Create each object, Namespaces first, then in the order given. One that already exists
+        (409) is patched with the manifest instead (strategic merge), so applying again after a
+        crash converges and never fails on what the first attempt made.
+
+        Raises:
+            InvalidInput: a manifest of a kind not in :data:`KINDS`, with no name, or namespaced
+                and without ``metadata.namespace`` (the dispatcher never relies on a default).
+            ClusterRefused: the server refused one (the earlier ones stay: apply again).
+            ClusterUnreachable: the server did not answer.
+        """
+        return [await asyncio.to_thread(self._apply_one, manifest) for manifest in _order(manifests)]
+
+    def _apply_one(self, manifest: Json) -> Applied:
+        kind = KINDS.get((str(manifest.get("apiVersion")), str(manifest.get("kind"))))
+        meta = manifest.get("metadata") or {}
+        name, namespace = meta.get("name"), meta.get("namespace")
+        what = f"{manifest.get('kind')} {namespace}/{name}" if namespace else f"{manifest.get('kind')} {name}"
+        if kind is None or not name or (kind.namespaced and not namespace):
+            raise InvalidInput(f"cannot apply {what} ({manifest.get('apiVersion')}): unknown kind or no name")
+        api = kind.api(self.api)
+        scope = (namespace,) if kind.namespaced else ()
+        infix = "namespaced_" if kind.namespaced else ""
+        try:
+            _call(getattr(api, f"create_{infix}{kind.suffix}"), *scope, manifest, what=f"create {what}")
+            return Applied(str(manifest["kind"]), namespace, name, created=True)
+        except ClusterRefused as exc:
+            if exc.status != 409:
+                raise
+        _call(getattr(api, f"patch_{infix}{kind.suffix}"), name, *scope, manifest, what=f"patch {what}")
+        return Applied(str(manifest["kind"]), namespace, name, created=False)
+
+    async def delete_namespace(self, name: str) -> bool:
+        """Delete a namespace and, through the namespace controller, everything in it.
+
+        Returns:
+            True when the deletion started (or was already under way), False when there was no
+            such namespace: deleting twice is not an error.
+        """
+        options = client.V1DeleteOptions(propagation_policy="Background")
+        try:
+            await asyncio.to_thread(
+                _call, self._core.delete_namespace, name, body=options, what=f"delete namespace {name}"
+            )
+        except NotFound:
+            return False
+        except ClusterRefused as exc:
+            if exc.status != 409:  # 409: its deletion is already under way
+                raise
+        return True
+
+    async def namespaces(self, label_selector: str) -> list[Namespace]:
+        """The namespaces whose labels match ``label_selector`` (e.g.
+        ``app.kubernetes.io/managed-by=resontech-dispatcher``), terminating ones included."""
+        listing = await self._list(self._core.list_namespace, "namespaces", label_selector=label_selector)
+        return [_namespace(item) for item in listing.items]
+
+    async def objects(
+        self, api_version: str, kind: str, namespace: str | None = None, label_selector: str = ""
+    ) -> list[Json]:
+        """The objects of one kind in :data:`KINDS` whose labels match, in ``namespace`` (``None``:
+        in every namespace), as JSON: what reconciliation compares with the schedule.
+
+        Raises:
+            InvalidInput: a kind not in :data:`KINDS`.
+        """
+        found = KINDS.get((api_version, kind))
+        if found is None:
+            raise InvalidInput(f"cannot list {kind} ({api_version}): not a kind the dispatcher uses")
+        api, what = found.api(self.api), f"{kind} objects"
+        if not found.namespaced:
+            listing = await self._list(
+                getattr(api, f"list_{found.suffix}"), what, label_selector=label_selector
+            )
+        elif namespace is None:
+            method = getattr(api, f"list_{found.suffix}_for_all_namespaces")
+            listing = await self._list(method, what, label_selector=label_selector)
+        else:
+            method = getattr(api, f"list_namespaced_{found.suffix}")
+            listing = await self._list(method, what, namespace, label_selector=label_selector)
+        return listing.items
+
+    async def nodes(self) -> Listing:
+        """Every node, as JSON (see :mod:`ops.dispatcher.nodes`), and the list's resourceVersion.
+
+        Served from the API server's watch cache (``resourceVersion=0``): cheap enough to poll.
+        """
+        return await self._list(self._core.list_node, "nodes", resource_version="0")
+
+    async def watch_nodes(self, since: str = "", *, timeout_s: int = 60) -> AsyncIterator[WatchEvent]:
+        """The changes to nodes after ``since`` (a :class:`Listing`'s resourceVersion) until the
+        server ends the watch after ``timeout_s`` seconds, or nothing came for ``timeout_s + 30``.
+        The caller then watches again from the last ``metadata.resourceVersion`` it saw, or lists
+        again; a server may replay the current nodes as ``ADDED`` first, so handle events as states.
+
+        Raises:
+            WatchExpired: ``since`` is too old: list again.
+            ClusterUnreachable: the server did not answer.
+        """
+        response = await asyncio.to_thread(
+            _watch_request, self._core.list_node, since=since, timeout_s=timeout_s
+        )
+        lines = _lines(response)
+        try:
+            while (line := await asyncio.to_thread(_next_line, lines)) is not None:
+                if line.strip():
+                    yield _watch_event(line)
+        finally:
+            response.shutdown()  # wakes a read still blocked in its thread
+            response.release_conn()
+
+    async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]:
+        """The pods of ``namespace`` (``None``: of every namespace) whose labels match."""
+        if namespace is None:
+            listing = await self._list(
+                self._core.list_pod_for_all_namespaces, "pods", label_selector=label_selector
+            )
+        else:
+            listing = await self._list(
+                self._core.list_namespaced_pod, "pods", namespace, label_selector=label_selector
+            )
+        return [pod_state(item) for item in listing.items]
+
+    async def pod_log_tail(self, namespace: str, pod: str, lines: int = 50, container: str = "") -> str:
+        """The last ``lines`` lines of a pod's log (at most :data:`LOG_TAIL_BYTES`), decoded leniently.
+
+        Raises:
+            NotFound: no such pod (or container).
+        """
+        extra = {"container": container} if container else {}
+        response = await asyncio.to_thread(
+            _call,
+            self._core.read_namespaced_pod_log,
+            pod,
+            namespace,
+            tail_lines=max(1, lines),
+            limit_bytes=LOG_TAIL_BYTES,
+            what=f"log of pod {namespace}/{pod}",
+            **extra,
+        )
+        return bytes(response.data[-LOG_TAIL_BYTES:]).decode("utf-8", errors="replace")
+
+    async def _list(self, fn: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> Listing:
+        response = await asyncio.to_thread(_call, fn, *args, what=f"list {what}", **kwargs)
+        body = _json(response)
+        items = [item for item in body.get("items") or [] if isinstance(item, dict)]
+        return Listing(items, str((body.get("metadata") or {}).get("resourceVersion") or ""))
+
+
+def _namespace(item: Json) -> Namespace:
+    meta = item.get("metadata") or {}
+    phase = (item.get("status") or {}).get("phase")
+    return Namespace(
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        terminating=phase == "Terminating" or bool(meta.get("deletionTimestamp")),
+    )
+
+
+def pod_state(item: Json) -> PodState:
+    """A pod's JSON as a :class:`PodState` (missing fields read as not reported yet)."""
+    meta, spec, status = (item.get(k) or {} for k in ("metadata", "spec", "status"))
+    return PodState(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        phase=str(status.get("phase") or "Pending"),
+        node=str(spec.get("nodeName") or ""),
+        started_at=str(status.get("startTime") or ""),
+        containers=tuple(_container(c) for c in status.get("containerStatuses") or []),
+    )
+
+
+_STATES: tuple[Literal["terminated", "running", "waiting"], ...] = ("terminated", "running", "waiting")
+
+
+def _container(item: Json) -> ContainerState:
+    state = item.get("state") or {}
+    name, restarts = str(item.get("name", "")), int(item.get("restartCount") or 0)
+    for key in _STATES:
+        if state.get(key) is not None:
+            detail = state[key]
+            code = detail.get("exitCode")
+            return ContainerState(
+                name=name,
+                state=key,
+                reason=str(detail.get("reason") or ""),
+                exit_code=int(code) if code is not None else None,
+                started_at=str(detail.get("startedAt") or ""),
+                finished_at=str(detail.get("finishedAt") or ""),
+                restarts=restarts,
+            )
+    return ContainerState(name=name, state="unknown", restarts=restarts)
+
+
+def _watch_request(fn: Callable[..., Any], *, since: str, timeout_s: int) -> Any:
+    kwargs = {"resource_version": since} if since else {}
+    try:
+        return fn(
+            watch=True,
+            timeout_seconds=timeout_s,
+            allow_watch_bookmarks=False,
+            _preload_content=False,
+            _request_timeout=(TIMEOUT_S[0], timeout_s + 30),
+            **kwargs,
+        )
+    except _FAILURES as exc:
+        raise _error(exc, "watch") from exc
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The newline-delimited events of a watch response, as they arrive."""
+    pending = b""
+    for chunk in response.stream(4096, decode_content=True):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        yield from complete
+    if pending:
+        yield pending
+
+
+def _next_line(lines: Iterator[bytes]) -> bytes | None:
+    """The next line, or None when the server ended the watch or went quiet for the read timeout."""
+    try:
+        return next(lines, None)
+    except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+        return None
+    except _FAILURES as exc:
+        raise _error(exc, "watch") from exc
+
+
+def _watch_event(line: bytes) -> WatchEvent:
+    try:
+        event = json.loads(line)
+        kind, obj = event.get("type"), event.get("object") or {}
+    except (ValueError, AttributeError) as exc:
+        raise ClusterUnreachable(f"watch: not an event: {line[:200]!r}") from exc
+    match kind:
+        case "ADDED" | "MODIFIED" | "DELETED":
+            return WatchEvent(type=kind, object=obj)
+        case "ERROR" if obj.get("code") == 410:
+            raise WatchExpired(f"watch: {obj.get('message', 'resourceVersion too old')}")
+        case "ERROR":
+            raise ClusterUnreachable(f"watch: {obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+    raise ClusterUnreachable(f"watch: unexpected event type {kind!r}")
