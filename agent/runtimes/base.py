@@ -14,12 +14,10 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from core import workenv
 from core.errors import ResontechError
+from core.workenv import RESERVED_PREFIX as RESERVED_PREFIX  # warm.py reads it here
 from schemas.commands import StartWork, WorkSpec
-
-RESERVED_PREFIX = "RESONTECH_"
-"""The agent's namespace: a workload's own ``env`` cannot set these (the agent sets the ones it
-gives out; the agent's own NATS and S3 settings live here and are never passed on)."""
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -82,7 +80,7 @@ class Runtime(Protocol):
 
 def checkpoint_dir(workdir: Path) -> Path:
     """Where a workload writes the checkpoints its agent uploads (``$RESONTECH_CHECKPOINT_DIR``)."""
-    return workdir / "checkpoints"
+    return workdir / workenv.CHECKPOINTS
 
 
 def workload_env(
@@ -92,36 +90,13 @@ def workload_env(
     gpu_indices: list[int],
     host_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment of a workload, built from nothing rather than inherited.
-
-    It holds ``PATH`` and ``LANG`` from the host, ``HOME`` and ``TMPDIR`` inside ``workdir``, the
-    work's own ``env`` minus the reserved ``RESONTECH_`` names, the workload protocol's variables
+    """The environment of a workload, built from nothing rather than inherited: ``PATH`` and ``LANG``
+    from the host, then :func:`core.workenv.workload_env` (``HOME`` and ``TMPDIR`` inside ``workdir``,
+    the work's own ``env`` minus the reserved ``RESONTECH_`` names, the workload protocol's variables
     (see :mod:`agent.protocol`; the runtime adds ``RESONTECH_RESUME_PATH`` when it fetched the
-    checkpoint) and ``CUDA_VISIBLE_DEVICES`` (empty for CPU work, so that it sees no
-    GPU). Never the agent's NATS credentials, S3 keys or anything else of its environment.
+    checkpoint) and ``CUDA_VISIBLE_DEVICES``, empty for CPU work, so that it sees no GPU). Never the
+    agent's NATS credentials, S3 keys or anything else of its environment.
     """
     host = os.environ if host_env is None else host_env
-    env = {
-        "PATH": host.get("PATH") or DEFAULT_PATH,
-        "LANG": host.get("LANG") or "C.UTF-8",
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir / "tmp"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.update({k: v for k, v in command.spec.env.items() if not k.upper().startswith(RESERVED_PREFIX)})
-    env.update(
-        {
-            "RESONTECH_ASSIGNMENT_ID": command.assignment_id,
-            "RESONTECH_WORK_ID": command.work_id,
-            "RESONTECH_WORK_KIND": command.work_kind,
-            "RESONTECH_TENANT": command.tenant,
-            "RESONTECH_SLOT": str(command.slot),
-            "RESONTECH_EPOCH": str(command.epoch),
-            "RESONTECH_DATA_ROOT": str(workdir / "data"),
-            "RESONTECH_CHECKPOINT_DIR": str(checkpoint_dir(workdir)),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices),
-        }
-    )
-    if command.spec.resume_from:
-        env["RESONTECH_RESUME_FROM"] = command.spec.resume_from
-    return env
+    base = {"PATH": host.get("PATH") or DEFAULT_PATH, "LANG": host.get("LANG") or "C.UTF-8"}
+    return workenv.workload_env(command, str(workdir), gpu_indices=gpu_indices, base=base)

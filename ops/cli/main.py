@@ -241,6 +241,13 @@ def cmd_cordon(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_dispatcher_render(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.dispatcher.render import command
+
+    sys.stdout.write(command(args))
+    return 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     """Options every command takes, after the command name as well as before it."""
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -346,6 +353,22 @@ def _add_operator_commands(command: AddCommand) -> None:
     p.add_argument("--tenant", default="demo")
 
 
+def _add_dispatcher_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``dispatcher ...``: the Kubernetes dispatcher (a cluster as a pool, :mod:`ops.dispatcher`)."""
+    from ops.dispatcher.render import add_arguments
+
+    dispatcher = sub.add_parser("dispatcher", help="the Kubernetes dispatcher: a cluster as a pool")
+    commands = dispatcher.add_subparsers(
+        dest="dispatcher_command", required=True, metavar="DISPATCHER_COMMAND"
+    )
+    # `dispatcher run` (the service: nodes as workers, assignments as objects) is added here beside it.
+    help_text = "print the Kubernetes objects a job or endpoint spec becomes, as YAML (nothing is applied)"
+    p = commands.add_parser("render", help=help_text, description=help_text)
+    _common(p)
+    add_arguments(p)
+    p.set_defaults(handler=cmd_dispatcher_render)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``resontech`` parser: every process the stack runs, the operator's commands, and the user
     commands (:mod:`ops.cli.user`), in that order in ``--help``."""
@@ -363,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_commands(sub)
     _add_kernel_commands(command)
     _add_operator_commands(command)
+    _add_dispatcher_commands(sub)
     add_agent_arguments(command("agent", cmd_agent, "run the worker agent on this host (until SIGTERM)"))
     from ops.cli.user import register
 

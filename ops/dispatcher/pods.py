@@ -1,0 +1,269 @@
+"""The hardened pod every workload runs in, and the parts of it that carry what a tenant sent.
+
+Every pod: non-root (uid :attr:`RenderContext.run_as_user`), no privilege escalation, every capability
+dropped, seccomp ``RuntimeDefault``, a read-only root filesystem with two writable emptyDirs (the
+working dir ``/work`` and ``/tmp`` in memory), no service account token, no service links, no host
+network, PID, IPC or path. Inputs arrive through presigned URLs only: an init container (the fetcher,
+:mod:`ops.dispatcher.fetch`) reads them from a Secret mounted into it alone, fetches them into
+``/work`` and exits; the workload sees files, never the URLs, and there is no object-store credential
+anywhere in the namespace.
+
+What a tenant sends reaches a pod only as values: argv elements (never a shell), env values, file
+contents. Kubernetes expands ``$(NAME)`` in a container's command, args and env values, so every ``$``
+of a tenant's string is doubled (``$$`` is a literal ``$``): only the dispatcher's own references
+(the completion index, :data:`INDEX_REF`) expand. Env names must be C identifiers; an image must be a
+plain image reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from ops.dispatcher.context import RenderContext
+from ops.dispatcher.names import ManifestError
+from ops.dispatcher.policies import PodSize, mebibytes, millicores
+from schemas.commands import StartWork, WorkSpec
+
+Manifest = dict[str, Any]
+WORKDIR = PurePosixPath("/work")
+INPUTS_DIR = "/var/run/resontech/inputs"
+DOWNLOADS_FILE = "downloads.json"
+INDEX_ENV = "RESONTECH_SHARD_INDEX"
+"""The pod's completion index in an Indexed Job, from the downward API."""
+INDEX_REF = f"$({INDEX_ENV})"
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_IMAGE = re.compile(
+    r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?/)?"  # registry host[:port]/
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # path
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+
+
+def escape(value: str) -> str:
+    """``value`` as a literal for a container's command, args or env value: no ``$(NAME)`` in it
+    expands (Kubernetes reads ``$$`` as ``$``)."""
+    return value.replace("$", "$$")
+
+
+def image_of(options: Mapping[str, str], default: str) -> str:
+    """The image the work names (``options["image"]``), else ``default``.
+
+    Raises:
+        ManifestError: the named image is not a plain image reference.
+    """
+    image = options.get("image") or default
+    if len(image) > 512 or not _IMAGE.match(image):
+        raise ManifestError(f"image {image[:80]!r} is not an image reference (registry/name:tag[@digest])")
+    return image
+
+
+def env_list(env: Mapping[str, str], *, refs: Mapping[str, str] | None = None) -> list[Manifest]:
+    """``env`` as a container's ``env``: each value escaped, except in ``refs`` (the dispatcher's own
+    values, which may reference :data:`INDEX_REF`). The index comes first, so that others may use it.
+
+    Raises:
+        ManifestError: a name that is not a C identifier (at most 128 characters).
+    """
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ManifestError(f"env name {name[:80]!r} must be letters, digits and '_', not first a digit")
+    own = dict(refs or {})
+    items: list[Manifest] = [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
+    items = items if any(INDEX_REF in v for v in own.values()) else []
+    items += [{"name": k, "value": own[k] if k in own else escape(v)} for k, v in env.items()]
+    return items
+
+
+def relative_path(name: str, what: str) -> str:
+    """``name`` when it is a relative path inside the working dir (no ``..``, not absolute).
+
+    Raises:
+        ManifestError: it is not.
+    """
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in name:
+        raise ManifestError(f"{what} {name[:80]!r} must be a relative path inside the working dir")
+    return name
+
+
+def downloads_json(entries: Sequence[Mapping[str, str]]) -> str:
+    """The fetcher's list: ``{"path", "url"}`` and, for an archive, ``"unpack"`` (a folder)."""
+    for entry in entries:
+        relative_path(entry["path"], "download target")
+        if "unpack" in entry:
+            relative_path(entry["unpack"], "unpack folder")
+    return json.dumps(list(entries), indent=1, sort_keys=True)
+
+
+def resources(size: PodSize, ctx: RenderContext) -> Manifest:
+    """Requests equal to limits (a Guaranteed pod: it is evicted last and cannot burst)."""
+    amounts = {"cpu": millicores(size.cpus), "memory": mebibytes(size.memory_mb)}
+    if size.gpus:
+        amounts[ctx.gpu_resource] = str(size.gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def container_security() -> Manifest:
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def mounts(*, inputs: bool = False) -> list[Manifest]:
+    found: list[Manifest] = [
+        {"name": "work", "mountPath": str(WORKDIR)},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if inputs:
+        found.append({"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True})
+    return found
+
+
+def volumes(ctx: RenderContext, inputs_secret: str | None) -> list[Manifest]:
+    """The working dir and ``/tmp`` (emptyDirs), and the Secret with the fetcher's presigned URLs."""
+    found: list[Manifest] = [
+        {"name": "work", "emptyDir": {"sizeLimit": mebibytes(ctx.work_mb)}},
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": mebibytes(ctx.tmp_mb)}},
+    ]
+    if inputs_secret is not None:
+        secret = {"secretName": inputs_secret, "defaultMode": 0o440}
+        found.append({"name": "inputs", "secret": secret})
+    return found
+
+
+def fetcher(ctx: RenderContext, main: PodSize, *, has_inputs: bool) -> Manifest:
+    """The init container that prepares ``/work`` (``data``, ``checkpoints``, ``tmp``) and fetches
+    the inputs into it; never larger than the workload's own container (the quota holds the pod)."""
+    size = PodSize(min(ctx.fetcher_cpus, main.cpus), min(ctx.fetcher_memory_mb, main.memory_mb))
+    argv = [ctx.python, "-m", "ops.dispatcher.fetch", str(WORKDIR)]
+    if has_inputs:
+        argv.append(f"{INPUTS_DIR}/{DOWNLOADS_FILE}")
+    return {
+        "name": "fetch-inputs",
+        "image": ctx.default_image,
+        "command": argv,
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": resources(size, ctx),
+        "securityContext": container_security(),
+        "volumeMounts": mounts(inputs=has_inputs),
+    }
+
+
+def main_container(
+    name: str, image: str, argv: Sequence[str], env: list[Manifest], size: PodSize, ctx: RenderContext
+) -> Manifest:
+    """The workload's container: ``argv`` as the command (no shell), ``/work`` its working dir."""
+    return {
+        "name": name,
+        "image": image,
+        "command": list(argv),
+        "workingDir": str(WORKDIR),
+        "env": env,
+        "resources": resources(size, ctx),
+        "securityContext": container_security(),
+        "volumeMounts": mounts(),
+    }
+
+
+def node_affinity(nodes: Sequence[str]) -> Manifest | None:
+    """Pods on the nodes the kernel placed the work on (its workers), one per node when they differ."""
+    if not nodes:
+        return None
+    unique = sorted(set(nodes))
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": unique}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def pod_spec(
+    ctx: RenderContext,
+    containers: list[Manifest],
+    *,
+    init: list[Manifest],
+    inputs_secret: str | None,
+    restart: str,
+    gpus: int,
+    nodes: Sequence[str] = (),
+    spread: dict[str, str] | None = None,
+    subdomain: str | None = None,
+) -> Manifest:
+    """A hardened pod (see the module docstring). ``spread``: labels of sibling pods that must not share
+    a node with this one (the shards of a gang placed on distinct workers)."""
+    uid = ctx.run_as_user
+    spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": init,
+        "containers": containers,
+        "volumes": volumes(ctx, inputs_secret),
+    }
+    affinity = node_affinity(nodes)
+    if affinity is not None and spread and len(set(nodes)) == len(nodes) > 1:
+        term = {"labelSelector": {"matchLabels": spread}, "topologyKey": "kubernetes.io/hostname"}
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    if affinity is not None:
+        spec["affinity"] = affinity
+    if gpus:
+        spec["tolerations"] = [{"key": ctx.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+    if ctx.runtime_class:
+        spec["runtimeClassName"] = ctx.runtime_class
+    if subdomain:
+        spec["subdomain"] = subdomain
+    return spec
+
+
+def inputs_secret(
+    name: str, ns: str, labels: dict[str, str], entries: Sequence[Mapping[str, str]]
+) -> Manifest:
+    """The fetcher's presigned URLs (they grant an hour's read of the tenant's objects: a Secret, not
+    a ConfigMap), immutable."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {DOWNLOADS_FILE: downloads_json(entries)},
+    }
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One assignment to run: the kernel's ``start_work`` and the node it was placed on.
+
+    Attributes:
+        command: what the coordinator sent (its spec: runtime, argv, env, presigned downloads, sizes).
+        node: the Kubernetes node of the worker the kernel chose (``None``: the scheduler picks within
+            the quota, as ``render`` does).
+    """
+
+    command: StartWork
+    node: str | None = None
+
+
+def pod_size(spec: WorkSpec, memory_default_mb: int) -> PodSize:
+    """What the workload's container may use: the assignment's CPUs, memory (or ``memory_default_mb``
+    when it names none) and GPUs."""
+    return PodSize(spec.cpus, spec.memory_mb or memory_default_mb, spec.gpus)
