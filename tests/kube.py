@@ -22,13 +22,17 @@ What it does not, and what this harness does instead:
   namespace). :class:`ClusterEmulator` serves Namespace create, get, list, patch and delete itself,
   stored in kmock's ``objects`` under ``v1/namespaces``; deleting one deletes every object in it
   at once, with ``DELETED`` events, as the namespace controller would (on a real cluster the
-  namespace stays ``Terminating`` for a while first: not emulated). No watch on namespaces.
+  namespace stays ``Terminating`` for a while first: not emulated). Creating an object in a
+  namespace that does not exist answers 404, as a real server does. No watch on namespaces.
 - **Label selectors** are ignored by kmock: the harness filters lists and watches by
   ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``; set-based forms answer 400).
 - **watch=True**: the official client sends ``watch=True`` (the API server's ``ParseBool`` takes it),
   kmock only knows ``watch=true`` and answers a list instead; the harness lowercases it.
 - **Pod logs**: kmock answers ``/log`` with the pod's JSON. The harness serves text set with
   :meth:`Kube.set_log`, honouring ``tailLines`` (404 when the pod does not exist).
+- **Subresources**: a ``/status`` patch merges into the whole object, and so does a patch of the
+  object itself, status included (a real server keeps the two apart). A create that a test's
+  reaction refuses (``mock["post", ...] << kmock.KubernetesError(status=403)``) is stored anyway.
 - Not emulated at all, so not tested here: controllers (a Job makes no pods, a Deployment no
   ReplicaSet: tests create the pods a controller would, with :meth:`Kube.add_pod`), server-set
   metadata (no uid, resourceVersion, creationTimestamp; a list's resourceVersion is ``"..."``),
@@ -74,6 +78,7 @@ KNOWN_RESOURCES = {
     "autoscaling/v2/horizontalpodautoscalers": True,
 }
 _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
+_IN_NAMESPACE = re.compile(r"/apis?/.+/namespaces/([^/]+)/[^/]+/?")
 _SELECTOR_TERM = re.compile(r"(!?)([\w./-]+)(?:(==|=|!=)([\w.-]*))?")
 
 
@@ -124,6 +129,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             url = raw_request.rel_url.update_query(watch="true")
             raw_request = raw_request.clone(rel_url=url)
         match = _NAMESPACE_PATH.fullmatch(raw_request.path)
+        inside = _IN_NAMESPACE.fullmatch(raw_request.path)
+        if raw_request.method == "POST" and inside and not self.has_namespace(inside.group(1)):
+            return _status(404, "NotFound", f'namespaces "{inside.group(1)}" not found')
         if match is None:
             return await super().__call__(raw_request)
         try:
@@ -131,11 +139,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         except ValueError as exc:
             return _status(400, "BadRequest", str(exc))
 
+    def has_namespace(self, name: str) -> bool:
+        """Whether the namespace exists (and is not deleted)."""
+        key = (NAMESPACES, None, name)
+        return key in self.objects and not self.objects[key].deleted
+
     async def _serve_namespace(self, raw: aiohttp.web.BaseRequest, name: str | None) -> aiohttp.web.Response:
         body = await raw.json() if raw.can_read_body else None
         if name is None and raw.method == "POST":
             name = str(body["metadata"]["name"])
-            if (NAMESPACES, None, name) in self.objects and not self.objects[NAMESPACES, None, name].deleted:
+            if self.has_namespace(name):
                 return _status(409, "AlreadyExists", f'namespaces "{name}" already exists')
             self.objects[NAMESPACES, None, name] = body | {"status": {"phase": "Active"}}
             return aiohttp.web.json_response(self.objects[NAMESPACES, None, name].raw, status=201)
@@ -149,9 +162,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 if resource == NAMESPACES and not obj.deleted and selects(selector, _labels(obj.raw))
             ]
             return aiohttp.web.json_response({"kind": "NamespaceList", "items": items})
-        key = (NAMESPACES, None, name)
-        if name is None or key not in self.objects or self.objects[key].deleted:
+        if name is None or not self.has_namespace(name):
             return _status(404, "NotFound", f'namespaces "{name}" not found')
+        key = (NAMESPACES, None, name)
         if raw.method == "PATCH":
             self.objects[key].patch(body)
         elif raw.method == "DELETE":

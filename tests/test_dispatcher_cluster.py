@@ -91,6 +91,8 @@ async def test_apply_refuses_unknown_kinds_unnamed_and_unnamespaced_objects(clus
     for manifest in (secret, no_namespace, no_name):
         with pytest.raises(InvalidInput):
             await cluster.apply([manifest])
+    with pytest.raises(NotFound, match="namespaces"):  # the server refuses objects of no namespace
+        await cluster.apply(job_objects("rt-acme-job-1")[:-1])
 
 
 async def test_objects_and_namespaces_list_by_label(cluster: Cluster) -> None:

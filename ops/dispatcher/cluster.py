@@ -253,11 +253,13 @@ class Cluster:
     async def apply(self, manifests: list[Json]) -> list[Applied]:
         """Create each object, Namespaces first, then in the order given. One that already exists
         (409) is patched with the manifest instead (strategic merge), so applying again after a
-        crash converges and never fails on what the first attempt made.
+        crash converges and never fails on what the first attempt made. A changed immutable
+        field (a Job's pod template) is refused (422): delete the namespace to start over.
 
         Raises:
             InvalidInput: a manifest of a kind not in :data:`KINDS`, with no name, or namespaced
                 and without ``metadata.namespace`` (the dispatcher never relies on a default).
+            NotFound: the namespace of an object does not exist (and was not in ``manifests``).
             ClusterRefused: the server refused one (the earlier ones stay: apply again).
             ClusterUnreachable: the server did not answer.
         """
