@@ -219,3 +219,13 @@ async def test_failures_become_the_projects_errors(kube: Kube, tmp_path: Path) -
     with pytest.raises(ClusterUnreachable):
         await cluster.nodes()
     cluster.close()
+
+
+def test_the_harness_selects_labels_as_a_server_does_or_refuses_the_form() -> None:
+    from tests.kube import selects
+
+    pod = {"app": "x", "tier": "gpu"}
+    assert selects("", pod) and selects("app=x", pod) and selects("app==x,tier", pod)
+    assert selects("app!=y,!zone", pod) and not selects("app=y", pod) and not selects("tier,zone", pod)
+    with pytest.raises(ValueError):
+        selects("app in (x,y)", pod)
