@@ -16,7 +16,7 @@ import kmock
 import pytest
 
 from core.errors import ConfigError, InvalidInput, NotFound
-from ops.dispatcher.cluster import Cluster, ClusterRefused, ClusterUnreachable, WatchEvent
+from ops.dispatcher.cluster import Cluster, ClusterRefused, ClusterUnreachable, WatchEvent, WatchExpired
 from ops.dispatcher.nodes import node_worker
 from ops.ports import free_port
 
@@ -229,3 +229,12 @@ def test_the_harness_selects_labels_as_a_server_does_or_refuses_the_form() -> No
     assert selects("app!=y,!zone", pod) and not selects("app=y", pod) and not selects("tier,zone", pod)
     with pytest.raises(ValueError):
         selects("app in (x,y)", pod)
+
+
+async def test_a_watch_from_a_too_old_version_says_list_again(kube: Kube, cluster: Cluster) -> None:
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version: 1 (99)"}
+    kube.mock[kmock.action.WATCH, kmock.resource("", "v1", "nodes")] << ({"type": "ERROR", "object": gone},)
+    with pytest.raises(WatchExpired, match="too old"):
+        async with aclosing(cluster.watch_nodes("1", timeout_s=5)) as events:
+            async for _ in events:
+                pass
