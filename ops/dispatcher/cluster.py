@@ -30,6 +30,7 @@ import urllib3
 from kubernetes import client, config
 
 from core.errors import ConfigError, InvalidInput, NotFound, ResontechError
+from ops.dispatcher.podstate import PodState, pod_state
 
 Json = dict[str, Any]
 """An object as the API server sends it (``metadata``, ``spec``, ``status``...)."""
@@ -68,6 +69,14 @@ class Kind:
     api: type
     suffix: str
     namespaced: bool = True
+
+    def method(self, api_client: client.ApiClient, verb: str, *, everywhere: bool = False) -> Any:
+        """The client's method to ``verb`` (``create``, ``patch``, ``list``) objects of this kind,
+        in one namespace, or ``everywhere`` (across namespaces: ``list`` only)."""
+        api, scope = self.api(api_client), "namespaced_" if self.namespaced else ""
+        if self.namespaced and everywhere:
+            return getattr(api, f"{verb}_{self.suffix}_for_all_namespaces")
+        return getattr(api, f"{verb}_{scope}{self.suffix}")
 
 
 KINDS: dict[tuple[str, str], Kind] = {
@@ -126,41 +135,6 @@ class WatchExpired(ResontechError):
     """The watch's ``resourceVersion`` is too old (410 Gone): list again, then watch from there."""
 
     code = "watch_expired"
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    """One container of a pod, as the kubelet reports it.
-
-    Attributes:
-        state: ``waiting``, ``running``, ``terminated``, or ``unknown`` when not reported yet.
-        reason: why it waits or ended (``ImagePullBackOff``, ``Completed``, ``OOMKilled``...).
-        exit_code: the exit code once terminated.
-        started_at: RFC 3339 time it started running, or empty.
-        finished_at: RFC 3339 time it terminated, or empty.
-    """
-
-    name: str
-    state: Literal["waiting", "running", "terminated", "unknown"]
-    reason: str = ""
-    exit_code: int | None = None
-    started_at: str = ""
-    finished_at: str = ""
-    restarts: int = 0
-
-
-@dataclass(frozen=True)
-class PodState:
-    """One pod: its phase (``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``), node,
-    start time (RFC 3339, empty before the kubelet took it) and containers."""
-
-    namespace: str
-    name: str
-    labels: dict[str, str]
-    phase: str
-    node: str
-    started_at: str
-    containers: tuple[ContainerState, ...]
 
 
 def _error(exc: Exception, what: str) -> ResontechError:
@@ -272,16 +246,14 @@ class Cluster:
         what = f"{manifest.get('kind')} {namespace}/{name}" if namespace else f"{manifest.get('kind')} {name}"
         if kind is None or not name or (kind.namespaced and not namespace):
             raise InvalidInput(f"cannot apply {what} ({manifest.get('apiVersion')}): unknown kind or no name")
-        api = kind.api(self.api)
         scope = (namespace,) if kind.namespaced else ()
-        infix = "namespaced_" if kind.namespaced else ""
         try:
-            _call(getattr(api, f"create_{infix}{kind.suffix}"), *scope, manifest, what=f"create {what}")
+            _call(kind.method(self.api, "create"), *scope, manifest, what=f"create {what}")
             return Applied(str(manifest["kind"]), namespace, name, created=True)
         except ClusterRefused as exc:
             if exc.status != 409:
                 raise
-        _call(getattr(api, f"patch_{infix}{kind.suffix}"), name, *scope, manifest, what=f"patch {what}")
+        _call(kind.method(self.api, "patch"), name, *scope, manifest, what=f"patch {what}")
         return Applied(str(manifest["kind"]), namespace, name, created=False)
 
     async def delete_namespace(self, name: str) -> bool:
@@ -321,17 +293,10 @@ class Cluster:
         found = KINDS.get((api_version, kind))
         if found is None:
             raise InvalidInput(f"cannot list {kind} ({api_version}): not a kind the dispatcher uses")
-        api, what = found.api(self.api), f"{kind} objects"
-        if not found.namespaced:
-            listing = await self._list(
-                getattr(api, f"list_{found.suffix}"), what, label_selector=label_selector
-            )
-        elif namespace is None:
-            method = getattr(api, f"list_{found.suffix}_for_all_namespaces")
-            listing = await self._list(method, what, label_selector=label_selector)
-        else:
-            method = getattr(api, f"list_namespaced_{found.suffix}")
-            listing = await self._list(method, what, namespace, label_selector=label_selector)
+        everywhere = namespace is None or not found.namespaced
+        scope = () if everywhere else (namespace,)
+        method = found.method(self.api, "list", everywhere=everywhere)
+        listing = await self._list(method, f"{kind} objects", *scope, label_selector=label_selector)
         return listing.items
 
     async def nodes(self) -> Listing:
@@ -365,15 +330,7 @@ class Cluster:
 
     async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]:
         """The pods of ``namespace`` (``None``: of every namespace) whose labels match."""
-        if namespace is None:
-            listing = await self._list(
-                self._core.list_pod_for_all_namespaces, "pods", label_selector=label_selector
-            )
-        else:
-            listing = await self._list(
-                self._core.list_namespaced_pod, "pods", namespace, label_selector=label_selector
-            )
-        return [pod_state(item) for item in listing.items]
+        return [pod_state(item) for item in await self.objects("v1", "Pod", namespace, label_selector)]
 
     async def pod_log_tail(self, namespace: str, pod: str, lines: int = 50, container: str = "") -> str:
         """The last ``lines`` lines of a pod's log (at most :data:`LOG_TAIL_BYTES`), decoded leniently.
@@ -410,42 +367,6 @@ def _namespace(item: Json) -> Namespace:
         annotations=dict(meta.get("annotations") or {}),
         terminating=phase == "Terminating" or bool(meta.get("deletionTimestamp")),
     )
-
-
-def pod_state(item: Json) -> PodState:
-    """A pod's JSON as a :class:`PodState` (missing fields read as not reported yet)."""
-    meta, spec, status = (item.get(k) or {} for k in ("metadata", "spec", "status"))
-    return PodState(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        labels=dict(meta.get("labels") or {}),
-        phase=str(status.get("phase") or "Pending"),
-        node=str(spec.get("nodeName") or ""),
-        started_at=str(status.get("startTime") or ""),
-        containers=tuple(_container(c) for c in status.get("containerStatuses") or []),
-    )
-
-
-_STATES: tuple[Literal["terminated", "running", "waiting"], ...] = ("terminated", "running", "waiting")
-
-
-def _container(item: Json) -> ContainerState:
-    state = item.get("state") or {}
-    name, restarts = str(item.get("name", "")), int(item.get("restartCount") or 0)
-    for key in _STATES:
-        if state.get(key) is not None:
-            detail = state[key]
-            code = detail.get("exitCode")
-            return ContainerState(
-                name=name,
-                state=key,
-                reason=str(detail.get("reason") or ""),
-                exit_code=int(code) if code is not None else None,
-                started_at=str(detail.get("startedAt") or ""),
-                finished_at=str(detail.get("finishedAt") or ""),
-                restarts=restarts,
-            )
-    return ContainerState(name=name, state="unknown", restarts=restarts)
 
 
 def _watch_request(fn: Callable[..., Any], *, since: str, timeout_s: int) -> Any:
