@@ -28,6 +28,8 @@ What it does not, and what this harness does instead:
   ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``; set-based forms answer 400).
 - **watch=True**: the official client sends ``watch=True`` (the API server's ``ParseBool`` takes it),
   kmock only knows ``watch=true`` and answers a list instead; the harness lowercases it.
+- **Unseen resources**: kmock lists a resource only once it holds an object of it (404 before);
+  the harness declares the dispatcher's resources, so an empty namespace lists as empty.
 - **Pod logs**: kmock answers ``/log`` with the pod's JSON. The harness serves text set with
   :meth:`Kube.set_log`, honouring ``tailLines`` (404 when the pod does not exist).
 - **Subresources**: a ``/status`` patch merges into the whole object, and so does a patch of the
@@ -36,13 +38,20 @@ What it does not, and what this harness does instead:
 - Not emulated at all, so not tested here: controllers (a Job makes no pods, a Deployment no
   ReplicaSet: tests create the pods a controller would, with :meth:`Kube.add_pod`), server-set
   metadata (no uid, resourceVersion, creationTimestamp; a list's resourceVersion is ``"..."``),
-  ``timeoutSeconds`` on watches, ``resourceVersion`` semantics, 410 Gone, PUT (replace: 404),
+  ``timeoutSeconds`` on watches, ``resourceVersion`` semantics and 410 Gone (a test injects an
+  ``ERROR`` event with a reaction instead), PUT (replace: 404),
   ``deletecollection`` (404), strategic-merge semantics for lists, field selectors, admission
   (quotas, NetworkPolicy enforcement, schema validation: manifests are checked with
   ``kubernetes-validate`` instead), authentication and RBAC (any token passes).
 
 State changes a test injects go through HTTP (``PATCH`` of ``/status``, as the kubelet and node
 controller do), so watchers see them: :meth:`Kube.set_pod_phase`, :meth:`Kube.set_node_ready`.
+Failures are reactions, which win over the emulator:
+``kube.mock["get /api/v1/nodes"] << kmock.KubernetesError(status=500)``.
+
+A test module uses the fixture with ``pytest_plugins = ("tests.kube",)``, importing :class:`Kube`
+only under ``TYPE_CHECKING`` (imported earlier, this module would escape pytest's assert rewriting);
+other tests never import kmock's emulator or the client.
 """
 
 from __future__ import annotations
