@@ -51,7 +51,8 @@ Failures are reactions, which win over the emulator:
 
 A test module uses the fixture with ``pytest_plugins = ("tests.kube",)``, importing :class:`Kube`
 only under ``TYPE_CHECKING`` (imported earlier, this module would escape pytest's assert rewriting);
-other tests never import kmock's emulator or the client.
+other test modules do not import the ``kubernetes`` client (kmock's own pytest plugin, with its
+``kmock`` fixture, is loaded in every run by its entry point anyway).
 """
 
 from __future__ import annotations
