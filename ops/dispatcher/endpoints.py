@@ -35,7 +35,7 @@ from typing import Any
 from core.workenv import workload_env
 from ops.dispatcher import pods
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.names import ASSIGNMENT, ASSIGNMENT_ID, EPOCH, ROLE, SLOT, ManifestError, label_value
+from ops.dispatcher.names import ASSIGNMENT, ASSIGNMENT_ID, EPOCH, REPLICA, ROLE, ManifestError, label_value
 from ops.dispatcher.pods import WORKDIR, Dispatch, escape
 from ops.dispatcher.policies import PodSize, metadata
 from schemas.commands import StartWork
@@ -123,7 +123,7 @@ def replica_objects(
         raise ManifestError(f"runtime {cmd.spec.runtime!r} is not a replica's (vllm)")
     name = replica_name(cmd)
     size = pods.pod_size(cmd.spec, ctx.replica_memory_mb)
-    own = {ROLE: "replica", SLOT: str(cmd.slot), ASSIGNMENT: label_value(cmd.assignment_id)}
+    own = {ROLE: "replica", REPLICA: str(cmd.slot), ASSIGNMENT: label_value(cmd.assignment_id)}
     pod_labels = {**labels, EPOCH: str(cmd.epoch), **own}
     container = _container(cmd, f"{name}-key", size, ctx)
     downloads = [
@@ -133,7 +133,7 @@ def replica_objects(
     init = [pods.fetcher(ctx, size, has_inputs=inputs is not None)]
     spec = pods.pod_spec(
         ctx, [container], init=init, inputs_secret=inputs, restart="Always", gpus=cmd.spec.gpus,
-        nodes=[dispatch.node] if dispatch.node else [],
+        node=dispatch.node,
     )  # fmt: skip
     annotations = {ASSIGNMENT_ID: cmd.assignment_id}
     deployment = {

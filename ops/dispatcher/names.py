@@ -23,7 +23,10 @@ WORK = f"{DOMAIN}/work"
 WORK_KIND = f"{DOMAIN}/work-kind"
 EPOCH = f"{DOMAIN}/epoch"
 ROLE = f"{DOMAIN}/role"
-SLOT = f"{DOMAIN}/slot"
+SHARD = f"{DOMAIN}/shard"
+"""A job shard's slot, on its Job and pod."""
+REPLICA = f"{DOMAIN}/replica"
+"""An endpoint replica's slot, on its Deployment, Service and pod."""
 ASSIGNMENT = f"{DOMAIN}/assignment"
 TENANT_ID = f"{DOMAIN}/tenant-id"
 """Annotations with the exact ids (label values may be sanitized)."""
@@ -67,11 +70,16 @@ def namespace_name(prefix: str, tenant: str, work_id: str, kind: str) -> str:
 
 def label_value(value: str) -> str:
     """``value`` as a label value: itself when valid, else sanitized and suffixed with its hash."""
-    if len(value) <= MAX_NAME and _LABEL_VALUE.match(value):
+    if is_label_value(value):
         return value
     clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[: MAX_NAME - HASH_LEN - 1]
     clean = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", clean)
     return f"{clean}-{digest(value)}" if clean else digest(value)
+
+
+def is_label_value(value: str) -> bool:
+    """Whether ``value`` is a valid label value as it is."""
+    return len(value) <= MAX_NAME and bool(_LABEL_VALUE.match(value))
 
 
 def is_dns_label(name: str) -> bool:

@@ -10,8 +10,8 @@ anywhere in the namespace.
 
 What a tenant sends reaches a pod only as values: argv elements (never a shell), env values, file
 contents. Kubernetes expands ``$(NAME)`` in a container's command, args and env values, so every ``$``
-of a tenant's string is doubled (``$$`` is a literal ``$``): only the dispatcher's own references
-(the completion index, :data:`INDEX_REF`) expand. Env names must be C identifiers; an image must be a
+of a tenant's string is doubled (``$$`` is a literal ``$``), and so is every ``$`` of the
+dispatcher's own values: nothing expands. Env names must be C identifiers; an image must be a
 plain image reference.
 """
 
@@ -25,7 +25,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.names import ManifestError
+from ops.dispatcher.names import ManifestError, is_label_value
 from ops.dispatcher.policies import PodSize, mebibytes, millicores
 from schemas.commands import StartWork, WorkSpec
 
@@ -33,10 +33,6 @@ Manifest = dict[str, Any]
 WORKDIR = PurePosixPath("/work")
 INPUTS_DIR = "/var/run/resontech/inputs"
 DOWNLOADS_FILE = "downloads.json"
-INDEX_ENV = "RESONTECH_SHARD_INDEX"
-"""The pod's completion index in an Indexed Job, from the downward API."""
-INDEX_REF = f"$({INDEX_ENV})"
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _IMAGE = re.compile(
     r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?/)?"  # registry host[:port]/
@@ -63,9 +59,8 @@ def image_of(options: Mapping[str, str], default: str) -> str:
     return image
 
 
-def env_list(env: Mapping[str, str], *, refs: Mapping[str, str] | None = None) -> list[Manifest]:
-    """``env`` as a container's ``env``: each value escaped, except in ``refs`` (the dispatcher's own
-    values, which may reference :data:`INDEX_REF`). The index comes first, so that others may use it.
+def env_list(env: Mapping[str, str]) -> list[Manifest]:
+    """``env`` as a container's ``env``, every value escaped (no ``$(NAME)`` in it expands).
 
     Raises:
         ManifestError: a name that is not a C identifier (at most 128 characters).
@@ -73,11 +68,7 @@ def env_list(env: Mapping[str, str], *, refs: Mapping[str, str] | None = None) -
     for name in env:
         if not _ENV_NAME.match(name):
             raise ManifestError(f"env name {name[:80]!r} must be letters, digits and '_', not first a digit")
-    own = dict(refs or {})
-    items: list[Manifest] = [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
-    items = items if any(INDEX_REF in v for v in own.values()) else []
-    items += [{"name": k, "value": own[k] if k in own else escape(v)} for k, v in env.items()]
-    return items
+    return [{"name": k, "value": escape(v)} for k, v in env.items()]
 
 
 def relative_path(name: str, what: str) -> str:
@@ -176,15 +167,6 @@ def main_container(
     }
 
 
-def node_affinity(nodes: Sequence[str]) -> Manifest | None:
-    """Pods on the nodes the kernel placed the work on (its workers), one per node when they differ."""
-    if not nodes:
-        return None
-    unique = sorted(set(nodes))
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": unique}]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
-
-
 def pod_spec(
     ctx: RenderContext,
     containers: list[Manifest],
@@ -193,12 +175,10 @@ def pod_spec(
     inputs_secret: str | None,
     restart: str,
     gpus: int,
-    nodes: Sequence[str] = (),
-    spread: dict[str, str] | None = None,
+    node: str | None = None,
     subdomain: str | None = None,
 ) -> Manifest:
-    """A hardened pod (see the module docstring). ``spread``: labels of sibling pods that must not share
-    a node with this one (the shards of a gang placed on distinct workers)."""
+    """A hardened pod (see the module docstring), on ``node`` (the kernel's choice) when given."""
     uid = ctx.run_as_user
     spec: Manifest = {
         "automountServiceAccountToken": False,
@@ -219,12 +199,10 @@ def pod_spec(
         "containers": containers,
         "volumes": volumes(ctx, inputs_secret),
     }
-    affinity = node_affinity(nodes)
-    if affinity is not None and spread and len(set(nodes)) == len(nodes) > 1:
-        term = {"labelSelector": {"matchLabels": spread}, "topologyKey": "kubernetes.io/hostname"}
-        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
-    if affinity is not None:
-        spec["affinity"] = affinity
+    if node:
+        if not is_label_value(node):
+            raise ManifestError(f"node {node[:80]!r} is not a valid kubernetes.io/hostname label value")
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if gpus:
         spec["tolerations"] = [{"key": ctx.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
     if ctx.runtime_class:

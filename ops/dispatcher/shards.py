@@ -1,19 +1,19 @@
-"""A job's shards as Indexed Jobs, torchrun's headless Service, and a federated job's FL server.
+"""A job's shards as Jobs, torchrun's headless Service, and a federated job's FL server.
 
-**One pod per shard, in an Indexed Job** (``completionMode: Indexed``, ``backoffLimit: 0``: a failed
-pod fails its Job, and the kernel decides what follows: it re-places a lost or failed shard at a new
-epoch, a DDP gang whole, from the last checkpoint; Kubernetes restarting a shard by itself would run
-it behind the kernel's back, unmetered and at a stale epoch). The shards of one placement share one
-Indexed Job (``shards-e<epoch>``) when they differ only by what the completion index gives: the slot,
-the assignment id (``<work>-s<slot>-e<epoch>``) and torchrun's node rank, all ``$(RESONTECH_SHARD_INDEX)``
-(the ``process`` shards and a DDP gang). Shards that differ in more each get an Indexed Job of one
-completion (``shard-<slot>-e<epoch>``): a federated job's sites (each has its own NVFlare identity,
-startup kit and data shard) and any shard the kernel re-placed alone.
+**One Job of one pod per assignment** (``shard-<slot>-e<epoch>``), pinned to the node of the worker the
+kernel chose (``nodeSelector: kubernetes.io/hostname``; see ``docs/dispatcher.md``: the kernel places,
+meters and pays per worker, and an Indexed Job of N pods cannot pin index 0 to one node and index 1
+to another). Each is ``completionMode: Indexed`` with one completion, which gives its pod the stable
+host name ``<job>-0``, and ``backoffLimit: 0``: a failed pod fails its Job, and the kernel decides what
+follows (it re-places a lost or failed shard at a new epoch, a DDP gang whole, from the last
+checkpoint); Kubernetes restarting a shard by itself would run it behind the kernel's back, unmetered
+and at a stale epoch. A shard's pods carry ``resontech.io/shard: <slot>``.
 
-**torchrun** meets through the headless Service ``ranks``: every shard pod sets ``subdomain: ranks``
-and so resolves as ``<job>-<index>.ranks.<namespace>.svc.<domain>``; node 0's name is the master
-address (the kernel's own address of shard 0's worker means nothing inside the cluster). The master
-port is the kernel's (:mod:`core.rendezvous`); in a namespace of its own a job never meets another's.
+**torchrun** meets through the headless Service ``ranks``: every shard pod of a job sets ``subdomain:
+ranks`` and so resolves as ``shard-<slot>-e<epoch>-0.ranks.<namespace>.svc.<domain>``; node 0's name
+is the master address (the kernel's own address of shard 0's worker means nothing inside the
+cluster), known from any shard's command alone (a gang shares its epoch). The master port is the
+kernel's (:mod:`core.rendezvous`); in a namespace of its own a job never meets another's.
 
 **The FL server** of a federated job is a Pod (``fl-server``) with a Service of the same name in the
 job's namespace: its startup kit comes through a presigned URL like the clients', and the kernel must
@@ -23,7 +23,6 @@ its certificate names.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,8 +33,8 @@ from core.flare import KIT_FILE, ORG
 from core.workenv import workload_env
 from ops.dispatcher import pods
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.names import EPOCH, ROLE, SLOT, ManifestError
-from ops.dispatcher.pods import INDEX_REF, WORKDIR, Dispatch, escape
+from ops.dispatcher.names import ASSIGNMENT, ASSIGNMENT_ID, EPOCH, ROLE, SHARD, ManifestError, label_value
+from ops.dispatcher.pods import WORKDIR, Dispatch, escape
 from ops.dispatcher.policies import PodSize, metadata
 from schemas.commands import StartWork
 
@@ -58,7 +57,7 @@ class FlServer:
 
 @dataclass(frozen=True)
 class ShardPod:
-    """One shard's container and inputs, as rendered (with the index's references or literally)."""
+    """One shard's container and inputs, as rendered."""
 
     container: Manifest
     downloads: list[dict[str, str]]
@@ -70,24 +69,14 @@ def fl_server_host(namespace: str, ctx: RenderContext) -> str:
     return ctx.service_host(FL_SERVER, namespace)
 
 
-def job_name(epoch: int, slot: int | None = None) -> str:
-    """The Indexed Job of one placement's shards (``slot``: of one shard alone)."""
-    return f"shards-e{epoch}" if slot is None else f"shard-{slot}-e{epoch}"
+def job_name(epoch: int, slot: int) -> str:
+    """The Job of one shard's assignment."""
+    return f"shard-{slot}-e{epoch}"
 
 
-def master_host(namespace: str, job: str, ctx: RenderContext) -> str:
-    """Node 0's DNS name: index 0 of ``job`` under the headless Service."""
-    return f"{job}-0.{ctx.service_host(RANKS, namespace)}"
-
-
-def _identity(cmd: StartWork, indexed: bool) -> dict[str, str]:
-    """The values that differ by shard: the index's references, or the shard's own."""
-    if not indexed:
-        return {}
-    return {
-        "RESONTECH_ASSIGNMENT_ID": f"{escape(cmd.work_id)}-s{INDEX_REF}-e{cmd.epoch}",
-        "RESONTECH_SLOT": INDEX_REF,
-    }
+def master_host(namespace: str, epoch: int, ctx: RenderContext) -> str:
+    """Node 0's DNS name at ``epoch``: the pod of shard 0's Job under the headless Service."""
+    return f"{job_name(epoch, 0)}-0.{ctx.service_host(RANKS, namespace)}"
 
 
 def _fetches(cmd: StartWork) -> list[dict[str, str]]:
@@ -105,15 +94,13 @@ def _fetches(cmd: StartWork) -> list[dict[str, str]]:
     return entries
 
 
-def _argv_and_env(
-    cmd: StartWork, ctx: RenderContext, master: str, indexed: bool
-) -> tuple[list[str], dict[str, str]]:
+def _argv_and_env(cmd: StartWork, ctx: RenderContext, master: str) -> tuple[list[str], dict[str, str]]:
     """The argv (escaped) and the runtime's own env of one shard."""
-    spec, own = cmd.spec, _identity(cmd, indexed)
+    spec = cmd.spec
     if spec.runtime == "process":
         if not spec.command:
             raise ManifestError("a process shard needs a command")
-        return [escape(a) for a in spec.command], own
+        return [escape(a) for a in spec.command], {}
     if spec.runtime == "torchrun":
         rdzv = spec.rendezvous
         if rdzv is None or not spec.command:
@@ -121,21 +108,17 @@ def _argv_and_env(
         script = pods.relative_path(spec.command[0], "training script")
         argv = [
             ctx.python, "-m", "torch.distributed.run",
-            "--nnodes", str(rdzv.nnodes), "--node-rank", INDEX_REF if indexed else str(rdzv.node_rank),
+            "--nnodes", str(rdzv.nnodes), "--node-rank", str(rdzv.node_rank),
             "--nproc-per-node", str(rdzv.nproc_per_node),
             "--master-addr", master, "--master-port", str(rdzv.master_port),
             "--rdzv-conf", f"timeout={rdzv.timeout_s}", "--max-restarts", "0",
             escape(str(WORKDIR / script)), *(escape(a) for a in spec.command[1:]),
         ]  # fmt: skip
-        extra = {
-            "RESONTECH_DDP_BACKEND": rdzv.backend,
-            "OMP_NUM_THREADS": str(max(1, int(spec.cpus // rdzv.nproc_per_node))),
-        }
+        threads = max(1, int(spec.cpus // rdzv.nproc_per_node))
+        env = {"RESONTECH_DDP_BACKEND": rdzv.backend, "OMP_NUM_THREADS": str(threads)}
         if spec.resume_url and spec.resume_from:
-            extra["RESONTECH_RESUME_PATH"] = escape(
-                str(WORKDIR / "resume" / PurePosixPath(spec.resume_from).name)
-            )
-        return argv, {**own, **extra}
+            env["RESONTECH_RESUME_PATH"] = str(WORKDIR / "resume" / PurePosixPath(spec.resume_from).name)
+        return argv, env
     if spec.runtime == "nvflare-client":
         site = spec.options.get("site", "")
         if not _SITE.match(site) or KIT_FILE not in spec.downloads:
@@ -145,23 +128,22 @@ def _argv_and_env(
             "-m", str(WORKDIR / "kit"), "-s", "fed_client.json",
             "--set", "secure_train=true", f"uid={site}", f"org={ORG}", "config_folder=config",
         ]  # fmt: skip
-        extra = {
+        env = {
             "RESONTECH_SITE": site,
-            "RESONTECH_ROUNDS": escape(spec.options.get("rounds", "")),
-            "RESONTECH_LOCAL_EPOCHS": escape(spec.options.get("local_epochs", "1")),
+            "RESONTECH_ROUNDS": spec.options.get("rounds", ""),
+            "RESONTECH_LOCAL_EPOCHS": spec.options.get("local_epochs", "1"),
         }
-        return argv, {**own, **extra}
+        return argv, env
     raise ManifestError(f"runtime {spec.runtime!r} is not a job shard's (process, torchrun, nvflare-client)")
 
 
-def shard_pod(cmd: StartWork, ctx: RenderContext, master: str, *, indexed: bool) -> ShardPod:
-    """The container of one shard: with ``indexed``, what differs by shard refers to the index."""
+def shard_pod(cmd: StartWork, ctx: RenderContext, master: str) -> ShardPod:
+    """The container and inputs of one shard."""
     size = pods.pod_size(cmd.spec, 1024)
-    argv, own = _argv_and_env(cmd, ctx, master, indexed)
-    env = workload_env(cmd, WORKDIR, gpu_indices=list(range(cmd.spec.gpus)))
-    env.update(own)
+    argv, runtime_env = _argv_and_env(cmd, ctx, master)
+    env = {**workload_env(cmd, WORKDIR, gpu_indices=list(range(cmd.spec.gpus))), **runtime_env}
     image = pods.image_of(cmd.spec.options, ctx.default_image)
-    container = pods.main_container("shard", image, argv, pods.env_list(env, refs=own), size, ctx)
+    container = pods.main_container("shard", image, argv, pods.env_list(env), size, ctx)
     return ShardPod(container, _fetches(cmd), size)
 
 
@@ -180,100 +162,58 @@ def headless_service(ns: str, labels: dict[str, str], port: int) -> Manifest:
     }
 
 
-def indexed_job(
-    name: str,
-    ns: str,
-    labels: dict[str, str],
-    shard: ShardPod,
-    ctx: RenderContext,
-    *,
-    completions: int,
-    nodes: Sequence[str],
-    slot: int | None,
-    subdomain: str | None,
-) -> list[Manifest]:
-    """One Indexed Job (and the Secret of its inputs, if it has any)."""
-    pod_labels = {**labels, ROLE: "shard"} | ({SLOT: str(slot)} if slot is not None else {})
+def shard_job(
+    dispatch: Dispatch, ns: str, labels: dict[str, str], ctx: RenderContext
+) -> tuple[list[Manifest], PodSize]:
+    """One shard's Job (and the Secret of its inputs, if it has any), and its pod's size."""
+    cmd = dispatch.command
+    torchrun = cmd.spec.runtime == "torchrun"
+    shard = shard_pod(cmd, ctx, master_host(ns, cmd.epoch, ctx))
+    name = job_name(cmd.epoch, cmd.slot)
+    own = {
+        EPOCH: str(cmd.epoch),
+        ROLE: "shard",
+        SHARD: str(cmd.slot),
+        ASSIGNMENT: label_value(cmd.assignment_id),
+    }
+    pod_labels = {**labels, **own}
+    annotations = {ASSIGNMENT_ID: cmd.assignment_id}
     secret = f"{name}-inputs" if shard.downloads else None
     init = [pods.fetcher(ctx, shard.size, has_inputs=secret is not None)]
     spec = pods.pod_spec(
         ctx, [shard.container], init=init, inputs_secret=secret, restart="Never", gpus=shard.size.gpus,
-        nodes=nodes, spread={**labels, ROLE: "shard"}, subdomain=subdomain,
+        node=dispatch.node, subdomain=RANKS if torchrun else None,
     )  # fmt: skip
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(name, ns, pod_labels, {}),
+        "metadata": metadata(name, ns, pod_labels, annotations),
         "spec": {
             "completionMode": "Indexed",
-            "completions": completions,
-            "parallelism": completions,
+            "completions": 1,
+            "parallelism": 1,
             "backoffLimit": 0,
-            "template": {"metadata": {"labels": pod_labels}, "spec": spec},
+            "template": {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": spec},
         },
     }
-    if secret is None:
-        return [job]
-    return [pods.inputs_secret(secret, ns, labels, shard.downloads), job]
-
-
-def _folds(dispatches: Sequence[Dispatch], pods_: list[ShardPod]) -> bool:
-    cmds = [d.command for d in dispatches]
-    canonical = all(
-        c.slot == i and c.epoch == cmds[0].epoch and c.assignment_id == f"{c.work_id}-s{c.slot}-e{c.epoch}"
-        for i, c in enumerate(cmds)
-    )
-    shapes = {json.dumps([p.container, p.downloads], sort_keys=True) for p in pods_}
-    return canonical and len(shapes) == 1
+    objects = [] if secret is None else [pods.inputs_secret(secret, ns, labels, shard.downloads)]
+    return [*objects, job], shard.size
 
 
 def shard_jobs(
     dispatches: Sequence[Dispatch], ns: str, labels: dict[str, str], ctx: RenderContext
 ) -> tuple[list[Manifest], list[PodSize]]:
-    """The Indexed Jobs of a job's current assignments (all of one epoch or not), their Secrets and
-    the headless Service when they run torchrun; and the size of every pod, for the quota."""
-    ordered = sorted(dispatches, key=lambda d: (d.command.epoch, d.command.slot))
-    torchrun = any(d.command.spec.runtime == "torchrun" for d in ordered)
-    subdomain = RANKS if torchrun else None
-    epoch = ordered[0].command.epoch
-    folded_master = master_host(ns, job_name(epoch), ctx)
-    candidates = [shard_pod(d.command, ctx, folded_master, indexed=True) for d in ordered]
-    nodes = [d.node for d in ordered if d.node]
-    if len(ordered) > 1 and _folds(ordered, candidates):
-        objects = indexed_job(
-            job_name(epoch),
-            ns,
-            labels,
-            candidates[0],
-            ctx,
-            completions=len(ordered),
-            nodes=nodes,
-            slot=None,
-            subdomain=subdomain,
-        )
-    else:
-        objects = []
-        zero = next((d.command for d in ordered if d.command.slot == 0), ordered[0].command)
-        master = master_host(ns, job_name(zero.epoch, zero.slot), ctx)
-        for d in ordered:
-            cmd = d.command
-            shard = shard_pod(cmd, ctx, master, indexed=False)
-            job_labels = {**labels, EPOCH: str(cmd.epoch)}
-            objects += indexed_job(
-                job_name(cmd.epoch, cmd.slot),
-                ns,
-                job_labels,
-                shard,
-                ctx,
-                completions=1,
-                nodes=[d.node] if d.node else [],
-                slot=cmd.slot,
-                subdomain=subdomain,
-            )
-    if torchrun:
-        rdzv = ordered[0].command.spec.rendezvous
-        objects.insert(0, headless_service(ns, labels, rdzv.master_port if rdzv else 29500))
-    return objects, [p.size for p in candidates]
+    """The Jobs of a job's current assignments (of one epoch or several), their Secrets and, when they
+    run torchrun, the headless Service; and the size of every pod, for the quota."""
+    objects: list[Manifest] = []
+    sizes: list[PodSize] = []
+    for dispatch in sorted(dispatches, key=lambda d: d.command.slot):
+        made, size = shard_job(dispatch, ns, labels, ctx)
+        objects, sizes = [*objects, *made], [*sizes, size]
+    rendezvous = [d.command.spec.rendezvous for d in dispatches if d.command.spec.rendezvous]
+    if rendezvous:
+        objects.insert(0, headless_service(ns, labels, rendezvous[0].master_port))
+    return objects, sizes
 
 
 def fl_server_objects(
