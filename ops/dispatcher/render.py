@@ -305,9 +305,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> str:
-    """What ``resontech dispatcher render`` prints."""
+    """What ``resontech dispatcher render`` prints: YAML documents, or with ``--json`` a ``v1`` List."""
     path = Path(args.spec)
     manifests = render(path, args)
+    if getattr(args, "json", False):  # a v1 List, which kubectl takes as well
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}, indent=2) + "\n"
     return to_yaml(manifests, header(path, manifests))
 
 
