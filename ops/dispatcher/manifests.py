@@ -11,8 +11,8 @@ tenant, work id, kind and epoch and ``app.kubernetes.io/managed-by: resontech-di
 
 * a ResourceQuota and a LimitRange of exactly what was placed (:mod:`ops.dispatcher.policies`);
 * default-deny NetworkPolicies and the few allow rules the work needs (same module);
-* a job: its shards as Indexed Jobs, torchrun's headless Service, a federated job's FL server Pod and
-  Service (:mod:`ops.dispatcher.shards`);
+* a job: a Job of one pod per shard (its assignment), pinned to its worker's node, torchrun's headless
+  Service, a federated job's FL server Pod and Service (:mod:`ops.dispatcher.shards`);
 * an endpoint: per replica a Deployment of one pod, a Service and its key (:mod:`ops.dispatcher.endpoints`,
   which says why per replica, and why the kernel's autoscaler rather than an HPA);
 * the presigned URLs of the inputs in a Secret that only the fetcher init container mounts; no
