@@ -80,6 +80,7 @@ KNOWN_RESOURCES = {
     "v1/nodes": False,
     "v1/pods": True,
     "v1/services": True,
+    "v1/secrets": True,
     "v1/resourcequotas": True,
     "v1/limitranges": True,
     "networking.k8s.io/v1/networkpolicies": True,

@@ -7,6 +7,7 @@ What kmock does not emulate, and so what these tests do not show, is listed in `
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from contextlib import aclosing
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from core.errors import ConfigError, InvalidInput, NotFound
 from ops.dispatcher.cluster import Cluster, ClusterRefused, ClusterUnreachable, WatchEvent, WatchExpired
 from ops.dispatcher.nodes import node_worker
+from ops.dispatcher.render import add_arguments, render
 from ops.ports import free_port
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 pytest_plugins = ("tests.kube",)
 
+REPO = Path(__file__).resolve().parent.parent
 MANAGED = "app.kubernetes.io/managed-by=resontech-dispatcher"
 JOBS = kmock.resource("batch", "v1", "jobs")
 
@@ -85,10 +88,14 @@ async def test_apply_again_patches_what_exists_and_fails_on_nothing(kube: Kube, 
 
 
 async def test_apply_refuses_unknown_kinds_unnamed_and_unnamespaced_objects(cluster: Cluster) -> None:
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "n"}}
+    rbac = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "s"},
+    }
     no_namespace = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}}
     no_name = {"apiVersion": "v1", "kind": "Namespace", "metadata": {}}
-    for manifest in (secret, no_namespace, no_name):
+    for manifest in (rbac, no_namespace, no_name):
         with pytest.raises(InvalidInput):
             await cluster.apply([manifest])
     with pytest.raises(NotFound, match="namespaces"):  # the server refuses objects of no namespace
@@ -109,7 +116,7 @@ async def test_objects_and_namespaces_list_by_label(cluster: Cluster) -> None:
     ]
     assert await cluster.objects("apps/v1", "Deployment", "rt-acme-job-2", "resontech.io/work=job-1") == []
     with pytest.raises(InvalidInput):
-        await cluster.objects("v1", "Secret")
+        await cluster.objects("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
 
 
 async def test_deleting_a_namespace_deletes_what_it_holds_and_twice_is_no_error(
@@ -238,3 +245,20 @@ async def test_a_watch_from_a_too_old_version_says_list_again(kube: Kube, cluste
         async with aclosing(cluster.watch_nodes("1", timeout_s=5)) as events:
             async for _ in events:
                 pass
+
+
+async def test_what_the_renderer_makes_applies_again_and_goes(cluster: Cluster) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    # One of each shape: a DDP gang (Jobs, Secrets, the ranks Service), a federated job (the FL
+    # server's Pod), an endpoint (Deployments); tests/test_dispatcher_manifests.py renders them all.
+    examples = ["ddp-mlp/job.yaml", "fedavg-numpy/job.yaml", "inference/chat.yaml"]
+    for path in (REPO / "examples" / name for name in examples):
+        manifests = render(path, parser.parse_args([str(path), "--node", "gpu-a", "--node", "gpu-b"]))
+        first, again = await cluster.apply(manifests), await cluster.apply(manifests)
+        assert len(first) == len(again) == len(manifests), path
+        assert all(a.created for a in first) and not any(a.created for a in again), path
+        [namespace] = [a.name for a in first if a.kind == "Namespace"]
+        assert [ns.name for ns in await cluster.namespaces(MANAGED)] == [namespace]
+        assert await cluster.delete_namespace(namespace)
+        assert await cluster.namespaces(MANAGED) == []

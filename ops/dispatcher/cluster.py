@@ -86,13 +86,15 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Service"): Kind(client.CoreV1Api, "service"),
     ("v1", "ServiceAccount"): Kind(client.CoreV1Api, "service_account"),
     ("v1", "ConfigMap"): Kind(client.CoreV1Api, "config_map"),
+    ("v1", "Secret"): Kind(client.CoreV1Api, "secret"),
     ("v1", "Pod"): Kind(client.CoreV1Api, "pod"),
     ("networking.k8s.io/v1", "NetworkPolicy"): Kind(client.NetworkingV1Api, "network_policy"),
     ("batch/v1", "Job"): Kind(client.BatchV1Api, "job"),
     ("apps/v1", "Deployment"): Kind(client.AppsV1Api, "deployment"),
 }
-"""The kinds :meth:`Cluster.apply` knows, by ``(apiVersion, kind)``. Secrets are absent on purpose:
-no credentials go into a job's namespace."""
+"""The kinds :meth:`Cluster.apply` knows, by ``(apiVersion, kind)``: what the manifests hold (a Secret
+holds presigned URLs or a replica's key, never the kernel's credentials). Nothing cluster-wide but
+Namespace: no RBAC, no CRDs, nothing a job's objects could widen their reach with."""
 
 
 @dataclass(frozen=True)
