@@ -31,6 +31,8 @@ from pathlib import Path
 
 from agent.runtimes.base import StartFailed, checkpoint_dir
 from core.proctags import marked
+from core.protocol import LINE_LIMIT
+from core.reports import tail_of
 from core.sandbox import Sandbox, signal_workload
 from schemas.commands import WorkSpec
 
@@ -38,7 +40,6 @@ log = logging.getLogger("resontech.agent")
 LOG_FILE = "log.txt"
 PID_FILE = "pid"
 MAX_LOG_BYTES = 64 * 1024 * 1024
-LINE_LIMIT = 1024 * 1024
 _EOF = None
 MARKER = "RESONTECH_ASSIGNMENT_ID"
 _POLL_S = 0.2
@@ -254,7 +255,7 @@ def log_tail(path: Path, n: int = 40) -> str:
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-n:])
+    return tail_of(text.splitlines(), n)
 
 
 def kill_marked(workdir: Path) -> list[int]:

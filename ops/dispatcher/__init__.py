@@ -14,6 +14,8 @@ The parts:
   operator's :mod:`~ops.dispatcher.context`);
 * :mod:`ops.dispatcher.render`: ``resontech dispatcher render``, the manifests of a job or endpoint spec
   for a synthetic placement, as YAML;
+* :mod:`ops.dispatcher.podstate` and :mod:`ops.dispatcher.reporting`: a pod's JSON read, and what an
+  agent would claim for it (pure, with the agent's own builders of :mod:`core.reports`);
 * :mod:`ops.dispatcher.fetch`: the program the fetcher init container runs (presigned GETs into the
   working dir);
 * the cluster's side (nodes, the API conversation) and the service (``resontech dispatcher run``).

@@ -25,6 +25,8 @@ class ContainerState:
         exit_code: the exit code once terminated.
         started_at: RFC 3339 time it started running, or empty.
         finished_at: RFC 3339 time it terminated, or empty.
+        restarts: how many times the kubelet restarted it.
+        ready: whether its readiness probe passes (``ready: true``; anything else is not ready).
     """
 
     name: str
@@ -34,6 +36,7 @@ class ContainerState:
     started_at: str = ""
     finished_at: str = ""
     restarts: int = 0
+    ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def _int(value: object) -> int | None:
 def _container(item: Json) -> ContainerState:
     state = _dict(item.get("state"))
     name, restarts = _text(item.get("name")), _int(item.get("restartCount")) or 0
+    ready = item.get("ready") is True
     for key in _STATES:
         if isinstance(state.get(key), dict):
             detail = state[key]
@@ -97,5 +101,6 @@ def _container(item: Json) -> ContainerState:
                 started_at=_text(detail.get("startedAt")),
                 finished_at=_text(detail.get("finishedAt")),
                 restarts=restarts,
+                ready=ready,
             )
-    return ContainerState(name=name, state="unknown", restarts=restarts)
+    return ContainerState(name=name, state="unknown", restarts=restarts, ready=ready)
