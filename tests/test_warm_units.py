@@ -8,12 +8,14 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.engines.warm import MAX_COMMAND_BYTES, BadCommand, parse_command
 from agent.runtimes.process import MARKER, reap_orphans, started_dirs
-from agent.runtimes.warm import adopt, remove_leftovers, seen_from, start_env
+from agent.runtimes.warm import WarmEngine, WarmEngines, adopt, remove_leftovers, seen_from, start_env
+from core.sandbox import Sandbox
 
 
 def test_a_command_is_a_list_of_arguments_and_a_map_of_strings() -> None:
@@ -93,3 +95,27 @@ def test_an_adopted_engine_left_running_by_a_crashed_agent_is_killed(tmp_path: P
     finally:
         proc.kill()
         proc.wait()
+
+
+class _Exited:
+    """A workload that has exited (for the pool's bookkeeping only)."""
+
+    returncode = -9
+
+    def log_tail(self, n: int = 40) -> str:
+        return "Killed"
+
+
+def test_no_engine_waiting_starts_none_beside_a_cold_start_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    pool = WarmEngines(Sandbox(bwrap=None), tmp_path, 1, {})
+    started: list[str] = []
+
+    def record(work: Any) -> None:
+        started.append(work.__qualname__)
+        work.close()
+
+    pool._spawn = record  # type: ignore[method-assign]
+    assert pool.take() is None and started == []  # the replacement waits for the taken one's replica
+    pool.ready.append(WarmEngine(tmp_path / "warm-dead", _Exited()))  # type: ignore[arg-type]
+    assert pool.take() is None and pool.ready == []
+    assert started == ["WarmEngines._cleanup", "WarmEngines._start_one"]

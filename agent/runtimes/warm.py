@@ -174,8 +174,11 @@ class WarmEngines:
         log.info("warm engine started in %s (pid %s)", workdir.name, workload.pid)
 
     def take(self) -> WarmEngine | None:
-        """A running engine for a replica to become, or ``None`` (every start is then cold). Dead
-        ones are dropped on the way, and replaced."""
+        """A running engine for a replica to become, or ``None`` (the start is then cold). One that
+        died waiting is dropped and replaced; none waiting is not a reason to start one now, beside
+        the cold start that needs the cores (the taken one's replacement starts once its replica
+        serves: :meth:`refill_after`)."""
+        dropped = False
         while self.ready:
             engine = self.ready.pop(0)
             if engine.workload.returncode is None:
@@ -183,7 +186,9 @@ class WarmEngines:
             log.warning("warm engine %s exited (%s): %s", engine.workdir.name, engine.workload.returncode,
                         engine.workload.log_tail(5))  # fmt: skip
             self._spawn(self._cleanup(engine))
-        self.fill()
+            dropped = True
+        if dropped:
+            self.fill()
         return None
 
     def refill_after(self, settled: Awaitable[object]) -> None:
