@@ -39,11 +39,10 @@ Life of an agent:
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -322,12 +321,7 @@ class Agent:
                 return
             prep.fetch.result()
             env = workload_env(cmd, workdir, gpu_indices=prep.gpu_indices)
-            runtimes: dict[str, Callable[[Sandbox], Runtime]] = {
-                **RUNTIMES,
-                "vllm": functools.partial(VllmRuntime, warm=self.warm),
-            }
-            runtime = runtimes[cmd.spec.runtime](self.sandbox)
-            workload = await runtime.start(self._spec_here(cmd), workdir, env)
+            workload = await self._runtime(cmd.spec.runtime).start(self._spec_here(cmd), workdir, env)
         except StartFailed as exc:
             self._forget(cmd)
             log.info("%s could not start: %s", cmd.assignment_id, exc.message)
@@ -344,6 +338,10 @@ class Agent:
         else:  # dropped while the runtime was starting it
             self._cancel(running, running.cause, QUICK_STOP_S)
         running.task = asyncio.create_task(self._supervise(running))
+
+    def _runtime(self, name: str) -> Runtime:
+        """The runtime ``name`` on this host's sandbox; a vLLM replica may become a warm engine."""
+        return VllmRuntime(self.sandbox, self.warm) if name == "vllm" else RUNTIMES[name](self.sandbox)
 
     def _spec_here(self, cmd: StartWork) -> WorkSpec:
         """The spec as this host runs it: an engine serves on the address this worker registered

@@ -41,8 +41,7 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from core.errors import ResontechError
-from gateway.queueing import Line
-from gateway.queueing import percentile as percentile  # the bench and tests read it here
+from gateway.queueing import Line, percentile
 from gateway.routing import Picker
 from schemas.endpoints import EndpointDeployed
 

@@ -173,11 +173,7 @@ class Line:
 
     def release(self, address: str, now: float) -> None:
         """A request held by ``address`` finished (or failed): its slot goes to the next waiter."""
-        held = self.in_flight.get(address, 0) - 1
-        if held > 0:
-            self.in_flight[address] = held
-        else:
-            self.in_flight.pop(address, None)
+        self._drop(address)
         self.finished.append(now)
         self.dispatch(self.candidates, now)
 
@@ -185,12 +181,16 @@ class Line:
         """A request failed over from ``old`` to ``new``: its slot moves with it (even beyond the
         limit: it was admitted already)."""
         if old != new:
-            held = self.in_flight.get(old, 0) - 1
-            if held > 0:
-                self.in_flight[old] = held
-            else:
-                self.in_flight.pop(old, None)
+            self._drop(old)
             self.in_flight[new] = self.in_flight.get(new, 0) + 1
+
+    def _drop(self, address: str) -> None:
+        """One request fewer held by ``address``."""
+        held = self.in_flight.get(address, 0) - 1
+        if held > 0:
+            self.in_flight[address] = held
+        else:
+            self.in_flight.pop(address, None)
 
     def _trim(self, now: float) -> None:
         for samples in (self.waits, self.depths):

@@ -12,7 +12,8 @@ import pytest
 
 from agent import gguf, models
 from agent.runtimes.vllm import engine_command, engine_env
-from gateway.inference import EJECT_S, EndpointTraffic, InferenceProxy, percentile
+from gateway.inference import EJECT_S, EndpointTraffic, InferenceProxy
+from gateway.queueing import percentile
 from ops.coordinator.replicas import retirements, start_command
 from projections.endpoints import EndpointRecord, ReplicaRecord
 from tests.records import endpoint_record

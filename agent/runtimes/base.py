@@ -97,6 +97,10 @@ def workload_env(
     checkpoint) and ``CUDA_VISIBLE_DEVICES``, empty for CPU work, so that it sees no GPU). Never the
     agent's NATS credentials, S3 keys or anything else of its environment.
     """
+    return workenv.workload_env(command, str(workdir), gpu_indices=gpu_indices, base=host_base(host_env))
+
+
+def host_base(host_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a workload takes of the host's environment: ``PATH`` and ``LANG``, nothing else."""
     host = os.environ if host_env is None else host_env
-    base = {"PATH": host.get("PATH") or DEFAULT_PATH, "LANG": host.get("LANG") or "C.UTF-8"}
-    return workenv.workload_env(command, str(workdir), gpu_indices=gpu_indices, base=base)
+    return {"PATH": host.get("PATH") or DEFAULT_PATH, "LANG": host.get("LANG") or "C.UTF-8"}

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.runtimes.base import RESERVED_PREFIX, StartFailed
+from agent.runtimes.base import RESERVED_PREFIX, StartFailed, host_base
 from agent.runtimes.process import MARKER, ProcessWorkload, prepare, spawn
 from core.sandbox import Sandbox
 from schemas.commands import WorkSpec
@@ -71,10 +71,8 @@ def start_env(
     """A warm engine's own environment: a clean one in ``workdir`` (its ``HOME`` and the
     ``RESONTECH_ASSIGNMENT_ID`` mark carry the directory's name, as a workload's do) plus
     ``engine_env``, which must hold what libraries read when torch is imported (OpenMP's)."""
-    host = os.environ if host_env is None else host_env
     env = {
-        "PATH": host.get("PATH") or "/usr/bin:/bin",
-        "LANG": host.get("LANG") or "C.UTF-8",
+        **host_base(host_env),
         "HOME": str(workdir),
         "TMPDIR": str(workdir / "tmp"),
         "PYTHONUNBUFFERED": "1",

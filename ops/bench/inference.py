@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from core.log import EventLog
-from gateway.inference import percentile
+from gateway.queueing import percentile
 from ops.bench import coldstart
 from ops.bench.common import emit, machine, median, process_peak_rss_mb, table
 from ops.bench.servedstack import REPO, ServedStack, create_tenants, served_stack

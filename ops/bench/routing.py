@@ -36,8 +36,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.inference import percentile
-from gateway.queueing import Line
+from gateway.queueing import Line, percentile
 from gateway.routing import Picker, RoutedBody, route_key
 from ops.bench.common import emit, machine, table
 from ops.bench.inference import agent_and_coordinator, endpoint_body, replica_key, wait_for
