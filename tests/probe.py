@@ -103,7 +103,10 @@ def probe(targets):
 
 def report(targets):
     findings = probe(targets)
-    print("PROBE_FINDINGS " + json.dumps(findings), flush=True)
+    # One write of the whole line: two ranks share one stdout, and an unbuffered print writes the text
+    # and its newline apart, so their lines could interleave.
+    sys.stdout.flush()
+    os.write(1, ("PROBE_FINDINGS " + json.dumps(findings) + "\n").encode())
     return findings
 
 
