@@ -76,6 +76,9 @@ from ops.ports import free_port
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
+SERVICES = kmock.resource("", "v1", "services")
+JOBS = kmock.resource("batch", "v1", "jobs")
+DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 KNOWN_RESOURCES = {
     "v1/nodes": False,
     "v1/pods": True,
@@ -246,16 +249,20 @@ class Kube:
         conditions = [{"type": "Ready", "status": status, "reason": "KubeletNotReady"}]
         await self._call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": conditions}})
 
-    async def add_pod(self, namespace: str, name: str, *, labels: dict[str, str], node: str = "") -> None:
+    async def add_pod(
+        self, namespace: str, name: str, *, labels: dict[str, str], node: str = "", container: str = "main"
+    ) -> None:
         """Create a pending pod, as a Job or Deployment controller would."""
         meta = {"name": name, "namespace": namespace, "labels": labels}
-        spec = {"nodeName": node, "containers": [{"name": "main", "image": "stand-in"}]}
+        spec = {"nodeName": node, "containers": [{"name": container, "image": "stand-in"}]}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
         await self._call(
             "POST", f"/api/v1/namespaces/{namespace}/pods", body | {"status": {"phase": "Pending"}}
         )
 
-    async def set_pod_phase(self, namespace: str, name: str, phase: str, *, exit_code: int = 0) -> None:
+    async def set_pod_phase(
+        self, namespace: str, name: str, phase: str, *, exit_code: int = 0, container: str = "main"
+    ) -> None:
         """Move a pod to ``Running``, ``Succeeded`` or ``Failed``, with its container's state, as the
         kubelet reports it (``exit_code`` for a terminated container)."""
         at = "2026-01-01T00:00:00Z"
@@ -264,9 +271,60 @@ class Kube:
             state["terminated"] |= {"startedAt": at, "finishedAt": "2026-01-01T00:10:00Z"}
         else:
             state = {"running": {"startedAt": at}}
-        container = {"name": "main", "ready": phase == "Running", "restartCount": 0, "state": state}
-        status = {"phase": phase, "startTime": at, "containerStatuses": [container]}
+        reported = {"name": container, "ready": phase == "Running", "restartCount": 0, "state": state}
+        status = {"phase": phase, "startTime": at, "containerStatuses": [reported]}
         await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status})
+
+    async def run_controllers(self) -> list[tuple[str, str]]:
+        """Make the pod of every Job and Deployment that has none (``<name>-pod``, Pending, on the node
+        of its ``nodeSelector``, with its template's labels and first container's name), as the Job and
+        ReplicaSet controllers and the scheduler would; returns the ``(namespace, pod)`` made."""
+        made = []
+        for (resource, ns, name), obj in list(self.mock.objects.items()):
+            if resource not in (JOBS, DEPLOYMENTS) or obj.deleted or ns is None:
+                continue
+            if self.has(PODS, ns, f"{name}-pod"):
+                continue
+            template = obj.raw["spec"]["template"]
+            node = template["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname", "")
+            container = template["spec"]["containers"][0]["name"]
+            labels = template["metadata"]["labels"]
+            await self.add_pod(ns, f"{name}-pod", labels=labels, node=node, container=container)
+            made.append((ns, f"{name}-pod"))
+        await self._assign_node_ports()
+        return made
+
+    async def _assign_node_ports(self) -> None:
+        """Give every NodePort Service without one a node port, as the API server does."""
+        taken = {
+            port.get("nodePort")
+            for (resource, _, _), obj in self.mock.objects.items()
+            if resource == SERVICES and not obj.deleted
+            for port in obj.raw.get("spec", {}).get("ports", [])
+        }
+        for (resource, ns, name), obj in list(self.mock.objects.items()):
+            if resource != SERVICES or obj.deleted or obj.raw.get("spec", {}).get("type") != "NodePort":
+                continue
+            spec = obj.raw["spec"]
+            ports = spec.get("ports", [])
+            if ports and "nodePort" not in ports[0]:
+                port = next(p for p in range(30000, 32768) if p not in taken)
+                taken.add(port)
+                body = {"spec": {"ports": [ports[0] | {"nodePort": port}, *ports[1:]]}}
+                await self._call("PATCH", f"/api/v1/namespaces/{ns}/services/{name}", body)
+
+    def has(self, resource: Any, namespace: str | None, name: str) -> bool:
+        """Whether the server holds that object (not deleted)."""
+        key = (resource, namespace, name)
+        return key in self.mock.objects and not self.mock.objects[key].deleted
+
+    def names(self, resource: Any, namespace: str | None = None) -> list[str]:
+        """The names of the objects of ``resource`` the server holds (in ``namespace``, if given)."""
+        return sorted(
+            name
+            for (r, ns, name), obj in self.mock.objects.items()
+            if r == resource and not obj.deleted and (namespace is None or ns == namespace)
+        )
 
     def set_log(self, namespace: str, pod: str, text: str) -> None:
         """What ``GET .../pods/<pod>/log`` answers from now on."""

@@ -33,7 +33,6 @@ from ops.dispatcher.manifests import (
     ManifestError,
     endpoint_manifests,
     job_manifests,
-    replica_address,
     work_namespace,
 )
 from ops.dispatcher.render import RenderPresigner, endpoint_commands, job_commands, to_yaml
@@ -218,7 +217,6 @@ def test_a_federated_job_runs_each_site_with_its_kit_and_the_fl_server_in_its_na
 def test_a_gpu_replica_is_a_pinned_deployment_of_one_with_its_own_service_and_key() -> None:
     dispatches = endpoint({**GPU_ENDPOINT, "min_replicas": 2}, replicas=2)
     objects = render_endpoint(dispatches)
-    ns = objects[0]["metadata"]["name"]
     deployments = of_kind(objects, "Deployment")
     assert [d["metadata"]["name"] for d in deployments] == ["replica-0-e1", "replica-1-e1"]
     for deployment, d in zip(deployments, dispatches, strict=True):
@@ -237,8 +235,8 @@ def test_a_gpu_replica_is_a_pinned_deployment_of_one_with_its_own_service_and_ke
         assert engine["readinessProbe"]["httpGet"] == {"path": "/health", "port": CTX.engine_port}
         service = named(objects, "Service", f"replica-{d.command.slot}-e1")
         assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
-        address = replica_address(d.command, ns, CTX)
-        assert address == f"http://replica-{d.command.slot}-e1.{ns}.svc.cluster.local:8000"
+        assert service["spec"]["type"] == "NodePort"  # reached at its own node's address only
+        assert service["spec"]["externalTrafficPolicy"] == "Local"
     assert named(objects, "Secret", "replica-0-e1-key")["stringData"] == {"api-key": KEY}
     assert named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"
 

@@ -99,9 +99,15 @@ def exited(code: object) -> Json:
 
 
 def say(
-    cmd: StartWork, state: PodState | None, log: list[str] | None = None, done: Reported | None = None
+    cmd: StartWork,
+    state: PodState | None,
+    log: list[str] | None = None,
+    done: Reported | None = None,
+    address: str = "http://10.0.0.7:30123",
 ) -> tuple[list[Append], Reported]:
-    claims, after = report(cmd, state, log or [], done or Reported(), worker_id=WORKER, ctx=CTX, api_key=KEY)
+    claims, after = report(
+        cmd, state, log or [], done or Reported(), worker_id=WORKER, ctx=CTX, api_key=KEY, address=address
+    )
     assert_about(cmd, claims)
     return claims, after
 
@@ -248,11 +254,15 @@ def test_a_replica_is_starting_while_pending_ready_when_its_engine_is_and_lost_w
     claims, done = say(REPLICA, pod(REPLICA, "Pending"))
     assert claims == [reports.started(REPLICA, WORKER)] and isinstance(claims[0][1], EndpointReplicaStarting)
     assert say(REPLICA, pod(REPLICA, "Running", RUNNING), done=done) == ([], done)
-    claims, done = say(REPLICA, pod(REPLICA, "Running", RUNNING, ready=True), done=done)
-    ns = work_namespace(REPLICA.tenant, REPLICA.work_id, "endpoint", CTX)
     from ops.dispatcher.endpoints import replica_address
 
-    address = replica_address(REPLICA, ns, CTX)
+    address = replica_address("10.0.0.7", 30123)
+    # ready, but its Service has no node port yet: nowhere to report
+    assert say(REPLICA, pod(REPLICA, "Running", RUNNING, ready=True), done=done, address="") == ([], done)
+    claims, done = say(REPLICA, pod(REPLICA, "Running", RUNNING, ready=True), done=done, address=address)
+    assert (
+        address == "http://10.0.0.7:30123" and replica_address("fd00::7", 30123) == "http://[fd00::7]:30123"
+    )
     assert claims == [reports.reported(REPLICA, ReadyLine(address=address, api_key=KEY), 1)]
     ready = claims[0][1]
     assert isinstance(ready, EndpointReplicaReady) and ready.address == address and ready.api_key == KEY

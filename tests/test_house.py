@@ -30,6 +30,11 @@ EDGE_IMPORTS: dict[str, str] = {
     "ops/cli/ -> gateway.client": "the CLI speaks to the API through the SDK",
     "ops/devstack/stack.py -> agent.enroll": "the dev stack enrolls its two local agents as a provider would",
     "ops/cli/workers.py -> agent.identity": "enrolling a state dir writes the agent's identity",
+    "ops/dispatcher/service.py -> agent.commands": "the dispatcher takes commands by the agent's rules",
+    "ops/dispatcher/service.py -> agent.heartbeat": "the dispatcher claims as an agent does, retried alike",
+    "ops/dispatcher/service.py -> agent.state": "the dispatcher remembers handled commands as an agent does",
+    "ops/dispatcher/rounds.py -> agent.reports": "the dispatcher meters a pod with the agent's meter",
+    "ops/dispatcher/run.py -> agent.identity": "the dispatcher holds its state dir with the agent's lock",
 }
 """Edge-to-edge imports and why (a path ending in ``/`` stands for every module below it);
 ``ops/bench/`` drives every part and may import any of them."""

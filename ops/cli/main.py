@@ -241,6 +241,13 @@ def cmd_cordon(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_dispatcher_run(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.dispatcher import run
+
+    _run(run.run(args, settings))
+    return 0
+
+
 def cmd_dispatcher_render(args: argparse.Namespace, settings: Settings) -> int:
     from ops.dispatcher.render import command
 
@@ -355,13 +362,18 @@ def _add_operator_commands(command: AddCommand) -> None:
 
 def _add_dispatcher_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``dispatcher ...``: the Kubernetes dispatcher (a cluster as a pool, :mod:`ops.dispatcher`)."""
+    from ops.dispatcher import run
     from ops.dispatcher.render import add_arguments
 
     dispatcher = sub.add_parser("dispatcher", help="the Kubernetes dispatcher: a cluster as a pool")
     commands = dispatcher.add_subparsers(
         dest="dispatcher_command", required=True, metavar="DISPATCHER_COMMAND"
     )
-    # `dispatcher run` (the service: nodes as workers, assignments as objects) is added here beside it.
+    help_text = "serve one Kubernetes cluster: its nodes become workers, assignments become objects"
+    p = commands.add_parser("run", help=help_text, description=help_text)
+    _common(p)
+    run.add_arguments(p)
+    p.set_defaults(handler=cmd_dispatcher_run)
     help_text = "print the Kubernetes objects a job or endpoint spec becomes, as YAML (nothing is applied)"
     p = commands.add_parser("render", help=help_text, description=help_text)
     _common(p)

@@ -277,6 +277,28 @@ class Cluster:
                 raise
         return True
 
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete one namespaced object of :data:`KINDS` (and, in the background, what it owns: a
+        Job's pods); False when there was no such object.
+
+        Raises:
+            InvalidInput: a kind not in :data:`KINDS`, or not namespaced.
+        """
+        found = KINDS.get((api_version, kind))
+        if found is None or not found.namespaced:
+            raise InvalidInput(
+                f"cannot delete {kind} ({api_version}): not a namespaced kind the dispatcher uses"
+            )
+        options = client.V1DeleteOptions(propagation_policy="Background")
+        method = found.method(self.api, "delete")
+        try:
+            await asyncio.to_thread(
+                _call, method, name, namespace, body=options, what=f"delete {kind} {namespace}/{name}"
+            )
+        except NotFound:
+            return False
+        return True
+
     async def namespaces(self, label_selector: str) -> list[Namespace]:
         """The namespaces whose labels match ``label_selector`` (e.g.
         ``app.kubernetes.io/managed-by=resontech-dispatcher``), terminating ones included."""
@@ -334,8 +356,11 @@ class Cluster:
         """The pods of ``namespace`` (``None``: of every namespace) whose labels match."""
         return [pod_state(item) for item in await self.objects("v1", "Pod", namespace, label_selector)]
 
-    async def pod_log_tail(self, namespace: str, pod: str, lines: int = 50, container: str = "") -> str:
-        """The last ``lines`` lines of a pod's log (at most :data:`LOG_TAIL_BYTES`), decoded leniently.
+    async def pod_log_tail(
+        self, namespace: str, pod: str, lines: int = 50, container: str = "", *, timestamps: bool = False
+    ) -> str:
+        """The last ``lines`` lines of a pod's log (at most :data:`LOG_TAIL_BYTES`), decoded leniently;
+        each line starting with the kubelet's RFC 3339 time with ``timestamps``.
 
         Raises:
             NotFound: no such pod (or container).
@@ -348,6 +373,7 @@ class Cluster:
             namespace,
             tail_lines=max(1, lines),
             limit_bytes=LOG_TAIL_BYTES,
+            timestamps=timestamps,
             what=f"log of pod {namespace}/{pod}",
             **extra,
         )

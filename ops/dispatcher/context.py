@@ -43,6 +43,9 @@ class RenderContext:
         fl_server_cpus / fl_server_memory_mb: the FL server pod's share of a federated job's quota.
         fetcher_cpus / fetcher_memory_mb: the input fetcher (an init container).
         engine_port / fl_port: where a replica's engine and an FL server listen.
+        federation_cidr: where the kernel's federation service runs FL servers, when a federated job's
+            server is the kernel's rather than a pod in its namespace: its clients may reach that
+            address on their server's port. Unset: they may not (the server must be in the namespace).
     """
 
     default_image: str = "ghcr.io/resontech/resontech:latest"
@@ -77,6 +80,7 @@ class RenderContext:
     fetcher_memory_mb: int = 256
     engine_port: int = 8000
     fl_port: int = 8002
+    federation_cidr: str | None = None
 
     def service_host(self, service: str, namespace: str) -> str:
         """The cluster DNS name of ``service`` in ``namespace``."""

@@ -7,8 +7,16 @@ gateway's proxy picks the replica per request (round robin, a session's replica,
 prompt's prefix). A ReplicaSet of N would choose nodes and replace pods by itself, give them one
 shared template (one key), and a Service over all of them would balance behind the proxy's back and
 break session and prefix routing. So each replica is ``replica-<slot>-e<epoch>``: a Deployment of one
-pod (``Recreate``: never two pods of one assignment), pinned to its worker's node, and a ClusterIP
-Service of its own whose name is the address the replica reports.
+pod (``Recreate``: never two pods of one assignment), pinned to its worker's node, and a Service of its own.
+
+Where a replica is reached: its Service is a ``NodePort`` with ``externalTrafficPolicy: Local``, so the
+replica answers on its own node's address at the port the API server assigned, and only there (no
+other node forwards to it). That address, ``http://<node address>:<node port>``
+(:func:`replica_address`), is what the dispatcher reports in ``replica_ready``: the gateway, which
+usually runs outside the cluster, can reach it (a ClusterIP name resolves only inside), and it passes
+the intake's rule for every replica, whoever runs it: a replica serves on the host of the worker
+the kernel placed it on, never at an address the cluster names (a tenant's or provider's cluster
+could name the kernel's own services).
 
 Why the kernel's autoscaler, not a HorizontalPodAutoscaler: a scale decision is an audited event
 (``endpoint.scaled``, ``endpoint.scaled_to_zero``, with the inputs it saw) that the endpoint projection,
@@ -55,9 +63,18 @@ def replica_name(cmd: StartWork) -> str:
     return f"replica-{cmd.slot}-e{cmd.epoch}"
 
 
-def replica_address(cmd: StartWork, namespace: str, ctx: RenderContext) -> str:
-    """Where the replica serves, inside the cluster: what its ``replica_ready`` reports."""
-    return f"http://{ctx.service_host(replica_name(cmd), namespace)}:{ctx.engine_port}"
+def replica_address(node_address: str, node_port: int) -> str:
+    """Where a replica serves: its node's registered address and its Service's node port (what its
+    ``replica_ready`` reports)."""
+    host = f"[{node_address}]" if ":" in node_address else node_address
+    return f"http://{host}:{node_port}"
+
+
+def node_port(service: Mapping[str, Any]) -> int | None:
+    """The node port the API server gave a replica's Service, if it did (and it is one)."""
+    ports = (service.get("spec") or {}).get("ports") or []
+    port = ports[0].get("nodePort") if ports and isinstance(ports[0], Mapping) else None
+    return port if isinstance(port, int) and 1 <= port <= 65535 else None
 
 
 def _model(cmd: StartWork) -> str:
@@ -153,7 +170,8 @@ def replica_objects(
         "kind": "Service",
         "metadata": metadata(name, ns, pod_labels, annotations),
         "spec": {
-            "type": "ClusterIP",
+            "type": "NodePort",
+            "externalTrafficPolicy": "Local",
             "selector": own,
             "ports": [{"name": "http", "protocol": "TCP", "port": ctx.engine_port, "targetPort": "http"}],
         },

@@ -28,7 +28,7 @@ from typing import Any
 
 from ops.dispatcher import names
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.endpoints import hub_model, replica_address, replica_objects
+from ops.dispatcher.endpoints import hub_model, replica_objects
 from ops.dispatcher.names import ManifestError
 from ops.dispatcher.pods import Dispatch
 from ops.dispatcher.policies import PodSize, limit_range, namespace, network_policies, resource_quota
@@ -44,7 +44,6 @@ __all__ = [
     "endpoint_manifests",
     "fl_server_host",
     "job_manifests",
-    "replica_address",
     "work_namespace",
 ]
 
@@ -102,8 +101,23 @@ def job_manifests(
         server, size = fl_server_objects(fl_server, ns, labels, ctx)
         objects, sizes, server_labels = [*objects, *server], [*sizes, size], {names.ROLE: FL_SERVER}
     fences = _fences(ns, labels, sizes, _services(objects), ctx)
-    policies = network_policies(ns, labels, ctx, same_namespace=True, fl_server=server_labels)
+    policies = network_policies(
+        ns, labels, ctx, same_namespace=True, fl_server=server_labels,
+        kernel_fl_port=None if fl_server is not None else _kernel_fl_port(shards),
+    )  # fmt: skip
     return [ns_object, *fences, *policies, *objects]
+
+
+def _kernel_fl_port(shards: Sequence[Dispatch]) -> int | None:
+    """The port of the FL server a federated job's clients dial (``host:port`` in their commands)."""
+    for d in shards:
+        server = (
+            d.command.spec.options.get("server", "") if d.command.spec.runtime == "nvflare-client" else ""
+        )
+        port = server.rpartition(":")[2]
+        if port.isdigit() and 0 < int(port) < 65536:
+            return int(port)
+    return None
 
 
 def endpoint_manifests(

@@ -15,6 +15,7 @@ condition, or no node at all is lost. ``spec.unschedulable`` (``kubectl cordon``
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -81,6 +82,7 @@ class NodeWorker:
     Attributes:
         name: the node's name (``metadata.name``).
         hostname: its ``kubernetes.io/hostname`` label (what pods are pinned with), else its name.
+        address: its ``InternalIP`` (where its replicas' node ports answer), else empty.
         gpus: its GPUs, index 0..n-1, each with the label's model and memory (free = total).
         cpus: whole CPUs allocatable to pods (``3500m`` is 3).
         memory_mb: memory allocatable to pods, in MiB.
@@ -94,6 +96,7 @@ class NodeWorker:
 
     name: str
     hostname: str
+    address: str
     gpus: tuple[Gpu, ...]
     cpus: int
     memory_mb: int
@@ -161,6 +164,17 @@ def _driver(labels: Mapping[str, Any], problems: list[str]) -> str:
     return full or (joined if _DRIVER.fullmatch(joined) else "")
 
 
+def _internal_ip(addresses: object, problems: list[str]) -> str:
+    """The node's first ``InternalIP`` that is an IP address."""
+    for entry in addresses if isinstance(addresses, list) else []:
+        if isinstance(entry, Mapping) and entry.get("type") == "InternalIP":
+            try:
+                return str(ipaddress.ip_address(str(entry.get("address"))))
+            except ValueError:
+                problems.append("status.addresses: an InternalIP that is not an IP address")
+    return ""
+
+
 def is_ready(node: Mapping[str, Any] | None) -> bool:
     """Whether a node (``None``: vanished) counts as alive: its ``Ready`` condition is ``True``."""
     if node is None:
@@ -190,6 +204,7 @@ def node_worker(node: Mapping[str, Any]) -> NodeWorker:
     return NodeWorker(
         name=name,
         hostname=hostname,
+        address=_internal_ip(status.get("addresses"), problems),
         gpus=_gpus(allocatable, labels, problems),
         cpus=_count(allocatable, "cpu", MAX_CPUS, 1, problems),
         memory_mb=_count(allocatable, "memory", MAX_MEMORY_MB, 2**20, problems),
@@ -218,5 +233,6 @@ def registration(
         memory_mb=worker.memory_mb,
         driver=worker.driver,
         agent_version=version,
+        address=worker.address,
         labels={"kubernetes_node": worker.name, **worker.labels},
     )

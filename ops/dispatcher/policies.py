@@ -151,9 +151,12 @@ def network_policies(
     gateway_ingress: bool = False,
     hub_egress: bool = False,
     fl_server: dict[str, str] | None = None,
+    kernel_fl_port: int | None = None,
 ) -> list[Manifest]:
     """Default deny, then the allow rules of the module docstring. ``fl_server``: the FL server pod's
-    labels, which the kernel alone may reach from outside on :attr:`RenderContext.fl_port`."""
+    labels, which the kernel alone may reach from outside on :attr:`RenderContext.fl_port`;
+    ``kernel_fl_port``: the port of the kernel's FL server the job's clients dial, at
+    :attr:`RenderContext.federation_cidr`."""
     dns = {
         "to": [_namespace_peer(ctx.dns_namespace, ctx.dns_labels)],
         "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")],
@@ -177,6 +180,12 @@ def network_policies(
             "ports": [{"protocol": "TCP", "port": ctx.fl_port}],
         }
         policies.append(_policy(ns, labels, "allow-kernel-admin", fl_server, ingress=[admin]))
+    if kernel_fl_port is not None and ctx.federation_cidr:
+        server = {
+            "to": [{"ipBlock": {"cidr": ctx.federation_cidr}}],
+            "ports": [{"protocol": "TCP", "port": kernel_fl_port}],
+        }
+        policies.append(_policy(ns, labels, "allow-kernel-fl-server", {}, egress=[server]))
     if gateway_ingress:
         gateway = (
             {"ipBlock": {"cidr": ctx.gateway_cidr}}

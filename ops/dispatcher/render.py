@@ -228,6 +228,11 @@ def context_from(args: argparse.Namespace) -> RenderContext:
             given["object_store_cidr"] = str(ipaddress.ip_network(cidr, strict=False))
         except ValueError as exc:
             raise RenderError(f"--object-store-cidr: {exc}") from None
+    if getattr(args, "federation_cidr", None):
+        try:
+            given["federation_cidr"] = str(ipaddress.ip_network(args.federation_cidr, strict=False))
+        except ValueError as exc:
+            raise RenderError(f"--federation-cidr: {exc}") from None
     return RenderContext(**given)
 
 
@@ -290,6 +295,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas", type=int, help="an endpoint's replicas to render (default its minimum, 1+)"
     )
+    add_context_arguments(parser)
+
+
+def add_context_arguments(parser: argparse.ArgumentParser) -> None:
+    """The operator's settings of a cluster (:func:`context_from`), for ``render`` and ``run``."""
     parser.add_argument(
         "--image", help="the default image (work whose spec names none, the kernel's containers)"
     )
@@ -302,6 +312,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--object-store-cidr", help="its address for the network policy (default: the URL's IP)"
     )
+    parser.add_argument(
+        "--federation-cidr", help="where the kernel's FL servers run (a federated job's clients dial it)"
+    )
 
 
 def command(args: argparse.Namespace) -> str:
@@ -313,4 +326,12 @@ def command(args: argparse.Namespace) -> str:
     return to_yaml(manifests, header(path, manifests))
 
 
-__all__ = ["RenderError", "add_arguments", "command", "render", "to_yaml"]
+__all__ = [
+    "RenderError",
+    "add_arguments",
+    "add_context_arguments",
+    "command",
+    "context_from",
+    "render",
+    "to_yaml",
+]

@@ -16,7 +16,7 @@ Pending, its container cannot start    ``start_failed`` (``cannot start: <reason
 Running                                ``started`` (once), then ``reported`` for each new protocol
                                        line (progress merged as the agent merges it, checkpoints
                                        already written to the workspace); a replica whose engine is
-                                       ready: ``replica_ready`` with :func:`replica_address` and its key
+                                       ready: ``replica_ready`` with its address and key
 Succeeded, the container exited 0      ``shard_completed`` (a replica: ``replica_lost``, exit 0)
 Failed, the container exited 1..255    ``failed`` / ``replica_lost``: ``exit status N``, the log tail
 Failed (or Succeeded) with no valid    ``failed``: :data:`UNKNOWN_EXIT`, the log tail
@@ -43,7 +43,6 @@ from core import reports
 from core.protocol import LINE_LIMIT, CheckpointLine, ProgressLine, ProtocolError, ReadyLine, parse_line
 from core.reports import Append
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.endpoints import replica_address
 from ops.dispatcher.manifests import work_namespace
 from ops.dispatcher.names import ASSIGNMENT, EPOCH, ROLE, label_value
 from ops.dispatcher.podstate import ContainerState, PodState
@@ -89,6 +88,7 @@ def report(
     worker_id: str,
     ctx: RenderContext,
     api_key: str = "",
+    address: str = "",
 ) -> tuple[list[Append], Reported]:
     """The claims to publish about ``cmd``'s assignment now, and what will then have been reported.
 
@@ -100,6 +100,8 @@ def report(
         worker_id: the node-worker the assignment was placed on.
         ctx: the dispatcher's rendering settings (a replica's address).
         api_key: a replica's key, as put in its Secret.
+        address: where a replica serves (:func:`~ops.dispatcher.endpoints.replica_address`), once its
+            Service has a node port; a replica is not reported ready before.
     """
     if done.ended:
         return [], done
@@ -118,8 +120,7 @@ def report(
     if cmd.work_kind == "job":
         said, done = read_lines(cmd, log, done)
         claims += said
-    elif _ready(pod, container) and not done.ready:
-        address = replica_address(cmd, work_namespace(cmd.tenant, cmd.work_id, cmd.work_kind, ctx), ctx)
+    elif _ready(pod, container) and address and not done.ready:
         ready = reports.reported(cmd, ReadyLine(address=address, api_key=api_key), done.reports + 1)
         claims += [ready] if ready is not None else []
         done = replace(done, ready=True, reports=done.reports + 1)

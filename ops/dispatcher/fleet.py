@@ -1,0 +1,117 @@
+"""A cluster's nodes as the kernel's workers: who they are, which are alive, and their registration.
+
+Each node becomes one worker whose id is :func:`worker_id_for` (the cluster's name and the node's,
+stable across restarts, one subject token). The dispatcher enrolls it as the operator's own (the
+dispatcher is the operator's component: :func:`ops.cli.workers.enroll_kernel_agent`, with the
+provider, pool, region and owner tenant of the dispatcher's configuration) and then claims its
+registration on the intake, as an agent does: the intake checks the claim against that enrollment
+and stores the kernel's ``worker.registered``. A node whose facts change (GPUs added, a new label)
+is registered again.
+
+Liveness is the node's ``Ready`` condition (:func:`~ops.dispatcher.nodes.is_ready`): the dispatcher
+heartbeats for Ready nodes only, so a node that goes NotReady or vanishes falls silent and the
+coordinator's heartbeat deadline marks its worker lost, exactly as for an agent that died.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from core.errors import InvalidInput
+from ops.dispatcher.names import digest
+from ops.dispatcher.nodes import NodeWorker, node_worker, registration
+from schemas.values import Pool
+from schemas.workers import WorkerRegistered
+
+log = logging.getLogger("resontech.dispatcher")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+MAX_ID = 64
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What every node of the dispatcher's cluster registers as (fixed by its enrollment).
+
+    Attributes:
+        cluster: the cluster's name: the first part of every node-worker's id.
+        provider / pool / region / owner_tenant: as an enrollment token names them.
+        version: the dispatcher's version, reported as the worker's agent version.
+    """
+
+    cluster: str
+    provider: str
+    pool: Pool = "shared"
+    region: str = ""
+    owner_tenant: str | None = None
+    version: str = "dev"
+
+
+def worker_id_for(cluster: str, node: str) -> str:
+    """The worker id of ``node``: ``<cluster>-<node>`` with every character a subject token may not
+    hold as ``-``, and a digest of the exact name when anything was changed or cut (two nodes never
+    share an id)."""
+    plain = f"{cluster}-{node}"
+    safe = _UNSAFE.sub("-", plain)
+    if safe == plain and len(safe) <= MAX_ID:
+        return safe
+    suffix = digest(cluster, node)
+    return f"{safe[: MAX_ID - len(suffix) - 1]}-{suffix}"
+
+
+@dataclass
+class Fleet:
+    """The cluster's nodes as last listed: their workers, registrations and readiness."""
+
+    identity: Identity
+    nodes: dict[str, NodeWorker] = field(default_factory=dict)
+    """worker id -> node, for every node listed last (a vanished node is dropped)."""
+    registered: dict[str, WorkerRegistered] = field(default_factory=dict)
+    """worker id -> the registration last claimed."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """worker id -> why the kernel refused its registration (it takes no work and is not beaten for)."""
+
+    def update(self, items: Iterable[Mapping[str, Any]]) -> list[tuple[str, WorkerRegistered]]:
+        """Read a listing of nodes; the registrations to claim now (new nodes, changed facts)."""
+        nodes: dict[str, NodeWorker] = {}
+        for item in items:
+            try:
+                worker = node_worker(item)
+            except InvalidInput as exc:
+                log.warning("node skipped: %s", exc.message)
+                continue
+            if worker.problems:
+                log.warning("node %s: %s", worker.name, "; ".join(worker.problems))
+            nodes[worker_id_for(self.identity.cluster, worker.name)] = worker
+        self.nodes = nodes
+        due = []
+        for worker_id, worker in nodes.items():
+            i = self.identity
+            event = registration(
+                worker, provider=i.provider, pool=i.pool, owner_tenant=i.owner_tenant, version=i.version
+            )
+            event = _with_region(event, i.region)
+            if self.registered.get(worker_id) != event and worker_id not in self.refused:
+                due.append((worker_id, event))
+        return due
+
+    def alive(self) -> list[str]:
+        """The workers to heartbeat for: listed, Ready, and not refused by the kernel."""
+        return [w for w, node in self.nodes.items() if node.ready and w not in self.refused]
+
+    def node_of(self, worker_id: str) -> str | None:
+        """The node of a worker listed last, or ``None``."""
+        node = self.nodes.get(worker_id)
+        return node.name if node is not None else None
+
+
+def _with_region(event: WorkerRegistered, region: str) -> WorkerRegistered:
+    """The configured region, not the node's label: the enrollment names it (a node's labels are the
+    cluster's claim, and data residency must not rest on them), and the intake refuses a registration
+    that says otherwise."""
+    return msgspec.structs.replace(event, region=region)

@@ -1,0 +1,48 @@
+"""The lines of a pod's log the dispatcher has not read yet. Pure.
+
+The dispatcher reads the end of each running pod's log on every round (``tailLines``, at most
+:data:`~ops.dispatcher.cluster.LOG_TAIL_BYTES`), never the whole log again, and keeps the last lines it
+read (:data:`~ops.dispatcher.state.HISTORY_LINES`). What is new is what follows the place where those
+lines end in the tail just read: the longest run of them that matches, latest first. A pod that wrote
+more than a tail between two rounds loses the lines in between (its progress merges anyway; a
+checkpoint line in that gap would be missed: the round is a second, the tail 64 KiB).
+
+Lines are read with the kubelet's timestamps (``timestamps=true``), which make two equal lines
+different, and :func:`text_of` takes them off before a line is parsed or shown. (kmock serves no
+timestamps; lines without one are matched as they are.)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+MATCH_LINES = 16
+"""At most this many of the lines read last are looked for in the new tail."""
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d) ")
+
+
+def text_of(line: str) -> str:
+    """A log line without the kubelet's timestamp."""
+    found = _STAMP.match(line)
+    return line[found.end() :] if found else line
+
+
+def split_lines(text: str, *, final: bool) -> list[str]:
+    """The complete lines of ``text`` (a last line without its newline waits for the next read,
+    unless the pod has ended: ``final``)."""
+    lines = text.split("\n")
+    last = lines.pop()
+    if final and last:
+        lines.append(last)
+    return [line.rstrip("\r") for line in lines]
+
+
+def unread(history: Sequence[str], tail: Sequence[str]) -> list[str]:
+    """The lines of ``tail`` after the end of ``history`` (every line when none of it is found)."""
+    for k in range(min(len(history), MATCH_LINES, len(tail)), 0, -1):
+        known = list(history[-k:])
+        for end in range(len(tail), k - 1, -1):
+            if list(tail[end - k : end]) == known:
+                return list(tail[end:])
+    return list(tail)

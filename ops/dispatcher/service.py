@@ -1,0 +1,281 @@
+"""``resontech dispatcher run``: one Kubernetes cluster as a pool of the kernel's workers.
+
+Life of a dispatcher (docs/dispatcher.md says why each step is so):
+
+1. It reads its state dir (:mod:`ops.dispatcher.state`), lists the cluster's nodes and enrolls and
+   registers each as a worker (:mod:`ops.dispatcher.fleet`). The kernel then asks for each new worker's
+   verification job; with ``vouch`` the operator's dispatcher answers by vouching for the node
+   (``worker.verified``), otherwise it waits for the operator to (no verification pod yet).
+2. It reconciles (:mod:`ops.dispatcher.reconcile`): a namespace of its own whose work it no longer
+   holds is deleted; an assignment it holds whose objects vanished is reported lost.
+3. Then, until stopped, concurrently:
+
+   * every node's commands (``cmd.<worker>``), taken one at a time under one lock and acted on at most
+     once (the agent's :func:`agent.commands.admit`): ``start_work`` is recorded, its work's objects
+     rendered from every assignment of that work it holds (:mod:`ops.dispatcher.manifests`) and
+     applied; an older epoch of the same slot is superseded (its Job or Deployment deleted);
+     ``stop_work`` deletes the assignment's objects, and the namespace with the work's last one;
+   * a round every ``poll_s``: objects not applied yet are applied again; each work's pods are listed
+     and each assignment's pod, with the new lines of its log, becomes claims on the intake
+     (:mod:`ops.dispatcher.reporting`); an assignment that ended is metered a last time, forgotten, and
+     the namespace deleted with the work's last one;
+   * heartbeats for every Ready node (``hb.<worker>``, with the assignments it runs), every
+     ``heartbeat_s``; usage ticks of every running pod every ``metering_s``;
+   * the node list every ``nodes_s``: new and changed nodes are registered.
+
+4. Stopped, it leaves the cluster as it is: pods do not die with their dispatcher. Its heartbeats
+   stop; if it stays away longer than the heartbeat deadline, the kernel declares its nodes lost and
+   places their work elsewhere, and the next dispatcher deletes what was revoked meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.commands import admit, command_id, take_commands
+from agent.heartbeat import append_reliably
+from agent.state import CommandState
+from core.errors import ResontechError
+from core.log import EventLog
+from core.reports import Append, rejected, start_failed
+from core.streams import heartbeat_subject, intake_subject, worker_subject
+from ops.cli.workers import enroll_kernel_agent
+from ops.dispatcher import rounds
+from ops.dispatcher.cluster import Cluster, ClusterRefused
+from ops.dispatcher.context import RenderContext
+from ops.dispatcher.fleet import Fleet, Identity
+from ops.dispatcher.names import ManifestError
+from ops.dispatcher.state import Tracked, load_assignments, save_assignments
+from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker
+from schemas.envelope import Recorded
+from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
+
+log = logging.getLogger("resontech.dispatcher")
+API_KEY_BYTES = 24
+NO_VERIFICATION = (
+    "worker %s: verification jobs do not run on clusters yet; the operator vouches for a cluster's "
+    "nodes (`resontech dispatcher run --vouch`)"
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How often the dispatcher does each thing, in seconds."""
+
+    poll_s: float = 1.0
+    heartbeat_s: float = 1.0
+    metering_s: float = 10.0
+    nodes_s: float = 5.0
+    refused_rounds: int = 30
+    """Rounds an apply the cluster refuses is tried again (a namespace still terminating refuses new
+    objects for a while) before the assignment fails."""
+
+
+class Dispatcher:
+    """One cluster's dispatcher. ``await Dispatcher(...).run(stop)`` serves until ``stop`` is set.
+
+    Args:
+        cluster: the cluster's API server.
+        event_log: the kernel's log (the dispatcher connects with the operator's credentials).
+        identity: what its nodes register as.
+        ctx: the operator's rendering settings.
+        state_dir: where it remembers commands and assignments.
+        vouch: vouch for every node as the operator (``worker.verified``).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        event_log: EventLog,
+        identity: Identity,
+        ctx: RenderContext,
+        state_dir: Path,
+        *,
+        vouch: bool = False,
+        timing: Timing = Timing(),
+    ) -> None:
+        self.cluster = cluster
+        self.log = event_log
+        self.ctx = ctx
+        self.state_dir = state_dir
+        self.vouch = vouch
+        self.timing = timing
+        self.fleet = Fleet(identity)
+        self.commands = CommandState.load(state_dir)
+        self.held: dict[str, Tracked] = load_assignments(state_dir)
+        self.busy = asyncio.Lock()
+        self.rounds = rounds.Rounds(self)
+        self._takers: dict[str, asyncio.Task[None]] = {}
+        self.registered = asyncio.Event()
+
+    # -- the service -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Register the nodes, reconcile, then serve until ``stop`` is set (module docstring)."""
+        await self.refresh_nodes()
+        async with self.busy:
+            await self.rounds.reconcile()
+        self.registered.set()
+        loops = [
+            self._every(self.timing.poll_s, self.rounds.poll),
+            self._every(self.timing.heartbeat_s, self.beat),
+            self._every(self.timing.metering_s, self.rounds.meter),
+            self._every(self.timing.nodes_s, self.refresh_nodes),
+        ]
+        tasks = [asyncio.create_task(loop) for loop in loops]
+        try:
+            await stop.wait()
+        finally:
+            async with self.busy:  # never in the middle of a command or a round
+                for task in [*tasks, *self._takers.values()]:
+                    task.cancel()
+            await asyncio.gather(*tasks, *self._takers.values(), return_exceptions=True)
+            self._takers.clear()
+
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except ResontechError as exc:  # the cluster or the log is away: the next round tries again
+                log.warning("%s: %s", step.__name__, exc.message)
+            except Exception:  # a bug must not stop the dispatcher's other loops
+                log.exception("%s failed", step.__name__)
+            await asyncio.sleep(interval_s)
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    async def refresh_nodes(self) -> None:
+        """List the nodes; enroll and register new and changed ones, and take their commands."""
+        listing = await self.cluster.nodes()
+        for worker_id, event in self.fleet.update(listing.items):
+            await self._register(worker_id, event)
+        for worker_id in self.fleet.nodes:
+            if worker_id not in self._takers:
+                handle = self._handler(worker_id)
+                self._takers[worker_id] = asyncio.create_task(
+                    take_commands(self.log, worker_id, self.busy, handle)
+                )
+
+    async def _register(self, worker_id: str, event: WorkerRegistered) -> None:
+        i = self.fleet.identity
+        if worker_id not in self.fleet.registered:
+            await enroll_kernel_agent(
+                self.log, worker_id, provider=i.provider, pool=i.pool, region=i.region,
+                owner_tenant=i.owner_tenant, by=f"dispatcher {i.cluster}",
+            )  # fmt: skip
+        await self.log.append(intake_subject(worker_id, worker_subject(worker_id, event)), event)
+        self.fleet.registered[worker_id] = event
+        log.info("node %s registered as worker %s", event.labels.get("kubernetes_node"), worker_id)
+
+    async def beat(self) -> None:
+        """One heartbeat for every live node, with the assignments it runs."""
+        running: dict[str, list[str]] = {}
+        for assignment_id, tracked in self.held.items():
+            running.setdefault(tracked.worker_id, []).append(assignment_id)
+        beats: list[tuple[str, Any]] = [
+            (heartbeat_subject(w), Heartbeat(interval_s=self.timing.heartbeat_s, running=running.get(w, [])))
+            for w in self.fleet.alive()
+        ]
+        if beats:
+            await self.log.append_many(beats)
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def _handler(self, worker_id: str) -> Callable[[Recorded[Any]], Awaitable[None]]:
+        async def handle(record: Recorded[Any]) -> None:
+            cmd = record.event
+            match cmd:
+                case RegistrationRefused():
+                    self.fleet.refused[worker_id] = cmd.reason
+                    log.error("the kernel refused worker %s: %s", worker_id, cmd.reason)
+                case VerifyWorker() if self.vouch:  # the kernel stored the registration: vouch now
+                    by = f"operator: dispatcher of cluster {self.fleet.identity.cluster}"
+                    vouched = WorkerVerified(by=by)
+                    await self.log.append(worker_subject(worker_id, vouched), vouched)
+                case VerifyWorker():
+                    log.warning(NO_VERIFICATION, worker_id)
+                case StartWork() | StopWork():
+                    await self._work(worker_id, cmd, command_id(record))
+
+        return handle
+
+    async def _work(self, worker_id: str, cmd: StartWork | StopWork, cmd_id: str) -> None:
+        here = self.held.get(cmd.assignment_id)
+        admission = admit(self.commands, cmd_id, cmd, running_epoch=here.cmd.epoch if here else None)
+        if admission != "run":
+            log.info("command %s for %s: %s, skipped", cmd_id, cmd.assignment_id, admission)
+        elif isinstance(cmd, StartWork):
+            await self.start(worker_id, cmd)
+        elif here is not None and here.cmd.epoch == cmd.epoch:
+            log.info("stopping %s (%s)", cmd.assignment_id, cmd.reason)
+            await self.rounds.forget(here, final=[])
+        else:
+            log.info("stop for %s (epoch %d): not held here", cmd.assignment_id, cmd.epoch)
+
+    async def start(self, worker_id: str, cmd: StartWork) -> None:
+        """Hold ``cmd`` on ``worker_id``'s node and apply its work's objects (or refuse it)."""
+        node = self.fleet.node_of(worker_id)
+        if node is None or worker_id in self.fleet.refused:
+            await self.emit(worker_id, [rejected(cmd, worker_id, "its Kubernetes node is gone")])
+            return
+        for older in [t for t in self.held.values() if _superseded_by(t.cmd, cmd)]:
+            log.info("%s superseded by %s (epoch %d)", older.cmd.assignment_id, cmd.assignment_id, cmd.epoch)
+            await self.rounds.forget(older, final=[])
+        key = secrets.token_urlsafe(API_KEY_BYTES) if cmd.work_kind == "endpoint" else ""
+        self.held[cmd.assignment_id] = Tracked(cmd=cmd, worker_id=worker_id, node=node, api_key=key)
+        self.save()
+        await self.apply(cmd.tenant, cmd.work_id, cmd.work_kind)
+
+    async def apply(self, tenant: str, work_id: str, kind: str) -> None:
+        """Apply the objects of one work's held assignments; an assignment that cannot be rendered is
+        rejected, one the cluster keeps refusing fails (not retryable: the same cluster would refuse
+        it again), and one the cluster did not answer for waits for the next round."""
+        try:
+            await self.rounds.apply_work(tenant, work_id, kind)
+        except ManifestError as exc:
+            for t in self.rounds.of_work(tenant, work_id, kind, applied=False):
+                await self.rounds.forget(t, final=[rejected(t.cmd, t.worker_id, exc.message)])
+        except ClusterRefused as exc:
+            for t in self.rounds.of_work(tenant, work_id, kind, applied=False):
+                if self.rounds.refused(t) >= self.timing.refused_rounds:
+                    failed = start_failed(t.cmd, f"the cluster refused its objects: {exc.message}")
+                    await self.rounds.forget(t, final=[failed])
+
+    # -- the log and the state dir ---------------------------------------------------------------
+
+    async def emit(self, worker_id: str, items: list[Append]) -> bool:
+        """Claim ``items`` (canonical subject, event, id) on the intake, as ``worker_id``."""
+        claims = [(intake_subject(worker_id, subject), event, event_id) for subject, event, event_id in items]
+        return await append_reliably(self.log, claims)
+
+    def save(self) -> None:
+        """Keep the held assignments in the state dir."""
+        save_assignments(self.state_dir, self.held)
+
+
+def _superseded_by(old: StartWork, new: StartWork) -> bool:
+    same = (old.tenant, old.work_id, old.work_kind, old.slot) == (
+        new.tenant,
+        new.work_id,
+        new.work_kind,
+        new.slot,
+    )
+    return same and old.epoch < new.epoch and old.assignment_id != new.assignment_id
+
+
+async def serve(dispatcher: Dispatcher, stop: asyncio.Event) -> None:
+    """Run ``dispatcher`` until ``stop``, and close its cluster client after."""
+    try:
+        await dispatcher.run(stop)
+    finally:
+        with contextlib.suppress(Exception):
+            dispatcher.cluster.close()
