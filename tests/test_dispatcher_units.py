@@ -1,0 +1,78 @@
+"""Pure parts of the dispatcher service: node-worker ids, reading a pod's log a tail at a time, and the
+node list as the kernel's workers (``ops.dispatcher.fleet``, ``ops.dispatcher.logs``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.streams import token
+from ops.dispatcher.fleet import Fleet, Identity, worker_id_for
+from ops.dispatcher.logs import split_lines, text_of, unread
+
+
+def node(name: str, *, ready: str = "True", ip: str = "10.0.0.1", **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "8", "memory": "32Gi"},
+            "addresses": [{"type": "InternalIP", "address": ip}],
+            "conditions": [{"type": "Ready", "status": ready}],
+        },
+    }
+
+
+def test_worker_ids_are_stable_subject_tokens_and_two_nodes_never_share_one() -> None:
+    assert worker_id_for("kc", "gpu-a") == "kc-gpu-a"
+    dotted, dashed = worker_id_for("kc", "gpu.a"), worker_id_for("kc", "gpu-a")
+    assert dotted != dashed and token(dotted) == dotted  # a dot is not a token character
+    long = worker_id_for("kc", "n" * 253)
+    assert len(long) <= 64 and token(long) == long and long != worker_id_for("kc", "n" * 252)
+    assert worker_id_for("kc", "gpu.a") == dotted  # the same after a restart
+
+
+def test_the_region_is_the_dispatchers_and_not_a_nodes_label() -> None:
+    fleet = Fleet(Identity(cluster="kc", provider="p", region="eu-west"))
+    [(worker_id, event)] = fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})])
+    assert worker_id == "kc-a" and event.region == "eu-west" and event.address == "10.0.0.1"
+    assert fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})]) != []  # not claimed yet
+    fleet.registered[worker_id] = event
+    assert fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})]) == []  # unchanged
+
+
+def test_only_ready_listed_unrefused_nodes_are_alive() -> None:
+    fleet = Fleet(Identity(cluster="kc", provider="p"))
+    fleet.update([node("a"), node("b", ready="False"), node("c", ready="Unknown"), node("d", ip="10.0.0.4")])
+    assert fleet.alive() == ["kc-a", "kc-d"]
+    fleet.refused["kc-d"] = "not enrolled"
+    assert fleet.alive() == ["kc-a"]
+    fleet.update([node("b")])  # a and d vanished
+    assert fleet.alive() == ["kc-b"] and fleet.node_of("kc-a") is None
+
+
+def test_a_node_address_that_is_not_an_ip_is_left_out() -> None:
+    fleet = Fleet(Identity(cluster="kc", provider="p"))
+    [(_, event)] = fleet.update([node("a", ip="gateway.kernel.svc; rm -rf")])
+    assert event.address == ""
+
+
+def test_new_lines_are_those_after_the_last_ones_read() -> None:
+    assert unread([], ["a", "b"]) == ["a", "b"]
+    assert unread(["a", "b"], ["a", "b", "c"]) == ["c"]
+    assert unread(["a", "b"], ["b", "c", "d"]) == ["c", "d"]  # the tail starts inside what was read
+    assert unread(["x", "y"], ["c", "d"]) == ["c", "d"]  # more than a tail was written between reads
+    assert unread(["a", "b"], ["a", "b"]) == []
+    # The longest run read last wins over a shorter, later repeat of its last line.
+    assert unread(["s", "b", "c"], ["s", "b", "c", "d", "c"]) == ["d", "c"]
+
+
+def test_a_partial_last_line_waits_unless_the_pod_ended() -> None:
+    assert split_lines("a\nb\npart", final=False) == ["a", "b"]
+    assert split_lines("a\nb\npart", final=True) == ["a", "b", "part"]
+    assert split_lines("a\r\n", final=False) == ["a"]
+
+
+def test_kubelet_timestamps_are_taken_off_and_only_they() -> None:
+    line = '2026-11-24T10:00:00.123456789Z RESONTECH_PROGRESS {"step": 1}'
+    assert text_of(line) == 'RESONTECH_PROGRESS {"step": 1}'
+    assert text_of("2026 was a year") == "2026 was a year"
