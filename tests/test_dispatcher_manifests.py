@@ -238,7 +238,8 @@ def test_a_gpu_replica_is_a_pinned_deployment_of_one_with_its_own_service_and_ke
         assert service["spec"]["type"] == "NodePort"  # reached at its own node's address only
         assert service["spec"]["externalTrafficPolicy"] == "Local"
     assert named(objects, "Secret", "replica-0-e1-key")["stringData"] == {"api-key": KEY}
-    assert named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"
+    hard = named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]
+    assert hard["requests.nvidia.com/gpu"] == "2" and hard["services.nodeports"] == "2"  # one per replica
 
 
 def test_cpu_replicas_take_no_gpu_and_the_cpu_engine_runs_in_the_default_image() -> None:

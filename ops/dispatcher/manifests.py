@@ -140,13 +140,20 @@ def endpoint_manifests(
             raise ManifestError(f"replica {replica.command.assignment_id!r} has no key of 16+ characters")
         made, size = replica_objects(replica, ns, labels, ctx, key)
         objects, sizes = [*objects, *made], [*sizes, size]
-    fences = _fences(ns, labels, sizes, _services(objects), ctx)
+    fences = _fences(ns, labels, sizes, _services(objects), ctx, node_ports=len(replicas))
     hub = hub_model({d.command.assignment_id: d.command for d in replicas})
     policies = network_policies(ns, labels, ctx, same_namespace=False, gateway_ingress=True, hub_egress=hub)
     return [ns_object, *fences, *policies, *objects]
 
 
 def _fences(
-    ns: str, labels: dict[str, str], sizes: Sequence[PodSize], services: int, ctx: RenderContext
+    ns: str,
+    labels: dict[str, str],
+    sizes: Sequence[PodSize],
+    services: int,
+    ctx: RenderContext,
+    *,
+    node_ports: int = 0,
 ) -> list[Manifest]:
-    return [resource_quota(ns, labels, sizes, services, ctx), limit_range(ns, labels, sizes, ctx)]
+    quota = resource_quota(ns, labels, sizes, services, ctx, node_ports=node_ports)
+    return [quota, limit_range(ns, labels, sizes, ctx)]

@@ -76,10 +76,17 @@ def namespace(name: str, labels: dict[str, str], annotations: dict[str, str]) ->
 
 
 def resource_quota(
-    ns: str, labels: dict[str, str], pods: Sequence[PodSize], services: int, ctx: RenderContext
+    ns: str,
+    labels: dict[str, str],
+    pods: Sequence[PodSize],
+    services: int,
+    ctx: RenderContext,
+    *,
+    node_ports: int = 0,
 ) -> Manifest:
     """The namespace's quota: exactly the sum of its pods (no more pods, CPU, memory or GPUs than were
-    placed), ``services`` ClusterIP Services, and no NodePort, LoadBalancer or volume claim."""
+    placed), ``services`` Services of which ``node_ports`` NodePorts (an endpoint's replicas: one each),
+    and no LoadBalancer or volume claim."""
     cpus = sum(p.cpus for p in pods)
     memory = sum(p.memory_mb for p in pods)
     hard = {
@@ -90,7 +97,7 @@ def resource_quota(
         "limits.memory": mebibytes(memory),
         f"requests.{ctx.gpu_resource}": str(sum(p.gpus for p in pods)),
         "services": str(services),
-        "services.nodeports": "0",
+        "services.nodeports": str(node_ports),
         "services.loadbalancers": "0",
         "persistentvolumeclaims": "0",
     }
