@@ -140,7 +140,11 @@ class Dispatcher:
             self._takers.clear()
 
     async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        """Run ``step`` every ``interval_s`` (from start to start: a slow step does not stretch the
+        cadence, which heartbeats depend on), never two at once."""
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 await step()
             except asyncio.CancelledError:
@@ -149,7 +153,7 @@ class Dispatcher:
                 log.warning("%s: %s", step.__name__, exc.message)
             except Exception:  # a bug must not stop the dispatcher's other loops
                 log.exception("%s failed", step.__name__)
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(max(0.0, started + interval_s - loop.time()))
 
     # -- nodes -----------------------------------------------------------------------------------
 
