@@ -43,7 +43,6 @@ import logging
 import socket
 import time
 from collections.abc import Coroutine
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +66,11 @@ from agent.runtimes.warm import WarmEngines, remove_leftovers
 from agent.settings import AgentSettings
 from agent.state import CommandState
 from agent.verify import run_verification
+from core.clock import now_ms
 from core.errors import AppendRejected, LogUnavailable, ResontechError
 from core.log import EventLog
 from core.sandbox import Sandbox
-from core.settings import Settings
+from core.settings import Settings, version
 from core.streams import intake_subject, worker_subject
 from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker, WorkSpec
 from schemas.envelope import Recorded
@@ -81,14 +81,6 @@ QUICK_STOP_S = 2.0
 LAUNCH_WAIT_S = 60.0
 """How long a stopping agent waits for runtimes in the middle of starting a workload (unpacking a
 kit, converting a model) before it stops what they started."""
-
-
-def agent_version() -> str:
-    """The installed ``resontech`` version, or ``dev`` when run from a source tree."""
-    try:
-        return metadata.version("resontech")
-    except metadata.PackageNotFoundError:
-        return "dev"
 
 
 class Agent:
@@ -204,7 +196,7 @@ class Agent:
             cpus=host.cpu_count(),
             memory_mb=host.memory_total_mb(),
             driver=self.devices.driver(),
-            agent_version=agent_version(),
+            agent_version=version(),
             address=s.address or host.route_address(self.core.nats_url),
             sandbox="unavailable" if self.sandbox_problem else self.sandbox.isolation,  # type: ignore[arg-type]
             sandbox_problem=(self.sandbox_problem or "")[:500],
@@ -246,7 +238,7 @@ class Agent:
     async def _metering_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.metering_interval_s)
-            now = _now_ms()
+            now = now_ms()
             ticks = [t for r in list(self._assignments.by_id.values()) if (t := r.meter.tick(now))]
             await self._emit(ticks)
 
@@ -327,7 +319,7 @@ class Agent:
             log.info("%s could not start: %s", cmd.assignment_id, exc.message)
             await self._emit([reports.start_failed(cmd, exc.message, retryable=exc.retryable)])
             return
-        meter = Meter(cmd, worker_id=self.worker_id, start_ms=_now_ms())
+        meter = Meter(cmd, worker_id=self.worker_id, start_ms=now_ms())
         running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=prep.gpu_indices,
                           vram_mb=prep.vram_mb, cause=prep.cause)  # fmt: skip
         self._assignments.preparing.pop(cmd.assignment_id, None)
@@ -466,7 +458,7 @@ class Agent:
         self._assignments.by_id.pop(cmd.assignment_id, None)
         self._state.running.pop(cmd.assignment_id, None)
         self._state.save()
-        final = running.meter.tick(_now_ms())
+        final = running.meter.tick(now_ms())
         tail = running.workload.log_tail(reports.LOG_TAIL_LINES) if code != 0 else ""
         items = ([final] if final else []) + reports.ended(
             cmd, running.cause, code, tail, worker_id=self.worker_id
@@ -488,7 +480,3 @@ class Agent:
         if tasks:
             log.info("stopping %d workload(s)", len(tasks))
             await asyncio.wait(tasks, timeout=self.settings.stop_grace_s + 3 * self.core.ack_timeout_s)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -14,6 +14,7 @@ and for the API's ``online``.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 NS_PER_S = 1_000_000_000
@@ -31,6 +32,11 @@ def ns_of(when: datetime | None) -> int:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return (when - _EPOCH) // _MICROSECOND * 1000
+
+
+def now_ms() -> int:
+    """The time now in Unix milliseconds (the unit of usage ticks)."""
+    return time.time_ns() // NS_PER_MS
 
 
 def seconds_ns(seconds: float) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 
 import msgspec
@@ -99,3 +100,12 @@ def load(env: Mapping[str, str] | None = None, env_file: Path | None = None) -> 
 
 def _type_name(tp: object) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def version() -> str:
+    """The installed ``resontech`` version, or ``dev`` when run from a source tree (what an agent and
+    a dispatcher register their workers with)."""
+    try:
+        return metadata.version("resontech")
+    except metadata.PackageNotFoundError:
+        return "dev"

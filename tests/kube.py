@@ -57,6 +57,7 @@ other test modules do not import the ``kubernetes`` client (kmock's own pytest p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -244,20 +245,43 @@ class Kube:
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
         await self._call("POST", "/api/v1/nodes", body | {"spec": {}, "status": status})
 
+    async def add_gpu_node(self, name: str, address: str, *, gpus: int = 1) -> None:
+        """A Ready node with ``gpus`` A100s as GPU feature discovery labels them, at ``address``."""
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/gpu.memory": "81920",
+            "nvidia.com/cuda.driver.major": "550",
+        }
+        allocatable = {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(gpus), "pods": "110"}
+        addresses = [{"type": "InternalIP", "address": address}]
+        await self.add_node(name, labels=labels, allocatable=allocatable, addresses=addresses)
+
     async def set_node_ready(self, name: str, status: str) -> None:
         """Set a node's ``Ready`` condition (``True``, ``False``, ``Unknown``), as its controller does."""
         conditions = [{"type": "Ready", "status": status, "reason": "KubeletNotReady"}]
         await self._call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": conditions}})
 
     async def add_pod(
-        self, namespace: str, name: str, *, labels: dict[str, str], node: str = "", container: str = "main"
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict[str, str],
+        node: str = "",
+        container: str = "main",
+        missing_ok: bool = False,
     ) -> None:
-        """Create a pending pod, as a Job or Deployment controller would."""
+        """Create a pending pod, as a Job or Deployment controller would (``missing_ok``: nothing when
+        its namespace is gone meanwhile, as a controller whose Job went with it)."""
         meta = {"name": name, "namespace": namespace, "labels": labels}
         spec = {"nodeName": node, "containers": [{"name": container, "image": "stand-in"}]}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
         await self._call(
-            "POST", f"/api/v1/namespaces/{namespace}/pods", body | {"status": {"phase": "Pending"}}
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            body | {"status": {"phase": "Pending"}},
+            missing_ok=missing_ok,
         )
 
     async def set_pod_phase(
@@ -289,7 +313,9 @@ class Kube:
             node = template["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname", "")
             container = template["spec"]["containers"][0]["name"]
             labels = template["metadata"]["labels"]
-            await self.add_pod(ns, f"{name}-pod", labels=labels, node=node, container=container)
+            await self.add_pod(
+                ns, f"{name}-pod", labels=labels, node=node, container=container, missing_ok=True
+            )
             made.append((ns, f"{name}-pod"))
         await self._assign_node_ports()
         return made
@@ -311,7 +337,7 @@ class Kube:
                 port = next(p for p in range(30000, 32768) if p not in taken)
                 taken.add(port)
                 body = {"spec": {"ports": [ports[0] | {"nodePort": port}, *ports[1:]]}}
-                await self._call("PATCH", f"/api/v1/namespaces/{ns}/services/{name}", body)
+                await self._call("PATCH", f"/api/v1/namespaces/{ns}/services/{name}", body, missing_ok=True)
 
     def has(self, resource: Any, namespace: str | None, name: str) -> bool:
         """Whether the server holds that object (not deleted)."""
@@ -330,8 +356,10 @@ class Kube:
         """What ``GET .../pods/<pod>/log`` answers from now on."""
         self.mock.logs[namespace, pod] = text
 
-    async def _call(self, method: str, path: str, body: dict[str, Any]) -> None:
+    async def _call(self, method: str, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> None:
         async with self.mock.request(method, path, json=body) as response:
+            if missing_ok and response.status == 404:
+                return
             assert response.status < 300, await response.text()
 
 
@@ -352,12 +380,20 @@ def write_kubeconfig(path: Path, url: str) -> Path:
 @pytest.fixture
 async def kube(tmp_path: Path) -> AsyncIterator[Kube]:
     """A fresh emulated Kubernetes API server on a free loopback port, for one test."""
+    async with serving(tmp_path) as emulated:
+        yield emulated
+
+
+@contextlib.asynccontextmanager
+async def serving(root: Path) -> AsyncIterator[Kube]:
+    """An emulated Kubernetes API server on a free loopback port (its kubeconfig in ``root``) until
+    the block ends: the fixture's, and ``ops.bench.dispatcher``'s."""
     async with ClusterEmulator() as mock, kmock.Server(mock, port=free_port()) as server:
         url = str(server.url).rstrip("/")
         configuration = client.Configuration()
         configuration.host = url
         api = client.ApiClient(configuration)
         try:
-            yield Kube(mock=mock, url=url, api=api, kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url))
+            yield Kube(mock=mock, url=url, api=api, kubeconfig=write_kubeconfig(root / "kubeconfig", url))
         finally:
             api.close()

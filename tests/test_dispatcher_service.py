@@ -60,23 +60,9 @@ FAST = Timing(poll_s=0.1, heartbeat_s=1.0, metering_s=0.5, nodes_s=0.3)
 deadline when the whole suite loaded the machine)."""
 
 
-def gpu_labels(name: str) -> dict[str, str]:
-    return {
-        "kubernetes.io/hostname": name,
-        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-        "nvidia.com/gpu.memory": "81920",
-        "nvidia.com/cuda.driver.major": "550",
-    }
-
-
 async def add_gpu_nodes(kube: Kube) -> None:
-    allocatable = {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "1", "pods": "110"}
     for n, name in enumerate(NODES):
-        addresses = [
-            {"type": "InternalIP", "address": f"10.0.0.{n + 1}"},
-            {"type": "Hostname", "address": name},
-        ]
-        await kube.add_node(name, labels=gpu_labels(name), allocatable=allocatable, addresses=addresses)
+        await kube.add_gpu_node(name, f"10.0.0.{n + 1}")
 
 
 class Running:

@@ -41,15 +41,15 @@ def stop_child(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
         proc.wait()
 
 
-async def until(predicate: Any, what: str, timeout: float = 30.0) -> Any:
-    """Poll ``predicate()`` every 20 ms until it is truthy, and return its value; TimeoutError
-    naming ``what`` after ``timeout`` seconds."""
+async def until(predicate: Any, what: str, timeout: float = 30.0, step_s: float = 0.02) -> Any:
+    """Poll ``predicate()`` every ``step_s`` (20 ms) until it is truthy, and return its value;
+    TimeoutError naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(step_s)
     raise TimeoutError(f"timed out waiting until {what}")
 
 

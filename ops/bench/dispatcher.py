@@ -26,12 +26,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import kmock
-from kubernetes import client
-
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import command_subject, job_subject
+from ops.bench.agents import until
 from ops.bench.common import median, private_nats
 from ops.coordinator import Coordinator
 from ops.dispatcher.cluster import Cluster
@@ -39,44 +37,23 @@ from ops.dispatcher.context import RenderContext
 from ops.dispatcher.fleet import Identity
 from ops.dispatcher.manifests import work_namespace
 from ops.dispatcher.service import Dispatcher, Timing
-from ops.ports import free_port
 from ops.services import intake
 from schemas.commands import StopWork
 from schemas.jobs import JobCancelled, JobPlaced, JobResources, JobSubmitted
-from tests.kube import JOBS, ClusterEmulator, Kube, write_kubeconfig
+from tests.kube import JOBS, Kube, serving
 
 CTX = RenderContext()
-TIMEOUT_S = 30.0
-
-
-async def until(predicate: Any, what: str, step_s: float = 0.002) -> Any:
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        await asyncio.sleep(step_s)
-    raise RuntimeError(f"timed out waiting for {what}")
+TICK_S = 0.002
+"""How often the emulator is looked at while a trial's clock runs."""
 
 
 @contextlib.asynccontextmanager
 async def emulated_cluster(root: Path) -> AsyncIterator[Kube]:
     """kmock with two 1-GPU nodes, on a free loopback port."""
-    async with ClusterEmulator() as mock, kmock.Server(mock, port=free_port()) as server:
-        url = str(server.url).rstrip("/")
-        configuration = client.Configuration()
-        configuration.host = url
-        api = client.ApiClient(configuration)
-        kube = Kube(mock=mock, url=url, api=api, kubeconfig=write_kubeconfig(root / "kubeconfig", url))
+    async with serving(root) as kube:
         for n, name in enumerate(("gpu-a", "gpu-b")):
-            labels = {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                      "nvidia.com/gpu.memory": "81920"}  # fmt: skip
-            allocatable = {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "1"}
-            addresses = [{"type": "InternalIP", "address": f"10.0.0.{n + 1}"}]
-            await kube.add_node(name, labels=labels, allocatable=allocatable, addresses=addresses)
-        try:
-            yield kube
-        finally:
-            api.close()
+            await kube.add_gpu_node(name, f"10.0.0.{n + 1}")
+        yield kube
 
 
 def held_objects(kube: Kube, ns: str) -> list[dict[str, Any]]:
@@ -115,9 +92,9 @@ async def trial(log: EventLog, kube: Kube, placements: Placements, n: int) -> di
         name=job_id, kind="ddp", shards=2, command=["train.py"], resources=JobResources(gpus=1, cpus=2)
     )
     await log.append(job_subject(tenant, job_id, submitted), submitted)
-    await until(lambda: len([j for j in kube.names(JOBS, ns)]) == 2, f"{job_id}'s Jobs")
+    await until(lambda: len(kube.names(JOBS, ns)) == 2, f"{job_id}'s Jobs", step_s=TICK_S)
     applied_ns = time.time_ns()
-    placed_ns, placed = await until(lambda: placements.get(job_id), f"{job_id} placed", 0.01)
+    placed_ns, placed = await until(lambda: placements.get(job_id), f"{job_id} placed", step_s=0.01)
     objects = held_objects(kube, ns)
     cluster = Cluster.from_kubeconfig(kube.kubeconfig)
     started = time.perf_counter()
@@ -131,7 +108,7 @@ async def trial(log: EventLog, kube: Kube, placements: Placements, n: int) -> di
     for a in placed.assignments:
         stop = StopWork(work_id=job_id, assignment_id=a.assignment_id, epoch=a.epoch, reason="trial over")
         await log.append(command_subject(a.worker_id), stop, event_id=f"cancel-{a.assignment_id}")
-    await until(lambda: not kube.mock.has_namespace(ns), f"{ns} deleted")
+    await until(lambda: not kube.mock.has_namespace(ns), f"{ns} deleted", step_s=TICK_S)
     teardown_s = (time.time_ns() - cancel_ns) / 1e9
     dispatch_s = (applied_ns - placed_ns) / 1e9
     print(
@@ -176,7 +153,7 @@ async def bench(jobs: int) -> dict[str, Any]:
                         and all(w.state == "available" for w in coordinator.registry.state.workers.values())
                     ),
                     "verified",
-                    0.05,
+                    step_s=0.05,
                 )
                 for n in range(jobs):
                     results.append(await trial(own, kube, placements, n))

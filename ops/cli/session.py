@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import msgspec
 
+from core.errors import InvalidInput
 from core.settings import read_env_file
 from gateway.client import CREDENTIALS, Client
 
@@ -65,13 +66,17 @@ def show(args: argparse.Namespace, value: T, human: Callable[[T], str]) -> None:
         print(human(value))
 
 
-def read_spec(path: str) -> dict[str, object]:
-    """A job or endpoint spec from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
+def read_spec(path: str | Path) -> dict[str, object]:
+    """A job or endpoint spec from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file.
+
+    Raises:
+        InvalidInput: no such file, not parseable (the parser's words, on one line), or not a mapping.
+    """
     source = Path(path)
     if not source.is_file():
-        raise SystemExit(f"error: no spec file {source}")
-    text = source.read_text()
+        raise InvalidInput(f"no spec file {source}")
     try:
+        text = source.read_text()
         if source.suffix == ".toml":
             import tomllib
 
@@ -83,9 +88,10 @@ def read_spec(path: str) -> dict[str, object]:
         else:
             spec = json.loads(text)
     except Exception as exc:  # the parsers' own errors name the line
-        raise SystemExit(
-            f"error: {source} is not valid {source.suffix.lstrip('.') or 'JSON'}: {exc}"
-        ) from None
+        words = (
+            "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        )
+        raise InvalidInput(f"{source} is not valid {source.suffix.lstrip('.') or 'JSON'}: {words}") from None
     if not isinstance(spec, dict):
-        raise SystemExit(f"error: {source} must hold a mapping of spec fields, got {type(spec).__name__}")
+        raise InvalidInput(f"{source} must hold a mapping of spec fields, got {type(spec).__name__}")
     return spec

@@ -21,8 +21,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from core.errors import InvalidInput
 from ops.dispatcher.names import digest
 from ops.dispatcher.nodes import NodeWorker, node_worker, registration
@@ -93,9 +91,9 @@ class Fleet:
         for worker_id, worker in nodes.items():
             i = self.identity
             event = registration(
-                worker, provider=i.provider, pool=i.pool, owner_tenant=i.owner_tenant, version=i.version
-            )
-            event = _with_region(event, i.region)
+                worker, provider=i.provider, pool=i.pool, owner_tenant=i.owner_tenant, version=i.version,
+                region=i.region,
+            )  # fmt: skip
             if self.registered.get(worker_id) != event and worker_id not in self.refused:
                 due.append((worker_id, event))
         return due
@@ -108,10 +106,3 @@ class Fleet:
         """The node of a worker listed last, or ``None``."""
         node = self.nodes.get(worker_id)
         return node.name if node is not None else None
-
-
-def _with_region(event: WorkerRegistered, region: str) -> WorkerRegistered:
-    """The configured region, not the node's label: the enrollment names it (a node's labels are the
-    cluster's claim, and data residency must not rest on them), and the intake refuses a registration
-    that says otherwise."""
-    return msgspec.structs.replace(event, region=region)

@@ -86,7 +86,8 @@ class NodeWorker:
         gpus: its GPUs, index 0..n-1, each with the label's model and memory (free = total).
         cpus: whole CPUs allocatable to pods (``3500m`` is 3).
         memory_mb: memory allocatable to pods, in MiB.
-        region: the ``topology.kubernetes.io/region`` label, or empty.
+        region: the ``topology.kubernetes.io/region`` label, or empty (shown, never registered: the
+            registration takes the dispatcher's configured region).
         driver: the NVIDIA driver version from the feature discovery labels, or empty.
         labels: the zone and instance type, when the node has valid ones.
         ready: the ``Ready`` condition is ``True``.
@@ -218,14 +219,17 @@ def node_worker(node: Mapping[str, Any]) -> NodeWorker:
 
 
 def registration(
-    worker: NodeWorker, *, provider: str, pool: Pool, owner_tenant: str | None, version: str
+    worker: NodeWorker, *, provider: str, pool: Pool, owner_tenant: str | None, version: str, region: str = ""
 ) -> WorkerRegistered:
     """The ``worker.registered`` event of a node: its facts, and the identity the dispatcher's
-    configuration gives every node of its cluster (provider, pool, owner)."""
+    configuration gives every node of its cluster (provider, pool, owner, region). The region is the
+    configuration's, never the node's label: the enrollment names it (a node's labels are the
+    cluster's claim, and data residency must not rest on them), and the intake refuses a registration
+    that says otherwise."""
     return WorkerRegistered(
         provider=provider,
         hostname=worker.hostname,
-        region=worker.region,
+        region=region,
         pool=pool,
         owner_tenant=owner_tenant,
         gpus=list(worker.gpus),

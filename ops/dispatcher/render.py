@@ -23,7 +23,6 @@ import ipaddress
 import json
 import re
 import secrets
-import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -34,6 +33,7 @@ import yaml
 from core.errors import ResontechError
 from core.flare import KIT_BUCKET, kit_key, site_name
 from core.placement.placing import assignment_id
+from ops.cli.session import read_spec
 from ops.coordinator.inputs import URL_TTL_S, Presigner
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.manifests import (
@@ -74,30 +74,6 @@ class RenderPresigner(Presigner):
         method = "PUT" if put else "GET"
         query = f"X-Amz-Expires={ttl_s}&X-Amz-Method={method}&X-Amz-Signature=RENDERED"
         return f"{self.endpoint}/{quote(bucket)}/{quote(key)}?{query}"
-
-
-def read_spec(path: Path) -> dict[str, Any]:
-    """A spec file (``.yaml``/``.yml``, ``.toml`` or JSON) as a mapping.
-
-    Raises:
-        RenderError: no such file, not parseable, or not a mapping.
-    """
-    if not path.is_file():
-        raise RenderError(f"no spec file {path}")
-    try:
-        text = path.read_text()
-        if path.suffix == ".toml":
-            spec: object = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            spec = yaml.safe_load(text)
-        else:
-            spec = json.loads(text)
-    except Exception as exc:  # the parsers' own errors name the line
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise RenderError(f"{path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {first}") from None
-    if not isinstance(spec, dict):
-        raise RenderError(f"{path} must hold a mapping of spec fields, got {type(spec).__name__}")
-    return spec
 
 
 def _decode(raw: dict[str, Any], kind: type[Any], path: Path) -> Any:

@@ -7,13 +7,14 @@ Every round runs under the dispatcher's lock, so a command is never handled in t
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from agent.reports import Meter
 from core import reports
+from core.clock import now_ms
 from core.errors import NotFound
 from core.reports import Append
 from ops.dispatcher import names
@@ -24,7 +25,7 @@ from ops.dispatcher.manifests import endpoint_manifests, job_manifests, work_nam
 from ops.dispatcher.pods import Dispatch
 from ops.dispatcher.podstate import PodState
 from ops.dispatcher.reconcile import Held, reconcile
-from ops.dispatcher.reporting import WORKLOAD_CONTAINER, Reported, belongs, report
+from ops.dispatcher.reporting import WORKLOAD_CONTAINER, belongs, report
 from ops.dispatcher.shards import job_name
 from ops.dispatcher.state import HISTORY_LINES, Tracked
 
@@ -69,7 +70,7 @@ class Rounds:
         Raises:
             ManifestError, ClusterRefused, ClusterUnreachable: as rendering and applying raise them.
         """
-        held = [t for t in self.of_work(tenant, work_id, kind) if not t.ended]
+        held = self.of_work(tenant, work_id, kind)
         if not held:
             return
         dispatches = [Dispatch(t.cmd, t.node) for t in held]
@@ -93,7 +94,7 @@ class Rounds:
         delete its objects: the namespace with the work's last assignment, else its Job or
         Deployment."""
         cmd = tracked.cmd
-        tick = self._tick(tracked, reports_now())
+        tick = self._tick(tracked, now_ms())
         await self.d.emit(tracked.worker_id, ([tick] if tick else []) + final)
         self.d.held.pop(cmd.assignment_id, None)
         self._refusals.pop(cmd.assignment_id, None)
@@ -134,7 +135,7 @@ class Rounds:
             await self._addresses(ns, held)
         for tracked in held:
             pod = _pod_of(tracked, pods, self.d)
-            if pod is None and tracked.cmd.assignment_id in present and not tracked.started:
+            if pod is None and tracked.cmd.assignment_id in present and not tracked.said.started:
                 continue  # its controller has not made the pod yet
             await self._poll_one(tracked, pod)
 
@@ -162,14 +163,14 @@ class Rounds:
                 text = ""
             new = unread(tracked.history, split_lines(text, final=pod.phase in ("Succeeded", "Failed")))
         lines = [text_of(line) for line in [*tracked.history, *new]]
-        done = Reported(tracked.started, tracked.ready, len(tracked.history), tracked.reports, tracked.ended)
+        done = replace(tracked.said, lines=len(tracked.history))
         claims, done = report(
             cmd, pod, lines, done, worker_id=tracked.worker_id, ctx=self.d.ctx, api_key=tracked.api_key,
             address=tracked.address,
         )  # fmt: skip
         if pod is not None and pod.phase != "Pending" and not tracked.metered_ms:
-            tracked.metered_ms = reports_now()  # metered from when the dispatcher saw it run
-        tracked.started, tracked.ready, tracked.reports = done.started, done.ready, done.reports
+            tracked.metered_ms = now_ms()  # metered from when the dispatcher saw it run
+        tracked.said = done
         tracked.history = [*tracked.history, *new][-HISTORY_LINES:]
         if done.ended:
             await self.forget(tracked, final=claims)
@@ -183,7 +184,7 @@ class Rounds:
     async def meter(self) -> None:
         """A usage tick for every held assignment whose pod runs, per node-worker."""
         async with self.d.busy:
-            now = reports_now()
+            now = now_ms()
             by_worker: dict[str, list[Append]] = defaultdict(list)
             for t in self.d.held.values():
                 tick = self._tick(t, now)
@@ -226,11 +227,6 @@ class Rounds:
             lost = reports.lost(tracked.cmd, "its objects vanished from the cluster", reports.tail_of(
                 [text_of(line) for line in tracked.history]))  # fmt: skip
             await self.forget(tracked, final=[lost])
-
-
-def reports_now() -> int:
-    """Unix time in milliseconds."""
-    return time.time_ns() // 1_000_000
 
 
 def _work(t: Tracked) -> Work:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.identity import StateDirLock
 from core.errors import ConfigError
-from core.settings import Settings
+from core.settings import Settings, version
 from core.streams import token
 from ops.dispatcher.cluster import Cluster
 from ops.dispatcher.context import RenderContext
@@ -68,7 +68,7 @@ def dispatcher_of(args: argparse.Namespace, settings: Settings) -> tuple[Cluster
             raise ConfigError(f"--{name.replace('_', '-')} must be between 0.05 and 3600 seconds")
     identity = Identity(
         cluster=args.cluster, provider=args.provider, pool=args.pool, region=args.region,
-        owner_tenant=args.owner_tenant, version=_version(),
+        owner_tenant=args.owner_tenant, version=version(),
     )  # fmt: skip
     cluster = (
         Cluster.in_cluster()
@@ -119,12 +119,3 @@ async def _serve(
         dispatcher = Dispatcher(cluster, event_log, identity, ctx, state_dir, vouch=args.vouch, timing=timing)
         log.info("dispatcher of cluster %s: state in %s", args.cluster, state_dir)
         await serve(dispatcher, stopped)
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("resontech")
-    except metadata.PackageNotFoundError:
-        return "dev"

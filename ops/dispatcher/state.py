@@ -21,6 +21,7 @@ import msgspec
 
 from core.errors import ConfigError
 from core.files import write_private
+from ops.dispatcher.reporting import Reported
 from schemas.commands import StartWork
 
 ASSIGNMENTS_FILE = "assignments.json"
@@ -38,7 +39,7 @@ class Tracked(msgspec.Struct, kw_only=True):
         applied: its objects were created in the cluster.
         api_key: a replica's key (in its Secret, and reported in ``replica_ready``).
         address: where a replica serves, once its Service has a node port.
-        started / ready / reports / ended: what was reported (:class:`~ops.dispatcher.reporting.Reported`).
+        said: what was reported about it.
         history: the last :data:`HISTORY_LINES` lines read from its pod's log.
         metered_ms: the end of the last usage tick claimed (0: the pod never ran).
         ticks: how many ticks were claimed (their event ids count on).
@@ -50,10 +51,7 @@ class Tracked(msgspec.Struct, kw_only=True):
     applied: bool = False
     api_key: str = ""
     address: str = ""
-    started: bool = False
-    ready: bool = False
-    reports: int = 0
-    ended: bool = False
+    said: Reported = msgspec.field(default_factory=Reported)
     history: list[str] = []
     metered_ms: int = 0
     ticks: int = 0
