@@ -27,6 +27,9 @@ from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict, NoRe
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+BATCH_ID = "Nats-Batch-Id"
+BATCH_SEQUENCE = "Nats-Batch-Sequence"
+BATCH_COMMIT = "Nats-Batch-Commit"
 QUARANTINE_REASON = "Resontech-Quarantine-Reason"
 QUARANTINE_STREAM = "Resontech-Quarantine-Stream"
 QUARANTINE_SEQ = "Resontech-Quarantine-Seq"
@@ -36,6 +39,18 @@ QUARANTINE_SENDER = "Resontech-Quarantine-Sender"
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a failed expected-sequence check."""
+ATOMIC_PUBLISH_DISABLED = 10174
+"""JetStream's error code for an atomic batch sent to a stream without ``allow_atomic``."""
+
+
+class BatchRefused(AppendRejected):
+    """The server stored nothing of an atomic batch (one of its appends failed a check, or repeated
+    a stored id): each append is sent again on its own (:mod:`core.log.group_commit`)."""
+
+
+class BatchUnsupported(BatchRefused):
+    """The stream does not take atomic batches (no ``allow_atomic``, or a server before 2.12 that
+    stored the messages one by one): its appends go one by one from now on."""
 
 
 class Position(NamedTuple):
@@ -89,6 +104,8 @@ class _Ack(msgspec.Struct):
     seq: int = 0
     duplicate: bool = False
     error: _AckError | None = None
+    count: int = 0
+    """Messages stored by an atomic batch (its commit's acknowledgement)."""
 
 
 _ACK_DECODER = msgspec.json.Decoder(_Ack)
@@ -122,6 +139,26 @@ def new_event_id() -> str:
     return _IDS.next()
 
 
+def batch_frames(messages: list[tuple[str, bytes, dict[str, str]]], reply: str) -> bytes:
+    """The ``HPUB`` frames of an atomic batch, the last one with ``reply``, as one write.
+
+    nats-py's ``publish`` checks every header against a regular expression and encodes each piece
+    apart: a third of an append's client time. Our headers are our own (ids, numbers, subjects:
+    no line breaks), so the frames are built directly.
+    """
+    out = bytearray()
+    last = len(messages) - 1
+    for number, (subject, data, headers) in enumerate(messages):
+        block = "NATS/1.0\r\n" + "".join(f"{key}: {value}\r\n" for key, value in headers.items()) + "\r\n"
+        head = block.encode()
+        route = f"{subject} {reply}" if number == last else subject
+        out += f"HPUB {route} {len(head)} {len(head) + len(data)}\r\n".encode()
+        out += head
+        out += data
+        out += b"\r\n"
+    return bytes(out)
+
+
 def parse_reply(reply: str) -> tuple[int, int, int]:
     """(stream seq, store time ns, pending) from a JetStream delivery reply subject.
 
@@ -144,17 +181,47 @@ def _conflict_or_rejection(subject: str, expected: int | None, error: _AckError)
     return AppendRejected(f"append to {subject} rejected: {error.description} (code {error.err_code})")
 
 
+def _resolve_batch(
+    future: asyncio.Future[Position], subject: str, size: int, data: bytes, no_responders: bool
+) -> None:
+    """Settle the commit of an atomic batch: its last position, or why nothing of it was stored."""
+    if no_responders:
+        future.set_exception(NoResponders(f"no stream captures subject {subject!r}"))
+        return
+    try:
+        ack = _ACK_DECODER.decode(data)
+    except msgspec.DecodeError:
+        future.set_exception(BatchRefused(f"unreadable acknowledgement of a batch: {data[:200]!r}"))
+        return
+    if ack.error is not None:
+        refused = BatchUnsupported if ack.error.err_code == ATOMIC_PUBLISH_DISABLED else BatchRefused
+        future.set_exception(refused(f"batch refused: {ack.error.description} (code {ack.error.err_code})"))
+    elif ack.count != size:
+        # A server that does not know atomic batches stores each message and acknowledges the last.
+        future.set_exception(BatchUnsupported(f"batch of {size} acknowledged as {ack.count} on {ack.stream}"))
+    else:
+        future.set_result(Position(ack.stream, ack.seq))
+
+
 class AckTracker:
     """Outstanding appends, by reply token, failed in order once their deadline passes."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.pending: dict[str, tuple[asyncio.Future[Position], float, str, int | None]] = {}
+        self.batches: dict[str, int] = {}
+        """Tokens of atomic batch commits, and how many messages each batch holds."""
         self._sweeper: asyncio.Task[None] | None = None
 
-    def add(self, token: str, subject: str, expected: int | None) -> asyncio.Future[Position]:
+    def add(
+        self, token: str, subject: str, expected: int | None, *, batch: int = 0
+    ) -> asyncio.Future[Position]:
+        """The future of the acknowledgement on ``token``: of one append, or of the commit of an
+        atomic batch of ``batch`` messages (its position is the batch's last)."""
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         self.pending[token] = (future, time.monotonic() + self.timeout_s, subject, expected)
+        if batch:
+            self.batches[token] = batch
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep())
         return future
@@ -164,7 +231,11 @@ class AckTracker:
         if entry is None:
             return
         future, _, subject, expected = entry
+        size = self.batches.pop(token, 0) if self.batches else 0
         if future.done():
+            return
+        if size:
+            _resolve_batch(future, subject, size, data, no_responders)
             return
         if no_responders:
             future.set_exception(NoResponders(f"no stream captures subject {subject!r}"))
@@ -184,6 +255,7 @@ class AckTracker:
             if not future.done():
                 future.set_exception(error)
         self.pending.clear()
+        self.batches.clear()
 
     async def _sweep(self) -> None:
         # Deadlines are added in increasing order, so expired entries are always at the front.
@@ -196,6 +268,7 @@ class AckTracker:
                     break
                 expired.append(token)
             for token in expired:
+                self.batches.pop(token, None)
                 future, _, subject, _ = self.pending.pop(token)
                 if not future.done():
                     future.set_exception(

@@ -25,6 +25,9 @@ import msgspec
 TAG_FIELD = "type"
 
 
+_TAGS: dict[type, str] = {}
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field=TAG_FIELD):
     """Base of every event, command and stored record on a stream.
 
@@ -36,7 +39,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field=TAG_FIELD):
     @classmethod
     def event_tag(cls) -> str:
         """The stable tag that identifies this event type on the wire."""
-        return str(cls.__struct_config__.tag)
+        # msgspec builds a new config object at every ``__struct_config__``: ~5 us, on every append
+        tag = _TAGS.get(cls)
+        if tag is None:
+            tag = _TAGS[cls] = str(cls.__struct_config__.tag)
+        return tag
 
     @classmethod
     def event_family(cls) -> str:

@@ -15,8 +15,9 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from core.errors import LogUnavailable
+from core.log.group_commit import GroupCommit
 from core.settings import Settings
-from core.wire import AckTracker, Position, RawTap
+from core.wire import AckTracker, Position, RawTap, batch_frames
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -27,7 +28,8 @@ class LogConnection:
 
     Appends are published with a reply subject on the log's own inbox and matched to their
     acknowledgements by :class:`core.wire.AckTracker` (see :mod:`core.wire` for why not nats-py's
-    ``publish_async``).
+    ``publish_async``). Appends to one stream that wait at the same moment go out as one atomic
+    batch (:mod:`core.log.group_commit`) unless ``settings.group_commit`` is off.
     """
 
     def __init__(self, nc: NATS, settings: Settings) -> None:
@@ -41,6 +43,7 @@ class LogConnection:
         self._tokens = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
         self._raw_tap: RawTap | None = None
+        self._group = GroupCommit(self._publish_now, self._publish_batch) if settings.group_commit else None
 
     @classmethod
     async def connect(cls, settings: Settings, *, name: str = "resontech") -> Self:
@@ -83,6 +86,8 @@ class LogConnection:
     async def close(self) -> None:
         """Wait for outstanding appends (up to the ack time-out), then disconnect."""
         with contextlib.suppress(Exception):
+            if self._group is not None:
+                await self._group.drain()
             await self._wait_pending()
         for task in list(self._background):
             with contextlib.suppress(Exception):
@@ -109,6 +114,21 @@ class LogConnection:
         headers: dict[str, str],
         expected: int | None = None,
     ) -> asyncio.Future[Position]:
+        """Send an append (in the next group commit of its stream) and return the future of its
+        position."""
+        if self._group is not None:
+            future = self._group.enqueue(subject, data, headers, expected)
+            if future is not None:
+                return future
+        return await self._publish_now(subject, data, headers, expected)
+
+    async def _publish_now(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str],
+        expected: int | None = None,
+    ) -> asyncio.Future[Position]:
         token = str(next(self._tokens))
         future = self._acks.add(token, subject, expected)
         try:
@@ -116,6 +136,27 @@ class LogConnection:
         except nats.errors.Error as exc:
             self._acks.pending.pop(token, None)
             raise LogUnavailable(f"cannot publish to {subject}: {exc}") from None
+        return future
+
+    async def _publish_batch(
+        self, messages: list[tuple[str, bytes, dict[str, str]]], size: int
+    ) -> asyncio.Future[Position]:
+        """Send an atomic batch as one write (:func:`core.wire.batch_frames`); the future of its
+        commit's acknowledgement."""
+        nc = self._nc
+        if nc.is_closed or (not nc.is_connected and nc._max_pending_size <= 0):
+            raise LogUnavailable(f"cannot publish a batch to {messages[-1][0]}: not connected")
+        token = str(next(self._tokens))
+        future = self._acks.add(token, messages[-1][0], None, batch=size)
+        frames = batch_frames(messages, self._inbox + token)
+        try:
+            await nc._send_command(frames)
+            if nc._flush_queue is not None and nc._flush_queue.empty():
+                await nc._flush_pending()
+        except nats.errors.Error as exc:
+            self._acks.pending.pop(token, None)
+            self._acks.batches.pop(token, None)
+            raise LogUnavailable(f"cannot publish a batch to {messages[-1][0]}: {exc}") from None
         return future
 
     async def _wait_pending(self) -> None:

@@ -37,6 +37,8 @@ class StreamSetup(LogConnection):
             except nats.js.errors.BadRequestError:
                 existing = await jsm.stream_info(spec.name)
                 config.persist_mode = existing.config.persist_mode
+                if config.persist_mode == api.PersistMode.ASYNC:
+                    config.allow_atomic = None
                 await jsm.update_stream(config)
             except nats.js.errors.ServiceUnavailableError as exc:
                 raise LogUnavailable(f"JetStream is not available: {exc}") from None
@@ -75,4 +77,6 @@ def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
         sources=[api.StreamSource(name=s) for s in spec.sources] or None,
         allow_direct=True,
         persist_mode=api.PersistMode.ASYNC if spec.persist_async and replicas == 1 else None,
+        # group commit (core.log.group_commit); the server refuses it beside persist_mode async
+        allow_atomic=None if spec.persist_async and replicas == 1 else True,
     )

@@ -71,8 +71,11 @@ def submissions(count: int, prefix: str = "j") -> Iterator[tuple[str, JobSubmitt
         yield job_subject(tenant, f"{prefix}{i}", event), event, f"submit-{tenant}-{prefix}{i}"
 
 
-async def placement_run(url: str, workers: int, jobs: int) -> dict[str, Any]:
-    """Register ``workers``, submit ``jobs``, run a coordinator until all are placed (or it stalls)."""
+async def placement_run(url: str, workers: int, jobs: int, *, group_commit: bool = True) -> dict[str, Any]:
+    """Register ``workers``, submit ``jobs``, run a coordinator until all are placed (or it stalls).
+
+    ``group_commit=False``: the coordinator's appends go one by one, each its own write (the
+    baseline :mod:`core.log.group_commit` is measured against)."""
     settings = Settings(nats_url=url, ack_timeout_s=60.0)
     async with await EventLog.connect(settings, name="bench-setup") as log:
         await log.ensure_streams()
@@ -80,7 +83,7 @@ async def placement_run(url: str, workers: int, jobs: int) -> dict[str, Any]:
         await fleet.register()
         await fleet.beat()
         await log.append_many(submissions(jobs))
-    own = await EventLog.connect(Settings(nats_url=url), name="bench-coordinator")
+    own = await EventLog.connect(Settings(nats_url=url, group_commit=group_commit), name="bench-coordinator")
     coordinator = Coordinator(own, name="bench-coordinator")
     stop = asyncio.Event()
     task = asyncio.create_task(coordinator.run(stop))
@@ -123,9 +126,23 @@ async def placement_run(url: str, workers: int, jobs: int) -> dict[str, Any]:
     }
 
 
-async def placement(workers: int, jobs: int, *, sync_always: bool) -> dict[str, Any]:
-    """One placement run and its raw baselines on a private server (durable or not)."""
+async def placement(
+    workers: int, jobs: int, *, sync_always: bool, one_by_one: bool = False
+) -> dict[str, Any]:
+    """One placement run and its raw baselines on a private server (durable or not); with
+    ``one_by_one``, first the same run with group commit off, on a server of its own."""
     label = "durable (sync_interval: always)" if sync_always else "no per-write fsync"
+    baseline: dict[str, Any] = {}
+    if one_by_one:
+        print(f"placement, {label}, group commit off: {workers:,} workers, {jobs:,} jobs", flush=True)
+        with private_nats(sync_always=sync_always) as server:
+            baseline = await placement_run(server.url, workers, jobs, group_commit=False)
+        print(
+            f"  coordinator, appends one by one: {baseline['placed']:,} placed in "
+            f"{baseline['place_s']:.2f}s = {baseline['placements_per_s']:,.0f}/s; placed and started "
+            f"{baseline['placed_and_started_per_s']:,.0f}/s",
+            flush=True,
+        )
     print(f"placement, {label}: {workers:,} workers, {jobs:,} jobs", flush=True)
     with private_nats(sync_always=sync_always) as server:
         ours = await placement_run(server.url, workers, jobs)
@@ -150,5 +167,7 @@ async def placement(workers: int, jobs: int, *, sync_always: bool) -> dict[str, 
         "raw_placed_and_started_per_s": raw,
         "raw_placed_eps": raw_placed,
         "ratio": ours["placed_and_started_per_s"] / raw,
+        "one_by_one_placements_per_s": baseline.get("placements_per_s", 0.0),
+        "one_by_one_placed_and_started_per_s": baseline.get("placed_and_started_per_s", 0.0),
         "nats_rss_mb": server_rss,
     }
