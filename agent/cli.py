@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "credentials; ignored once the state dir holds an enrollment",
     )
     p.add_argument(
-        "--gateway", metavar="URL", help="the gateway to enroll with (default RESONTECH_GATEWAY_URL)"
+        "--gateway",
+        metavar="URL",
+        help="the gateway to enroll with, or several comma-separated (default RESONTECH_GATEWAY_URL)",
     )
     p.add_argument(
         "--unsandboxed",
@@ -125,8 +127,6 @@ async def _enrolled(
     args: argparse.Namespace, settings: AgentSettings, core: Settings, data_dir: Path
 ) -> tuple[AgentSettings, Settings]:
     """The settings of an enrolled agent (enrolling first with ``--enroll-token``), else as given."""
-    import httpx
-
     from agent import enroll
 
     state_dir = Path(settings.state_dir)
@@ -144,8 +144,7 @@ async def _enrolled(
             raise ConfigError(
                 "--enroll-token needs the gateway's URL: --gateway URL (or RESONTECH_GATEWAY_URL)"
             )
-        async with httpx.AsyncClient(base_url=gateway, timeout=30.0) as client:
-            enrolled = await enroll.enroll(client, token, state_dir)
+        enrolled = await enroll.enroll_through(gateway, token, state_dir)
     if enrolled is None:
         return settings, core
     settings, core = enroll.apply(enrolled, settings, core)

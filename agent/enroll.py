@@ -55,6 +55,29 @@ def save_enrollment(state_dir: Path, enrolled: Enrolled) -> Path:
     return path
 
 
+class NotConnected(ConfigError):
+    """No connection to the gateway could be opened: the token was not sent."""
+
+
+async def enroll_through(gateways: str, token: str, state_dir: Path) -> Enrolled:
+    """Enroll through the first of ``gateways`` (one URL, or several comma-separated) that accepts
+    a connection. Only a connection that could not be opened moves on to the next: the token is used
+    up once a gateway has it, so a request that may have arrived is never sent again.
+
+    Raises:
+        ConfigError: as :func:`enroll`; no gateway could be reached.
+    """
+    urls = [url.strip().rstrip("/") for url in gateways.split(",") if url.strip()]
+    for url in urls[:-1]:
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            try:
+                return await enroll(client, token, state_dir)
+            except NotConnected as exc:
+                log.warning("%s; enrolling through the next gateway", exc.message)
+    async with httpx.AsyncClient(base_url=urls[-1] if urls else gateways, timeout=30.0) as client:
+        return await enroll(client, token, state_dir)
+
+
 async def enroll(client: httpx.AsyncClient, token: str, state_dir: Path) -> Enrolled:
     """Enroll the agent of ``state_dir`` through the gateway ``client`` talks to, and save the result.
 
@@ -64,6 +87,8 @@ async def enroll(client: httpx.AsyncClient, token: str, state_dir: Path) -> Enro
     body = {"token": token.strip(), "worker_id": worker_id(state_dir), "hostname": socket.gethostname()}
     try:
         response = await client.post("/v1/agents/enroll", json=body)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise NotConnected(f"cannot reach the gateway at {client.base_url}: {exc}") from None
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the gateway at {client.base_url}: {exc}") from None
     if response.status_code != 201:

@@ -1,6 +1,6 @@
 """The asyncio client, :class:`AsyncClient`: the same calls as :class:`~gateway.client.Client`, each
-awaitable, sent with ``httpx.AsyncClient``; file reads run in threads so that the event loop never
-blocks on the disk."""
+awaitable, sent with ``httpx.AsyncClient`` (to the next gateway when one cannot answer); file reads
+run in threads so that the event loop never blocks on the disk."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +17,7 @@ import httpx
 from gateway.client.calls import _Calls
 from gateway.client.config import resolve
 from gateway.client.feed import follow_feed
+from gateway.client.gateways import Gateways
 from gateway.client.request import _Req, _unreachable
 from gateway.client.transfer import (
     CHUNK,
@@ -36,12 +37,20 @@ T = TypeVar("T")
 
 
 class AsyncClient(_Calls):
-    """The asyncio client: the same calls as :class:`Client`, each awaitable."""
+    """The asyncio client: the same calls as :class:`Client`, each awaitable; the same arguments."""
 
-    def __init__(self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0) -> None:
-        self.config = resolve(url, key)
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry_s: float | None = None,
+    ) -> None:
+        self.config = resolve(url, key, retry_s=retry_s)
+        self.gateways = Gateways(self.config.urls)
         headers = {"Authorization": f"Bearer {self.config.key}"} if self.config.key else {}
-        self.http = httpx.AsyncClient(base_url=self.config.url, headers=headers, timeout=timeout)
+        self.http = httpx.AsyncClient(base_url=self.config.urls[0], headers=headers, timeout=timeout)
         self._store = httpx.AsyncClient(timeout=httpx.Timeout(timeout, read=300.0))
 
     async def __aenter__(self) -> AsyncClient:
@@ -55,11 +64,19 @@ class AsyncClient(_Calls):
         await self._store.aclose()
 
     async def _send(self, req: _Req[T]) -> T:
-        try:
-            response = await self.http.send(req.request(self.http))
-        except httpx.TransportError as exc:
-            raise _unreachable(self.config, exc) from None
-        return req.answer(response)
+        attempts = self.gateways.attempts(self.config.retry_s)
+        while True:
+            try:
+                response = await self.http.send(req.request(self.http, attempts.url))
+            except httpx.TransportError as exc:
+                wait = attempts.after_error(exc, req.may_replay)
+                if wait is None:
+                    raise _unreachable(attempts, req, exc) from None
+            else:
+                wait = attempts.after_answer(response.status_code, req.may_replay)
+                if wait is None:
+                    return req.answer(response)
+            await asyncio.sleep(wait)
 
     async def upload(
         self,
@@ -113,7 +130,7 @@ class AsyncClient(_Calls):
         """``async for event in client.feed(job=...)``: the live feed as :class:`FeedMessage` events,
         resuming by itself. The arguments are :func:`follow_feed`'s."""
         return follow_feed(
-            self.config.url,
+            self.gateways.rotated(),
             self.config.key,
             job=job,
             endpoint=endpoint,

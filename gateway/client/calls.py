@@ -1,10 +1,15 @@
 """Every API call, described once (a :class:`_Call` in :class:`_Calls`): a method builds the request
 and names the decoder of its answer; only sending differs between :class:`~gateway.client.Client`
 and :class:`~gateway.client.AsyncClient`, and the descriptor types each method for the client it is
-read from (``T`` on ``Client``, an awaitable of ``T`` on ``AsyncClient``)."""
+read from (``T`` on ``Client``, an awaitable of ``T`` on ``AsyncClient``).
+
+Every create that the API makes idempotent (submit, deploy) carries an ``Idempotency-Key``, the
+caller's or a new one per call: the client may then send it again, to another gateway, after an
+answer was lost (:mod:`gateway.client.gateways`), and it is stored once."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
@@ -74,6 +79,12 @@ _INVOICES = msgspec.json.Decoder(list[InvoiceSummary]).decode
 _PAYOUTS = msgspec.json.Decoder(Payouts).decode
 
 
+def _idempotency(key: str | None) -> dict[str, str]:
+    """The ``Idempotency-Key`` header of one logical create: the caller's key, else a new one (the same
+    for every attempt of this call, since a call is described once and sent as often as needed)."""
+    return {"Idempotency-Key": key or f"sdk-{secrets.token_urlsafe(24)}"}
+
+
 class _Call(Generic[P, T]):
     """One API call, described once: ``describe(self, *args) -> _Req[T]``.
 
@@ -115,6 +126,11 @@ class _Calls:
         raise NotImplementedError
 
     # -- identity and tenancy --------------------------------------------------------------------
+
+    @_Call
+    def health(self) -> _Req[None]:
+        """Whether a gateway answers (any key, or none); the client then prefers the one that did."""
+        return _Req("GET", "/v1/health", _no_body)
 
     @_Call
     def me(self) -> _Req[Me]:
@@ -181,10 +197,10 @@ class _Calls:
         self, spec: Mapping[str, object] | SubmitJob, *, idempotency_key: str | None = None
     ) -> _Req[Job]:
         """Submit a job spec (a :class:`SubmitJob`, or a mapping of its fields, e.g. a spec file's);
-        returns the :class:`Job`. With an ``idempotency_key``, a retried submission is stored once
-        and returns the same job."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return _Req("POST", "/v1/jobs", _JOB, _spec(spec), headers=headers)
+        returns the :class:`Job`. Submitting again with the same ``idempotency_key`` stores nothing
+        more and returns the same job; without one, the call makes its own, so that the client's
+        retries (another gateway, a lost answer) are stored once."""
+        return _Req("POST", "/v1/jobs", _JOB, _spec(spec), headers=_idempotency(idempotency_key))
 
     @_Call
     def jobs(
@@ -208,7 +224,9 @@ class _Calls:
     @_Call
     def cancel_job(self, job_id: str, *, tenant: str | None = None) -> _Req[Job]:
         """Cancel a job (running shards checkpoint and stop); returns it as it now reads."""
-        return _Req("POST", f"/v1/jobs/{job_id}/cancel", _JOB, params=_params(tenant=tenant))
+        # Replayable: a second cancel stores nothing (a cancelled job is a 409 job_ended).
+        path = f"/v1/jobs/{job_id}/cancel"
+        return _Req("POST", path, _JOB, params=_params(tenant=tenant), replayable=True)
 
     @_Call
     def job_events(
@@ -221,9 +239,13 @@ class _Calls:
     # -- endpoints -------------------------------------------------------------------------------
 
     @_Call
-    def deploy(self, spec: Mapping[str, object] | DeployEndpoint) -> _Req[Endpoint]:
-        """Deploy an endpoint (a :class:`DeployEndpoint`, or a mapping of its fields)."""
-        return _Req("POST", "/v1/endpoints", _ENDPOINT, _spec(spec))
+    def deploy(
+        self, spec: Mapping[str, object] | DeployEndpoint, *, idempotency_key: str | None = None
+    ) -> _Req[Endpoint]:
+        """Deploy an endpoint (a :class:`DeployEndpoint`, or a mapping of its fields); the
+        ``idempotency_key`` works as :meth:`submit_job`'s."""
+        headers = _idempotency(idempotency_key)
+        return _Req("POST", "/v1/endpoints", _ENDPOINT, _spec(spec), headers=headers)
 
     @_Call
     def endpoints(
@@ -292,7 +314,8 @@ class _Calls:
     @_Call
     def _part_urls(self, upload_id: str, key: str, size: int, first: int, count: int) -> _Req[PartUrls]:
         body = PartsRequest(key=key, size=size, first=first, count=count)
-        return _Req("POST", f"/v1/workspace/uploads/{upload_id}/parts", _PART_URLS, body)
+        path = f"/v1/workspace/uploads/{upload_id}/parts"
+        return _Req("POST", path, _PART_URLS, body, replayable=True)  # presigning stores nothing
 
     @_Call
     def _complete(self, upload_id: str, key: str, etags: dict[int, str]) -> _Req[WorkspaceObject]:

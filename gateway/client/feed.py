@@ -1,19 +1,22 @@
 """The live feed (``/v1/feed``) as one endless stream of events: :func:`follow_feed` reconnects after
-a drop and resumes from its cursor, so nothing is missed or repeated; :func:`_feed_in_thread` hands
+a drop, to the next gateway when there are several, and resumes from its cursor (stream sequences of
+the one log every gateway follows), so nothing is missed or repeated; :func:`_feed_in_thread` hands
 the same stream to synchronous code (``Client.feed``) through an event loop in a background thread."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import queue
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from gateway.client.errors import ApiError
+from gateway.client.gateways import parse_urls
 from gateway.client.request import _params
 from schemas.api.feed import FeedError, FeedMessage
 
@@ -25,6 +28,9 @@ _FEED_MESSAGE = msgspec.json.Decoder(FeedMessage).decode
 FATAL_CLOSES = {4400: "bad_request", 4401: "unauthenticated", 4403: "forbidden", 4404: "not_found"}
 """Close codes after which reconnecting cannot help (4000 + the HTTP status)."""
 CURSOR_STREAMS = {"JOBS": "jobs", "ENDPOINTS": "endpoints"}
+IDLE_S = 60.0
+"""A connection silent this long (the gateway pings every 20 s by default) is taken for dead: a
+stopped gateway never closes it."""
 
 
 class _Cursor:
@@ -53,7 +59,7 @@ class _Cursor:
 
 
 async def follow_feed(
-    url: str,
+    url: str | Sequence[str],
     key: str | None,
     *,
     job: str | None = None,
@@ -62,17 +68,21 @@ async def follow_feed(
     after: str | None = None,
     tenant: str | None = None,
     max_backoff_s: float = 10.0,
+    idle_s: float = IDLE_S,
 ) -> AsyncIterator[FeedMessage]:
     """The caller's events from ``/v1/feed``, forever: after a drop (a restart, a slow consumer
-    closed with 4008) it reconnects with its cursor, so nothing is missed or repeated. Control
-    messages (``feed.ready``, ``feed.ping``, ``feed.error``) only move the cursor.
+    closed with 4008, a gateway gone) it reconnects with its cursor, to the next gateway when there
+    are several, so nothing is missed or repeated. Control messages (``feed.ready``, ``feed.ping``,
+    ``feed.error``) only move the cursor.
 
     Args:
+        url: the gateway's URL, or several (comma-separated, or a sequence), tried in turn.
         job / endpoint: only events of these jobs / endpoints (comma-separated ids).
         kind: only these kinds (comma-separated): an event tag, a family (``job``) or ``telemetry``.
         after: resume after this cursor (``jobs:<seq>,endpoints:<seq>``); default: start live.
         tenant: the tenant to watch (the operator only).
-        max_backoff_s: the longest wait between two reconnection attempts, in seconds.
+        max_backoff_s: the longest wait between two rounds of reconnection attempts, in seconds.
+        idle_s: a connection that brings nothing (not even a ping) for this long is dropped.
 
     Yields:
         Each event as a :class:`FeedMessage` (``kind``, ``seq``, ``time``, ``event``...; ``event``
@@ -80,23 +90,30 @@ async def follow_feed(
 
     Raises:
         ApiError: the gateway refused the key, the filters or the tenant (4400/4401/4403/4404), or
-            sent a message that is not a :class:`FeedMessage` (``invalid_response``).
+            sent a message that is not a :class:`FeedMessage` (``invalid_response``); a malformed
+            URL (``ConfigError``).
     """
+    urls = parse_urls(url)
     cursor = _Cursor(after)
     backoff = 0.2
-    ws_base = "ws" + url.removeprefix("http")
+    failures = 0
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    while True:
+    for turn in itertools.count():  # each connection goes to the next gateway
+        ws_base = "ws" + urls[turn % len(urls)].removeprefix("http")
         query = _params(job=job, endpoint=endpoint, kind=kind, tenant=tenant, after=str(cursor) or None)
         ws = await _open(f"{ws_base}/v1/feed", query, headers)
+        served = False
         if ws is not None:
-            async with contextlib.aclosing(_session(ws, cursor)) as messages:
+            async with contextlib.aclosing(_session(ws, cursor, idle_s)) as messages:
                 async for message in messages:
-                    backoff = 0.2
+                    served, backoff = True, 0.2
                     if not message.kind.startswith("feed."):
                         yield message
-        await asyncio.sleep(backoff)
-        backoff = min(max_backoff_s, backoff * 2)
+        failures = 0 if served else failures + 1
+        if failures and failures % len(urls):
+            continue  # this gateway failed: the next one at once
+        await asyncio.sleep(backoff)  # after a drop, or a whole round of failures
+        backoff = 0.2 if served else min(max_backoff_s, backoff * 2)
 
 
 async def _open(url: str, query: Mapping[str, str | int], headers: Mapping[str, str]) -> WebSocket | None:
@@ -117,16 +134,17 @@ async def _open(url: str, query: Mapping[str, str | int], headers: Mapping[str, 
         return None
 
 
-async def _session(ws: WebSocket, cursor: _Cursor) -> AsyncGenerator[FeedMessage, None]:
+async def _session(ws: WebSocket, cursor: _Cursor, idle_s: float) -> AsyncGenerator[FeedMessage, None]:
     """Every message of one connection, control messages too, each moving ``cursor``. Ends when the
-    connection drops; a close after which reconnecting cannot help (:data:`FATAL_CLOSES`) raises
-    :class:`ApiError` with the reason the last ``feed.error`` gave. Closes ``ws`` however it ends."""
+    connection drops or stays silent for ``idle_s``; a close after which reconnecting cannot help
+    (:data:`FATAL_CLOSES`) raises :class:`ApiError` with the reason the last ``feed.error`` gave.
+    Closes ``ws`` however it ends."""
     from gateway.wsclient import ConnectionClosed
 
     error: FeedError | None = None
     try:
         while True:  # recv, not ``async for``: that ends quietly on a close, whose code matters here
-            message = _feed_message(await ws.recv())
+            message = _feed_message(await asyncio.wait_for(ws.recv(), idle_s))
             cursor.see(message)
             if message.kind == "feed.error":
                 error = message.error

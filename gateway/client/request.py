@@ -1,19 +1,20 @@
-"""One HTTP call to the API, described as data (:class:`_Req`): what to send, how its answer becomes
-a typed value, and how a refusal, an unreachable gateway or an undecodable answer becomes an
-:class:`~gateway.client.errors.ApiError`. Sending is the clients' own (sync or asyncio)."""
+"""One HTTP call to the API, described as data (:class:`_Req`): what to send, whether it may be sent
+twice, how its answer becomes a typed value, and how a refusal, an unreachable gateway or an
+undecodable answer becomes an :class:`~gateway.client.errors.ApiError`. Sending, to one gateway after
+another (:mod:`gateway.client.gateways`), is the clients' own (sync or asyncio)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import httpx
 import msgspec
 
-from gateway.client.config import Config
 from gateway.client.errors import ApiError
+from gateway.client.gateways import Attempts, replayable
 from schemas.api.common import ErrorBody
 
 T = TypeVar("T")
@@ -41,6 +42,8 @@ class _Req(Generic[T]):
     """One HTTP call to the API: what to send, and ``decode``, how its answer becomes a ``T``.
 
     ``body`` is a request Struct or a mapping of its fields (a spec file's content), sent as JSON.
+    ``replayable`` says whether the call may be sent again after it may have reached a gateway;
+    ``None``: as its method and ``Idempotency-Key`` say (:func:`~gateway.client.gateways.replayable`).
     """
 
     method: str
@@ -49,15 +52,22 @@ class _Req(Generic[T]):
     body: msgspec.Struct | Mapping[str, object] | None = None
     params: Mapping[str, str | int] | None = None
     headers: Mapping[str, str] | None = None
+    replayable: bool | None = None
 
-    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+    @property
+    def may_replay(self) -> bool:
+        """True when sending it again after a lost answer stores nothing twice."""
+        return replayable(self.method, self.headers) if self.replayable is None else self.replayable
+
+    def request(self, http: httpx.Client | httpx.AsyncClient, base: str) -> httpx.Request:
+        """The request to the gateway at ``base`` (its URL, e.g. ``http://127.0.0.1:8080``)."""
         headers = dict(self.headers or {})
         content = None
         if self.body is not None:
             content = _ENCODE(self.body)
             headers["Content-Type"] = "application/json"
         return http.build_request(
-            self.method, self.path, content=content, params=self.params, headers=headers
+            self.method, base + self.path, content=content, params=self.params, headers=headers
         )
 
     def answer(self, response: httpx.Response) -> T:
@@ -91,8 +101,9 @@ def _error(response: httpx.Response) -> ApiError:
     return ApiError(response.status_code, detail.code, detail.message, request_id)
 
 
-def _unreachable(config: Config, exc: httpx.TransportError) -> ApiError:
-    return ApiError(0, "unreachable", f"cannot reach the gateway at {config.url}: {exc}")
+def _unreachable(attempts: Attempts, req: _Req[Any], exc: httpx.TransportError) -> ApiError:
+    message = attempts.unreachable_message(req.method, req.path, exc, req.may_replay)
+    return ApiError(0, "unreachable", message)
 
 
 def _params(**values: str | int | None) -> dict[str, str | int]:

@@ -1,6 +1,7 @@
 """The synchronous client, :class:`Client`: every call of :class:`~gateway.client.calls._Calls` sent
-with ``httpx.Client``, uploads with parts in a thread pool, downloads streamed to a file, and the live
-feed followed by an event loop in a background thread."""
+with ``httpx.Client`` (to the next gateway when one cannot answer), uploads with parts in a thread
+pool, downloads streamed to a file, and the live feed followed by an event loop in a background
+thread."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import concurrent.futures
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +19,7 @@ import httpx
 from gateway.client.calls import _Calls
 from gateway.client.config import resolve
 from gateway.client.feed import _feed_in_thread, follow_feed
+from gateway.client.gateways import Gateways
 from gateway.client.request import _Req, _unreachable
 from gateway.client.transfer import (
     CHUNK,
@@ -36,12 +39,32 @@ T = TypeVar("T")
 
 
 class Client(_Calls):
-    """The synchronous client. ``Client(url, key)``; both default as :func:`resolve` says."""
+    """The synchronous client. ``Client(url, key)``; both default as :func:`resolve` says.
 
-    def __init__(self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0) -> None:
-        self.config = resolve(url, key)
+    Args:
+        url: the gateway's URL, or several (comma-separated, or a sequence): a call that one cannot
+            answer goes to the next (see :mod:`gateway.client.gateways`).
+        key: the API key.
+        timeout: seconds for each attempt's connection, sending and waiting for the answer.
+        retry_s: how long a call keeps trying the gateways; default ``RESONTECH_GATEWAY_RETRY_S``,
+            else 30 s with several URLs and one attempt with one.
+
+    Raises:
+        ConfigError: a malformed URL or retry deadline.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry_s: float | None = None,
+    ) -> None:
+        self.config = resolve(url, key, retry_s=retry_s)
+        self.gateways = Gateways(self.config.urls)
         headers = {"Authorization": f"Bearer {self.config.key}"} if self.config.key else {}
-        self.http = httpx.Client(base_url=self.config.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.config.urls[0], headers=headers, timeout=timeout)
         self._store = httpx.Client(timeout=httpx.Timeout(timeout, read=300.0))
 
     def __enter__(self) -> Client:
@@ -55,11 +78,19 @@ class Client(_Calls):
         self._store.close()
 
     def _send(self, req: _Req[T]) -> T:
-        try:
-            response = self.http.send(req.request(self.http))
-        except httpx.TransportError as exc:
-            raise _unreachable(self.config, exc) from None
-        return req.answer(response)
+        attempts = self.gateways.attempts(self.config.retry_s)
+        while True:
+            try:
+                response = self.http.send(req.request(self.http, attempts.url))
+            except httpx.TransportError as exc:
+                wait = attempts.after_error(exc, req.may_replay)
+                if wait is None:
+                    raise _unreachable(attempts, req, exc) from None
+            else:
+                wait = attempts.after_answer(response.status_code, req.may_replay)
+                if wait is None:
+                    return req.answer(response)
+            time.sleep(wait)
 
     def upload(
         self,
@@ -121,7 +152,7 @@ class Client(_Calls):
         generator stops it). The arguments are :func:`follow_feed`'s."""
         return _feed_in_thread(
             lambda: follow_feed(
-                self.config.url,
+                self.gateways.rotated(),
                 self.config.key,
                 job=job,
                 endpoint=endpoint,

@@ -38,7 +38,7 @@ def cmd_logout(args: argparse.Namespace) -> int:
 def cmd_whoami(args: argparse.Namespace) -> int:
     with client(args) as rt:
         me = rt.me()
-        show(args, me, lambda m: f"{m.principal} ({m.role}) at {rt.config.url}")
+        show(args, me, lambda m: f"{m.principal} ({m.role}) at {rt.gateways.current}")
     return 0
 
 

@@ -113,8 +113,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from openai.types.chat import ChatCompletionMessageParam
 
     with client(args) as rt:
-        config = rt.config
-    api = openai.OpenAI(base_url=f"{config.url.rstrip('/')}/v1", api_key=config.key or "", timeout=180.0)
+        rt.health()  # the OpenAI client speaks to one gateway: one that answers now
+        url, key = rt.gateways.current, rt.config.key
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key=key or "", timeout=180.0)
     try:
         if args.embed:
             vector = api.embeddings.create(model=args.endpoint, input=args.prompt).data[0].embedding

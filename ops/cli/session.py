@@ -34,7 +34,11 @@ def add_user_command(command: Callable[..., argparse.ArgumentParser]) -> UserCom
 
     def user(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
         p = command(name, lambda args, _settings: handler(args), help_text)
-        p.add_argument("--url", help="gateway URL (default: RESONTECH_GATEWAY_URL, login, dev.env)")
+        p.add_argument(
+            "--url",
+            help="gateway URL, or several comma-separated, tried in turn when one is down "
+            "(default: RESONTECH_GATEWAY_URL, login, dev.env)",
+        )
         p.add_argument("--key", help="API key (default: RESONTECH_API_KEY, login, dev.env)")
         return p
 
