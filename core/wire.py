@@ -39,6 +39,8 @@ QUARANTINE_SENDER = "Resontech-Quarantine-Sender"
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a failed expected-sequence check."""
+WRONG_LAST_SEQUENCE_CONSTANT = 10164
+"""The same, as a replicated stream's leader may word it (``JSStreamWrongLastSequenceConstantErr``)."""
 ATOMIC_PUBLISH_DISABLED = 10174
 """JetStream's error code for an atomic batch sent to a stream without ``allow_atomic``."""
 
@@ -172,7 +174,7 @@ def parse_reply(reply: str) -> tuple[int, int, int]:
 
 
 def _conflict_or_rejection(subject: str, expected: int | None, error: _AckError) -> Exception:
-    if error.err_code == WRONG_LAST_SEQUENCE:
+    if error.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
         return ConcurrencyConflict(
             f"append to {subject} expected last sequence {expected}: {error.description}",
             subject=subject,

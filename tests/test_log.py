@@ -198,6 +198,32 @@ async def test_an_append_nothing_answered_is_retried_until_a_stream_answers(log:
         await log._js.delete_stream("LATE")
 
 
+async def test_an_append_to_a_stream_of_ours_waits_for_a_leader_past_a_second(log: EventLog) -> None:
+    """A replicated stream whose leader died answers nothing for 4-9 s: an append to a subject our
+    streams capture keeps trying (with the same id) until a leader answers."""
+    info = await log._js.stream_info("JOBS")
+    await log._js.delete_stream("JOBS")
+
+    async def recreate_later() -> None:
+        await asyncio.sleep(2.0)
+        await log._js.add_stream(info.config)
+
+    recreating = asyncio.create_task(recreate_later())
+    started = time.monotonic()
+    position = await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
+    assert position.stream == "JOBS" and position.seq == 1
+    assert time.monotonic() - started >= 2.0
+    await recreating
+
+
+def test_a_lost_race_worded_by_a_replicated_streams_leader_is_a_conflict() -> None:
+    for code in (10071, 10164):
+        error = core.wire._AckError(code=400, err_code=code, description="wrong last sequence: 7")
+        assert isinstance(core.wire._conflict_or_rejection("job.a.j.placed", 6, error), ConcurrencyConflict)
+    other = core.wire._AckError(code=400, err_code=10060, description="expected stream does not match")
+    assert not isinstance(core.wire._conflict_or_rejection("job.a.j.placed", 6, other), ConcurrencyConflict)
+
+
 async def test_unacknowledged_append_times_out(nats_server: object, log: EventLog) -> None:
     """A subject answered by a plain subscriber that never replies: the ack never comes."""
     url = log.settings.nats_url

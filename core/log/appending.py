@@ -22,10 +22,15 @@ from schemas._base import Event
 from schemas.catalog import encode
 
 NO_RESPONDERS_RETRY_S = 1.0
-"""How long :meth:`EventLog.append` retries an append that nothing answered. A server reloading its
-configuration (``resontech nats-auth`` adding an agent's user) leaves JetStream silent for ~50 ms;
-an append in that gap is retried rather than failed. A subject no stream captures fails after it."""
+"""How long :meth:`EventLog.append` retries an append that nothing answered, on a subject no stream
+of ours captures: it fails after this (the server has no stream for it)."""
+LEADERLESS_RETRY_S = 12.0
+"""How long it retries one that a stream of ours captures. Nothing answers while that stream has no
+leader: a server reloading its configuration (``resontech nats-auth`` adding an agent's user) leaves
+JetStream silent for ~50 ms, and a replicated stream whose leader died elects another in 4-9 s
+(nats-server's raft election time-out). An append in that gap waits for the new leader."""
 NO_RESPONDERS_FIRST_DELAY_S = 0.025
+NO_RESPONDERS_MAX_DELAY_S = 0.5
 DEFAULT_MAX_IN_FLIGHT = 8192
 
 
@@ -66,10 +71,11 @@ class Appending(LogConnection):
                 headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_filter
         elif expected_filter is not None:
             raise ValueError("expected_filter needs expected_seq")
-        _check_subject(subject, event)
+        ours = _check_subject(subject, event)
         data = encode(event)
         delay = NO_RESPONDERS_FIRST_DELAY_S
-        deadline = asyncio.get_running_loop().time() + NO_RESPONDERS_RETRY_S
+        patience = LEADERLESS_RETRY_S if ours else NO_RESPONDERS_RETRY_S
+        deadline = asyncio.get_running_loop().time() + patience
         while True:
             future = await self._publish(subject, data, headers, expected_seq)
             try:
@@ -79,7 +85,7 @@ class Appending(LogConnection):
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise
             await asyncio.sleep(delay)
-            delay *= 2
+            delay = min(delay * 2, NO_RESPONDERS_MAX_DELAY_S)
 
     async def submit(
         self, subject: str, event: Event, *, event_id: str, expected_seq: int | None = None
@@ -135,16 +141,18 @@ class Appending(LogConnection):
         return await (await self._publish(subject, data, {MSG_ID: event_id or new_event_id()}))
 
 
-def _check_subject(subject: str, event: Event) -> None:
-    """Refuse an event whose type is not the one its subject names (see :func:`subject_mismatch`).
-    A subject no stream of ours captures is left to the server (no responders)."""
+def _check_subject(subject: str, event: Event) -> bool:
+    """Refuse an event whose type is not the one its subject names (see :func:`subject_mismatch`);
+    whether a stream of ours captures ``subject`` (one that does not is left to the server: no
+    responders)."""
     try:
         spec = stream_for_subject(subject)
     except InvalidInput:
-        return
+        return False
     mismatch = subject_mismatch(spec, subject, event)
     if mismatch is not None:
         raise InvalidInput(f"refused: {mismatch}")
+    return True
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
