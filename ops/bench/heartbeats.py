@@ -130,12 +130,22 @@ async def ingest(workers: int, seconds: float, *, sync_always: bool, warmup_s: f
     """Heartbeats of ``workers`` at 1 Hz from a child process, a LIVENESS runner following here."""
     label = "durable (sync_interval: always)" if sync_always else "no per-write fsync"
     print(f"heartbeat ingest, {label}: {workers:,} workers at 1 Hz for {seconds:g}s", flush=True)
-    with private_nats(sync_always=sync_always) as server, tempfile.TemporaryDirectory() as tmp:
-        async with await EventLog.connect(Settings(nats_url=server.url), name="bench-ingest") as log:
+    with private_nats(sync_always=sync_always) as server:
+        result = await ingest_at(server.url, 1, workers, seconds, warmup_s)
+        result["nats_rss_mb"] = process_peak_rss_mb(server.pid or 0)
+    return result
+
+
+async def ingest_at(
+    url: str, replicas: int, workers: int, seconds: float, warmup_s: float = 3.0
+) -> dict[str, Any]:
+    """:func:`ingest` on the servers of ``url`` (a cluster's: ``replicas`` 3)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(nats_url=url, stream_replicas=replicas)
+        async with await EventLog.connect(settings, name="bench-ingest") as log:
             await log.ensure_streams()
-            lags, measured, fleet = await follow_fleet(log, server.url, workers, seconds, warmup_s, Path(tmp))
-            raw = await raw_beats(server.url, SimulatedFleet(log, workers, interval_s=1.0, seed=11))
-        server_rss = process_peak_rss_mb(server.pid or 0)
+            lags, measured, fleet = await follow_fleet(log, url, workers, seconds, warmup_s, Path(tmp))
+            raw = await raw_beats(url, SimulatedFleet(log, workers, interval_s=1.0, seed=11))
     result = {
         "workers": workers,
         "seconds": measured,
@@ -149,7 +159,6 @@ async def ingest(workers: int, seconds: float, *, sync_always: bool, warmup_s: f
         "lag_p99_s": nearest_rank(lags, 0.99),
         "lag_max_s": max(lags, default=0.0),
         "fleet_rss_mb": fleet["peak_rss_mb"],
-        "nats_rss_mb": server_rss,
     }
     print(
         f"  acknowledged {result['beats_acked_per_s']:,.0f} beats/s (1 Hz = {workers:,}/s), "

@@ -71,12 +71,15 @@ def submissions(count: int, prefix: str = "j") -> Iterator[tuple[str, JobSubmitt
         yield job_subject(tenant, f"{prefix}{i}", event), event, f"submit-{tenant}-{prefix}{i}"
 
 
-async def placement_run(url: str, workers: int, jobs: int, *, group_commit: bool = True) -> dict[str, Any]:
+async def placement_run(
+    url: str, workers: int, jobs: int, *, group_commit: bool = True, replicas: int = 1
+) -> dict[str, Any]:
     """Register ``workers``, submit ``jobs``, run a coordinator until all are placed (or it stalls).
 
     ``group_commit=False``: the coordinator's appends go one by one, each its own write (the
-    baseline :mod:`core.log.group_commit` is measured against)."""
-    settings = Settings(nats_url=url, ack_timeout_s=60.0)
+    baseline :mod:`core.log.group_commit` is measured against). ``replicas``: of every stream
+    (3 on a cluster: ``url`` then lists its nodes)."""
+    settings = Settings(nats_url=url, ack_timeout_s=60.0, stream_replicas=replicas)
     async with await EventLog.connect(settings, name="bench-setup") as log:
         await log.ensure_streams()
         fleet = SimulatedFleet(log, workers, interval_s=3600.0, seed=7)

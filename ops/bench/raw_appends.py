@@ -90,7 +90,7 @@ async def raw_beats(url: str, fleet: SimulatedFleet) -> float:
         (heartbeat_subject(w.worker_id), encode(Heartbeat(interval_s=1.0, gpus=w.telemetry, cpu_pct=12.5)))
         for w in fleet.workers
     ]
-    nc = await nats.connect(url, name="bench-raw-beats")
+    nc = await nats.connect(url.split(","), name="bench-raw-beats")
     js = nc.jetstream(timeout=60.0)
     started = time.perf_counter()
     await bounded(js.publish(s, d, headers={MSG_ID: new_event_id()}) for s, d in payloads)

@@ -4,6 +4,8 @@ Without ``auth`` the server is open (no users), as every test that does not test
 it. With :class:`NatsAuth` it runs the two accounts of :mod:`core.natsauth`: the kernel's user with
 full access, and enrolled agents each confined to its own subjects, read from an agents file that
 :mod:`ops.services.natsauth` rewrites from the PROVIDERS stream and that :meth:`NatsServer.reload` applies.
+With :class:`ClusterConfig` the server is one node of a JetStream cluster
+(:mod:`ops.devstack.natscluster` starts a whole one).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import signal
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +23,16 @@ from typing import Any
 import nats
 
 from core.natsauth import KERNEL_USER, agent_users, bcrypt_hash, server_accounts
-from ops.ports import free_port
-from ops.process import LocalServer, ServerStartError, ensure_writable_dir, find_binary, run_async, tcp_open
+from ops.ports import ensure_port_free, free_port
+from ops.process import (
+    LocalServer,
+    ServerStartError,
+    ensure_writable_dir,
+    find_binary,
+    run_async,
+    spawn,
+    tcp_open,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,44 @@ class NatsAuth:
 
     kernel_password: str
     agents_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The ``cluster {}`` block of one node of a JetStream cluster.
+
+    Every node of a cluster gets the same ``name``, ``routes`` and credentials; ``host``/``port`` are
+    the node's own route listener.
+
+    Attributes:
+        name: the cluster's name, the same on every node.
+        host: the address the node listens on for routes.
+        port: the route port (explicit: the other nodes' routes name it, so 0 is refused).
+        routes: ``nats-route://host:port`` of every node; a node's own is allowed (the server
+            notices a route to itself and drops it), so every node can take the same tuple.
+        user: the route user (empty: routes need no credentials); the same on every node.
+        password: the route password.
+    """
+
+    name: str
+    host: str
+    port: int
+    routes: tuple[str, ...]
+    user: str = ""
+    password: str = ""
+
+    def __post_init__(self) -> None:
+        if self.port <= 0:
+            raise ValueError("a cluster node needs an explicit route port")
+        if bool(self.user) != bool(self.password):
+            raise ValueError("route credentials need both a user and a password")
+
+    def route_urls(self) -> list[str]:
+        """The routes with the credentials in each URL (as the other nodes' authorization wants)."""
+        if not self.user:
+            return list(self.routes)
+        userinfo = f"{urllib.parse.quote(self.user, safe='')}:{urllib.parse.quote(self.password, safe='')}@"
+        return [route.replace("://", f"://{userinfo}", 1) for route in self.routes]
 
 
 class NatsServer(LocalServer):
@@ -58,6 +107,12 @@ class NatsServer(LocalServer):
             server's default (sync every 2 minutes): only for benchmarks that measure the client
             path rather than the disk.
         auth: accounts and users (:class:`NatsAuth`); ``None`` (default) runs an open server.
+        server_name: the server's name (default ``resontech-<port>``); a cluster's nodes need
+            distinct names, since JetStream's raft groups know their peers by name.
+        cluster: this node's part of a cluster (:class:`ClusterConfig`); ``None`` (default): a
+            single server. A node is ready only once JetStream answers, which in a cluster needs a
+            meta leader, so a majority of the nodes must run: start them all with :meth:`launch`,
+            then :meth:`wait_ready` for each.
     """
 
     what = "nats-server"
@@ -75,8 +130,12 @@ class NatsServer(LocalServer):
         log_file: Path | None = None,
         sync_always: bool = True,
         auth: NatsAuth | None = None,
+        server_name: str | None = None,
+        cluster: ClusterConfig | None = None,
     ) -> None:
         self.store_dir = Path(store_dir).absolute()
+        self.server_name = server_name
+        self.cluster = cluster
         self.auth = auth
         self.sync_always = sync_always
         self.config_dir = Path(config_dir).absolute() if config_dir else self.store_dir.parent
@@ -107,9 +166,52 @@ class NatsServer(LocalServer):
             return {}
         return {"user": KERNEL_USER, "password": self.auth.kernel_password}
 
+    @property
+    def name(self) -> str:
+        """The server's name (``server_name`` in its config), as JetStream's cluster info gives it."""
+        return self.server_name or f"resontech-{self.port}"
+
     def __enter__(self) -> NatsServer:
         super().__enter__()
         return self
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Start the server and return once JetStream answers (see :meth:`LocalServer.start`)."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to serve: the first half of :meth:`start`.
+
+        A port of 0 is replaced by a free port and kept for restarts.
+
+        Raises:
+            PortInUse: a port is taken.
+            ServerStartError: already running, or a directory is not writable.
+        """
+        if self.running:
+            raise ServerStartError(f"{self.what} is already running (pid {self.pid})")
+        if self.port == 0:
+            self.port = free_port(self.host)
+        self._prepare()
+        for port, label in self._ports():
+            ensure_port_free(self.host, port, label)
+        self._proc = spawn(self._argv(), self.log_file, self._env())
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        """Return once the launched server answers JetStream requests: the second half of :meth:`start`.
+
+        Raises:
+            ServerStartError: not launched, the process exited (the message quotes its log) or it was
+                not ready within ``timeout`` seconds; the process is killed then.
+        """
+        if self._proc is None:
+            raise ServerStartError(f"{self.what} was not launched")
+        try:
+            self._wait_ready(self._proc, timeout)
+        except BaseException:
+            self.kill()
+            raise
 
     def reload(self, timeout: float = 10.0) -> None:
         """Make the running server re-read its configuration (SIGHUP), e.g. a rewritten agents file,
@@ -161,7 +263,7 @@ class NatsServer(LocalServer):
 
         lines = [
             "# generated by resontech (ops/devstack/natsserver.py); rewritten at every start",
-            f"server_name: {q('resontech-' + str(self.port))}",
+            f"server_name: {q(self.name)}",
             f"listen: {q(f'{self.host}:{self.port}')}",
             "max_payload: 8MB",
             f"pid_file: {q(str(self.pid_file))}",
@@ -176,6 +278,8 @@ class NatsServer(LocalServer):
             *(["  sync_interval: always"] if self.sync_always else []),
             "}",
         ]
+        if self.cluster is not None:
+            lines += _cluster_block(self.cluster)
         if self.agents_file is not None:
             # nats-server resolves an include relative to the including file, even an absolute path
             include = os.path.relpath(self.agents_file, self.config_dir)
@@ -186,6 +290,8 @@ class NatsServer(LocalServer):
         ports = [(self.port, "nats-server")]
         if self.monitor_port:
             ports.append((self.monitor_port, "nats-server monitoring"))
+        if self.cluster is not None:
+            ports.append((self.cluster.port, "nats-server routes"))
         return ports
 
     def _argv(self) -> list[str]:
@@ -195,6 +301,26 @@ class NatsServer(LocalServer):
         # TCP first: cheap, and it spares a NATS client the noise of a refused connection.
         credentials = self.kernel_credentials
         return tcp_open(self.host, self.port) and run_async(lambda: _jetstream_answers(self.url, credentials))
+
+
+def _cluster_block(cluster: ClusterConfig) -> list[str]:
+    def q(value: str) -> str:
+        return json.dumps(value)
+
+    lines = [
+        "cluster {",
+        f"  name: {q(cluster.name)}",
+        f"  listen: {q(f'{cluster.host}:{cluster.port}')}",
+    ]
+    if cluster.user:
+        lines += [
+            "  authorization {",
+            f"    user: {q(cluster.user)}",
+            f"    password: {q(cluster.password)}",
+            "  }",
+        ]
+    lines += ["  routes: [", *(f"    {q(url)}" for url in cluster.route_urls()), "  ]", "}"]
+    return lines
 
 
 async def _jetstream_answers(url: str, credentials: dict[str, str]) -> bool:
