@@ -14,6 +14,8 @@ from core.errors import InvalidInput
 from schemas._base import Event
 
 DAY_S = 86_400
+FEDERATION_HISTORY = 16
+"""Messages kept per FEDERATION subject: an instance's latest beats, a job's latest claims."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,10 @@ class StreamSpec:
             async``, R1 streams only; a replicated stream is made durable by its quorum instead).
             For heartbeats alone: each is superseded a second later, a crash loses at most the last
             moment of telemetry, and fsyncing 10,000 beats a second is what this disk cannot do.
+        atomic: the stream takes JetStream's atomic batches (``allow_atomic``), so that the kernel's
+            appends share writes (:mod:`core.log.group_commit`). Off where agents write: the
+            server holds at most 50 unfinished batches per stream, and a hostile agent that left
+            50 open would make every other writer's batches fail for their 10 s time-out.
         named: the last token of every subject is the name of the event stored on it
             (``job.<tenant>.<job_id>.<event>``): readers quarantine an event whose type is not the
             one its subject names, and appends refuse it (:func:`subject_names`).
@@ -49,6 +55,7 @@ class StreamSpec:
     sources: tuple[str, ...] = field(default=())
     persist_async: bool = False
     named: bool = False
+    atomic: bool = True
 
 
 STREAMS: tuple[StreamSpec, ...] = (
@@ -77,6 +84,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "heartbeats with telemetry, kept 7 days",
         max_age_s=7 * DAY_S,
         persist_async=True,
+        atomic=False,
     ),
     StreamSpec(
         "HEARTBEATS_LATEST",
@@ -87,6 +95,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         max_msgs_per_subject=1,
         sources=("HEARTBEATS",),
         persist_async=True,
+        atomic=False,
     ),
     StreamSpec(
         "JOBS",
@@ -95,6 +104,17 @@ STREAMS: tuple[StreamSpec, ...] = (
         "job.<tenant>.<job_id>.<event>",
         "submitted, queued, placed, assignment_revoked, rejected, started, progress, "
         "checkpointed, round_completed, completed, failed, cancelled",
+        named=True,
+    ),
+    StreamSpec(
+        "FEDERATION",
+        ("federation.>",),
+        "federation",
+        "federation.<tenant>.<job_id>.<event>; federation.<instance>.beat",
+        "claimed, provisioned, released: which federation service instance runs a federated job's "
+        "FL server; beat: an instance renewing its claims (each append checked against the stream's "
+        "last sequence)",
+        max_msgs_per_subject=FEDERATION_HISTORY,
         named=True,
     ),
     StreamSpec(
@@ -147,6 +167,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         "what agents claim (reports, usage, registrations), for the intake service to check and turn "
         "into the kernel's own events (work queue)",
         retention="workqueue",
+        atomic=False,
     ),
     StreamSpec(
         "QUARANTINE",
@@ -255,6 +276,20 @@ def job_subject(tenant: str, job_id: str, event: type[Event] | Event) -> str:
 def job_filter(tenant: str, job_id: str) -> str:
     """Every event of one job: the filter for its expected-sequence checks."""
     return f"job.{token(tenant, 'tenant')}.{token(job_id, 'job id')}.>"
+
+
+def federation_subject(tenant: str, job_id: str, event: type[Event] | Event) -> str:
+    """``federation.<tenant>.<job_id>.<event>``: who runs the job's FL server (:mod:`schemas.federation`)."""
+    return f"federation.{token(tenant, 'tenant')}.{token(job_id, 'job id')}.{event.event_name()}"
+
+
+def federation_beat_subject(instance: str) -> str:
+    """``federation.<instance>.beat``: a federation service instance's liveness."""
+    return f"federation.{token(instance, 'instance')}.beat"
+
+
+FEDERATION_FILTER = "federation.>"
+"""Every FEDERATION subject: each append there is checked against the stream's last sequence."""
 
 
 def endpoint_subject(tenant: str, endpoint_id: str, event: type[Event] | Event) -> str:

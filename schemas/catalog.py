@@ -18,6 +18,7 @@ from schemas._base import Event, Fields, is_superseded, upcast
 from schemas.audit import AuditEvent
 from schemas.commands import CommandEvent
 from schemas.endpoints import EndpointEvent
+from schemas.federation import FederationEvent
 from schemas.jobs import JobEvent
 from schemas.metering import MeteringEvent
 from schemas.providers import ProviderEvent
@@ -34,6 +35,7 @@ FAMILIES: dict[str, Any] = {
     "tenant": TenantEvent,
     "provider": ProviderEvent,
     "api": AuditEvent,
+    "federation": FederationEvent,
 }
 """Family (the first subject token, and the first part of every tag) -> its tagged union."""
 

@@ -183,6 +183,7 @@ async def test_export_writes_one_file_per_stream_with_its_rows(log: EventLog, tm
         "HEARTBEATS": 1,
         "HEARTBEATS_LATEST": 1,
         "JOBS": 14,
+        "FEDERATION": 0,
         "ENDPOINTS": 1,
         "METERING": 7,
         "COMMANDS": 0,

@@ -142,13 +142,13 @@ async def test_group_commit_off_sends_one_by_one(settings: Settings, log: EventL
         await plain.close()
 
 
-async def test_streams_allow_atomic_batches_except_an_async_persisted_one(log: EventLog) -> None:
+async def test_the_kernels_streams_allow_atomic_batches_and_those_agents_write_do_not(log: EventLog) -> None:
+    agents_write = {"HEARTBEATS", "HEARTBEATS_LATEST", "INTAKE"}
     for spec in STREAMS:
         config = (await log._js.stream_info(spec.name)).config
+        assert bool(config.allow_atomic) == (spec.name not in agents_write), spec.name
         if config.persist_mode == nats.js.api.PersistMode.ASYNC:
             assert not config.allow_atomic, spec.name  # the server refuses both together
-        else:
-            assert config.allow_atomic, spec.name
 
 
 # -- how a batch is cut (pure) -----------------------------------------------------------------------

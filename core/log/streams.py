@@ -38,7 +38,7 @@ class StreamSetup(LogConnection):
                 existing = await jsm.stream_info(spec.name)
                 config.persist_mode = existing.config.persist_mode
                 if config.persist_mode == api.PersistMode.ASYNC:
-                    config.allow_atomic = None
+                    config.allow_atomic = None  # refused together
                 await jsm.update_stream(config)
             except nats.js.errors.ServiceUnavailableError as exc:
                 raise LogUnavailable(f"JetStream is not available: {exc}") from None
@@ -78,5 +78,5 @@ def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
         allow_direct=True,
         persist_mode=api.PersistMode.ASYNC if spec.persist_async and replicas == 1 else None,
         # group commit (core.log.group_commit); the server refuses it beside persist_mode async
-        allow_atomic=None if spec.persist_async and replicas == 1 else True,
+        allow_atomic=True if spec.atomic and not (spec.persist_async and replicas == 1) else None,
     )

@@ -26,9 +26,17 @@ bucket. Then, every ``TICK_S``, it re-reads the job (level-triggered, like the c
   failed -> the job fails with the failing client's (or the server's) error log.
 
 A job that ends (completed, failed, cancelled) gets its current assignments stopped, its FL server
-killed and its kits deleted. When the service itself stops (or is killed), only the server is killed
-(or left to the next service, which kills it): the next service resumes the job from its last
-checkpointed round, as after a server death.
+killed and its kits (and its federation's archive) deleted. When the service itself stops (or is
+killed), only the server is killed (or dies with it): the next holder of the job's claim resumes the
+job from its last checkpointed round, as after a server death.
+
+Claims (:mod:`ops.federation.claims`): a task runs only while its service holds the job's claim (the
+service cancels it, killing its server, as soon as another instance holds it), and its FL server runs
+only while the claim is renewed: a lapse stops the server at once (the fence's watchdog may have
+already), without counting it as a death, and it starts again once a renewal shows the job is still
+held. The federation it serves is the one the job's clients hold kits of: recorded on the log by the
+first holder (``federation.provisioned``, before any kit is handed out) and adopted by the next
+(:mod:`ops.federation.handover`).
 
 Every transition of the FL server and its runs reads in this one class; what a run is, when the next
 may start and why one failed are :mod:`ops.federation.runs`, what the job's events say
@@ -51,11 +59,12 @@ from core.errors import ResontechError
 from core.log import EventLog
 from core.objects import bucket_for
 from core.streams import command_subject
-from ops.federation import jobfolder
+from ops.federation import handover, jobfolder
 from ops.federation import workspace as ws
+from ops.federation.claims import ClaimKeeper, ClaimLost
 from ops.federation.reports import JobReporter, once
 from ops.federation.runs import Run, replaced_sites, run_failure, sites_ready
-from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned, provision
+from ops.federation.server import FederationError, FlareAdmin, FlareServer, Provisioned
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from schemas.commands import StopWork
 from schemas.jobs import JobFailed, JobFederationReady, JobFederationRun, JobFederationStopped
@@ -81,6 +90,8 @@ class Context:
     host: str
     schedule: Any
     """A callable returning the live :class:`ScheduleState`."""
+    claims: ClaimKeeper
+    """This instance's claims: which jobs it holds, and whether it may serve them now."""
     idle_s: float = IDLE_S
 
 
@@ -117,6 +128,8 @@ class FederationTask:
     initial_model: Path | None = None
     next_status_at: float = 0.0
     restarts: list[float] = field(default_factory=list)
+    lapses: int = 0
+    """The claims' lapse count when the server last started (a change: it was fenced, not dead)."""
     waiting_since: float | None = None
     reports: JobReporter = field(init=False)
     """The job's events, and the last round reported."""
@@ -154,6 +167,8 @@ class FederationTask:
                     break
                 await asyncio.sleep(TICK_S)
             final = True
+        except ClaimLost as exc:
+            log.warning("%s: %s", self.key, exc)
         except JobEnded as exc:
             final = await self._fail(exc.reason, exc.log_tail)
         except (FederationError, ResontechError) as exc:
@@ -166,7 +181,10 @@ class FederationTask:
             return False
         assert self.server is not None and self.admin is not None
         if not self.server.alive():
-            await self._restart_server(self.server.exit_reason())
+            if self.lapses != self.ctx.claims.lapses:  # the fence killed it while the claim lapsed
+                self._fence("the FL server was fenced while the claim lapsed")
+            else:
+                await self._restart_server(self.server.exit_reason())
             return False
         if not self.admin.connected:
             with contextlib.suppress(FederationError):
@@ -207,8 +225,8 @@ class FederationTask:
         s3, spec, shards = self.ctx.s3, job.spec.federated, job.spec.shards
         sites = [flare.site_name(slot) for slot in range(shards)]
         self.shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.spec.name, shards)
-        self.prov = await asyncio.to_thread(
-            provision, self.dir, tenant=self.tenant, job_id=self.job_id, host=self.ctx.host, sites=sites
+        self.prov = await handover.federation(
+            self.ctx.claims, self.ctx.s3, self.dir, self.tenant, self.job_id, self.ctx.host, sites
         )
         code = self.dir / "job"
         self.fljob = await asyncio.to_thread(jobfolder.prepare, s3, self.tenant, spec, sites, code)
@@ -249,6 +267,8 @@ class FederationTask:
                 )
         with contextlib.suppress(Exception):
             await asyncio.to_thread(ws.delete_kits, self.ctx.s3, self.kits)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(handover.delete_archives, self.ctx.s3, self.tenant, self.job_id)
 
     # -- the FL server -------------------------------------------------------------------------
 
@@ -256,6 +276,10 @@ class FederationTask:
         """Start the FL server once every slot is assigned; stop it once the job has waited for a
         worker for ``idle_s``. Whether it serves."""
         assert self.server is not None
+        if not self.ctx.claims.may_serve(self.key):
+            if self.server.started:
+                self._fence("the federation's claim on the job lapsed")
+            return False
         placed = len(job.assignments) >= job.spec.shards
         now = time.monotonic()
         self.waiting_since = None if placed else (self.waiting_since or now)
@@ -272,8 +296,20 @@ class FederationTask:
     def _start_server(self) -> None:
         assert self.server is not None and self.prov is not None
         self.server.start()
+        self.lapses = self.ctx.claims.lapses
         self.announced = False
         self.fresh_since = {site: time.time() for site in self.prov.sites}
+
+    def _fence(self, why: str) -> None:
+        """Kill the server now, appending nothing (the log may be out of reach): it starts again once
+        the claim is renewed, as a new server (``job.federation_ready`` again)."""
+        assert self.server is not None and self.admin is not None
+        log.warning("%s: stopping the FL server: %s", self.key, why)
+        self.admin.drop()
+        self.server.kill()
+        self.run = None
+        self.announced = False
+        self.pending_reason = why
 
     async def _stop_server(self, reason: str, pending: str | None = None) -> None:
         """Kill the server (and the run in flight), saying so if clients were told it was ready."""
@@ -409,6 +445,9 @@ class FederationTask:
 
     async def _fail(self, reason: str, log_tail: str) -> bool:
         """Fail the job (unless it already ended); whether it is now ended."""
+        if not self.ctx.claims.holds(self.key):
+            log.warning("%s: not failing the job (another instance holds it): %s", self.key, reason)
+            return False
         log.warning("%s: failing the job: %s", self.key, reason)
         for _ in range(5):
             job = self.job()

@@ -89,6 +89,7 @@ class JobReporter:
                 ws.fetch_object, self.s3, bucket_for(self.tenant), ws.checkpoint_key(root, last),
                 final, "the last global model",
             )  # fmt: skip
+        await asyncio.to_thread(self._fetch_summaries, job, last)
         summaries = sorted(
             p for p in rounds_dir.glob("round-*.json") if (flare.round_of(p.name) or last + 1) <= last
         )
@@ -97,6 +98,17 @@ class JobReporter:
             final, summaries, job.spec.federated.framework,
         )  # fmt: skip
         return await self.append_terminal(JobCompleted(outputs=outputs))
+
+    def _fetch_summaries(self, job: JobRecord, last: int) -> None:
+        """Download the metrics of rounds this host did not serve (another instance did, before it
+        took the job over): ``metrics.json`` lists every round."""
+        root = ws.output_root(job.spec.name, job.spec.output_prefix)
+        for number in range(1, last + 1):
+            local = self.rounds_dir / f"{flare.round_stem(number)}.json"
+            if not local.exists():
+                ws.fetch_object(
+                    self.s3, bucket_for(self.tenant), ws.metrics_key(root, number), local, "a round's metrics"
+                )
 
     async def append_terminal(self, event: Any) -> bool:
         """Append the job's ending against its last sequence; whether it was appended (False if the

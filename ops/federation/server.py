@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -52,7 +53,7 @@ import yaml
 
 from core import flare
 from core.errors import ResontechError
-from core.proctags import kill_tagged
+from core.proctags import marked
 from core.sandbox import Sandbox
 from core.sandbox import problem as sandbox_problem
 from ops.ports import free_port
@@ -123,13 +124,12 @@ def provision(root: Path, *, tenant: str, job_id: str, host: str, sites: list[st
     Raises:
         FederationError: ``nvflare provision`` failed (the message quotes its last lines).
     """
-    project_file = root / "project.yml"
-    if project_file.exists() and (root / "kits").is_dir():
-        project = yaml.safe_load(project_file.read_text())
-        server = project["participants"][0]
-        return Provisioned(root=root, host=server["name"], port=server["fed_learn_port"], sites=sites)
+    found = provisioned_in(root, sites)
+    if found is not None:
+        return found
     shutil.rmtree(root, ignore_errors=True)
     (root / "tmp").mkdir(parents=True)
+    project_file = root / "project.yml"
     port = free_port("127.0.0.1" if host == "localhost" else "0.0.0.0")
     name = flare.project_name(tenant, job_id)
     project_file.write_text(yaml.safe_dump(flare.project(name, host=host, port=port, sites=sites)))
@@ -158,14 +158,25 @@ def provision(root: Path, *, tenant: str, job_id: str, host: str, sites: list[st
     if done.returncode != 0 or not provisioned.server_dir.is_dir():
         tail = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()[-5:]
         raise FederationError(f"nvflare provision failed: {' | '.join(tail)}")
-    _configure_server(provisioned)
+    configure_server(provisioned)
     (root / "kits").mkdir()
     for site in sites:
         _zip_dir(provisioned.prod / site, provisioned.kit_zip(site))
     return provisioned
 
 
-def _configure_server(p: Provisioned) -> None:
+def provisioned_in(root: Path, sites: list[str]) -> Provisioned | None:
+    """The federation already provisioned in ``root`` (with its client kits), if there is one."""
+    project_file = root / "project.yml"
+    if not (project_file.exists() and (root / "kits").is_dir()):
+        return None
+    server = yaml.safe_load(project_file.read_text())["participants"][0]
+    return Provisioned(root=root, host=server["name"], port=server["fed_learn_port"], sites=sites)
+
+
+def configure_server(p: Provisioned) -> None:
+    """Write the FL server's ``local/resources.json`` for where the federation lives now (its job
+    store is an absolute path inside ``p.root``)."""
     local = p.server_dir / "local"
     default = json.loads((local / "resources.json.default").read_text())
     resources = flare.server_resources(default, jobs_dir=str(p.jobs_dir))
@@ -231,7 +242,23 @@ class FlareServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-        kill_tagged(TAG, self.tag)
+        kill_federation(self.p.root, self.tag)
+
+
+def kill_federation(root: Path, tag: str) -> list[int]:
+    """SIGKILL every process of the federation in ``root``: tagged ``tag`` and with ``HOME`` there.
+    Only this service's: another instance on this host may serve the same job from a directory of
+    its own (it took the job over), and its processes are not ours to kill."""
+    marks = {f"{TAG}={tag}".encode(), f"HOME={root}".encode()}
+    pids = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and int(pid) != os.getpid() and marked(pid, marks)
+    ]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 @functools.cache
