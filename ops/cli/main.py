@@ -44,7 +44,11 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from ops import devstack
 
     return devstack.up(
-        _data_dir(args), nats_port=args.nats_port, s3_port=args.s3_port, gateway_port=args.gateway_port
+        _data_dir(args),
+        nats_port=args.nats_port,
+        s3_port=args.s3_port,
+        gateway_port=args.gateway_port,
+        cluster=args.cluster,
     )
 
 
@@ -199,7 +203,9 @@ def cmd_intake(args: argparse.Namespace, settings: Settings) -> int:
     from ops.services import intake
 
     gateway = load_gateway_settings()
-    kernel = intake.kernel_endpoints(settings, f"http://{gateway.host}:{gateway.port}")
+    # every gateway of the deployment (the dev stack's cluster runs two), not only this host's
+    gateways = [url for url in os.environ.get("RESONTECH_GATEWAY_URL", "").split(",") if url.strip()]
+    kernel = intake.kernel_endpoints(settings, f"http://{gateway.host}:{gateway.port}", *gateways)
     _run(intake.serve(settings, name=args.name, kernel_addresses=kernel))
     return 0
 
@@ -213,7 +219,7 @@ def cmd_quarantine(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_federation(args: argparse.Namespace, settings: Settings) -> int:
     from ops import federation
 
-    _run(federation.serve(settings, _data_dir(args).absolute() / "federations"))
+    _run(federation.serve(settings, _data_dir(args).absolute() / "federations", instance=args.instance))
     return 0
 
 
@@ -280,6 +286,15 @@ def _add_stack_commands(command: AddCommand) -> None:
     p.add_argument("--nats-port", type=int, default=4222)
     p.add_argument("--s3-port", type=int, default=9000)
     p.add_argument("--gateway-port", type=int, default=8080)
+    p.add_argument(
+        "--cluster",
+        type=int,
+        choices=(3, 5),
+        default=0,
+        metavar="N",
+        help="NATS as a JetStream cluster of N nodes (3 or 5; client ports --nats-port + 0..N-1) with R3 "
+        "streams, and two of every service (the second gateway on --gateway-port + 1)",
+    )
     command("down", cmd_down, "stop a stack started with `up` in another terminal")
     command("streams", cmd_streams, "create or update every stream, and list them")
     p = command("tail", cmd_tail, "print events on SUBJECT as JSON lines (then follow new ones)")
@@ -345,7 +360,12 @@ def _add_kernel_commands(command: AddCommand) -> None:
     p = command("quarantine", cmd_quarantine, "list what the kernel refused: forged claims, bad events")
     p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    command("federation", cmd_federation, "run the federation service (the FL servers of federated jobs)")
+    p = command("federation", cmd_federation, "run the federation service (the FL servers of federated jobs)")
+    p.add_argument(
+        "--instance",
+        help="this instance's name, when several run (default <host>-<pid>); a named one works in "
+        "<data dir>/federations/<instance>/",
+    )
 
 
 def _add_operator_commands(command: AddCommand) -> None:

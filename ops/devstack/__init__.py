@@ -7,7 +7,11 @@
 * :mod:`ops.devstack.enrollment`: the provider ``local`` and its agents' enrollment tokens, through the
   gateway; :mod:`ops.devstack.errors`: the stack's one error;
 * :mod:`ops.devstack.natsserver`: a ``nats-server`` from the wheel on a free loopback port, with its
-  accounts; :mod:`ops.devstack.objectstore`: ``rclone serve s3`` on loopback.
+  accounts (and, as one node of a cluster, its routes); :mod:`ops.devstack.objectstore`:
+  ``rclone serve s3`` on loopback;
+* :mod:`ops.devstack.natscluster`: a JetStream cluster of such servers (``up --cluster 3``, tests);
+  :mod:`ops.devstack.stacknats`: the stack's NATS, one server or a cluster;
+  :mod:`ops.devstack.services`: the stack's processes, one of each or two of each on a cluster.
 
 Child processes and ports (:mod:`ops.process`, :mod:`ops.ports`) are shared with the other roles.
 """

@@ -6,6 +6,7 @@ directory::
 
     nats/  nats.conf      JetStream store and its generated config
     nats.agents.conf      the enrolled agents' NATS users (kept by the ``nats-auth`` service)
+    nats-<n>/ ...         with ``--cluster N``: node n's store, config, agents file and pid file
     objects/              the object store: one directory per bucket
     logs/<name>.log       one log per process
     s3.secret             the object store secret, generated once and reused
@@ -20,6 +21,12 @@ enrollment token per agent through the gateway, each agent enrolls with its toke
 runs with its own confined credentials (kept in its state dir), which the ``nats-auth`` service adds
 to the server as soon as the enrollment is in the log. What they claim goes through the intake like
 any agent's.
+
+With ``cluster=3`` (``resontech up --cluster 3``) NATS is a 3-node JetStream cluster
+(:class:`~ops.devstack.natscluster.NatsCluster`, client ports ``--nats-port`` + 0, 1, 2) whose
+streams have 3 replicas, and every kernel service runs twice
+(:func:`~ops.devstack.services.cluster_services`): dev.env then lists every NATS URL and both
+gateways' URLs.
 
 Start-up is all or nothing: a failure prints one line and stops whatever had started. Stopping
 (Ctrl-C, SIGTERM, ``down``) goes services first, then the object store, then NATS, each with
@@ -40,7 +47,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -52,48 +58,21 @@ from core.natsauth import KERNEL_USER
 from core.settings import Settings
 from ops.devstack.enrollment import issue_enrollment_token
 from ops.devstack.errors import DevStackError
-from ops.devstack.natsserver import NatsAuth, NatsServer
+from ops.devstack.natsserver import NatsAuth
 from ops.devstack.objectstore import ObjectStoreServer
+from ops.devstack.services import DEFAULT_SERVICES, GATEWAY_PORT_ENV, ServiceSpec, cluster_services
 from ops.devstack.stackfile import STACK_FILE, STOP_TIMEOUT_S, live, read_state, stop_recorded, write_state
+from ops.devstack.stacknats import CLUSTER_SIZES, StackNats, client_ports
 from ops.ports import ensure_port_free, free_port
-from ops.process import ensure_writable_dir, log_tail, run_async, spawn, terminate
+from ops.process import LocalServer, ensure_writable_dir, log_tail, run_async, spawn, terminate
 
 ENV_FILE = "dev.env"
 SECRET_FILE = "s3.secret"
 NATS_SECRET_FILE = "nats.secret"
 OPERATOR_KEY_FILE = "operator.key"
 S3_ACCESS_KEY = "resontech"
-
-
-@dataclass(frozen=True)
-class ServiceSpec:
-    """A service process of the dev stack.
-
-    Attributes:
-        name: short name; its output goes to ``logs/<name>.log``.
-        argv: the command, e.g. ``[sys.executable, "-m", "ops.cli", "projector"]``.
-    """
-
-    name: str
-    argv: list[str] = field(hash=False)
-    enroll: bool = False
-    """An agent: enrolled through the gateway (provider ``local``) before its first start."""
-
-    def agent_name(self) -> str:
-        """The ``--name`` of an agent's command line (it names the agent's state dir)."""
-        return self.argv[self.argv.index("--name") + 1]
-
-
-DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
-    ServiceSpec("gateway", [sys.executable, "-m", "ops.cli", "gateway"]),
-    ServiceSpec("projector", [sys.executable, "-m", "ops.cli", "projector"]),
-    ServiceSpec("coordinator", [sys.executable, "-m", "ops.cli", "coordinator"]),
-    ServiceSpec("federation", [sys.executable, "-m", "ops.cli", "federation"]),
-    ServiceSpec("nats-auth", [sys.executable, "-m", "ops.cli", "nats-auth"]),
-    ServiceSpec("intake", [sys.executable, "-m", "ops.cli", "intake"]),
-    ServiceSpec("agent-1", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-1"], enroll=True),
-    ServiceSpec("agent-2", [sys.executable, "-m", "ops.cli", "agent", "--name", "local-2"], enroll=True),
-)
+CLUSTER_HELP = "run NATS as a JetStream cluster of N nodes (3 or 5) with R3 streams, and every service twice"
+__all__ = ["DEFAULT_SERVICES", "ServiceSpec", "cluster_services", "down", "main", "up"]
 
 
 def up(
@@ -102,8 +81,9 @@ def up(
     nats_port: int = 4222,
     s3_port: int = 9000,
     gateway_port: int = 8080,
-    services: Sequence[ServiceSpec] = DEFAULT_SERVICES,
+    services: Sequence[ServiceSpec] | None = None,
     foreground: bool = True,
+    cluster: int = 0,
 ) -> int:
     """Start the dev stack from ``data_dir``; in the foreground, run it until SIGINT or SIGTERM.
 
@@ -111,21 +91,25 @@ def up(
 
     Args:
         data_dir: the stack's directory (created if missing).
-        nats_port: NATS client port (0: any free port).
+        nats_port: NATS client port (0: any free port); with ``cluster``, node n's is this + n - 1.
         s3_port: object store port (0: any free port).
         gateway_port: API gateway port (0: any free port).
-        services: the service processes to start once the streams exist.
+        services: the processes to start once the streams exist (default :data:`DEFAULT_SERVICES`;
+            with ``cluster``, :func:`cluster_services`: gateway-2 on ``gateway_port + 1``).
         foreground: wait, and stop everything on a signal; if false, return once started and leave
             the processes running for :func:`down`.
+        cluster: 0 (default) for one nats-server; 3 or 5: a cluster of that many, R3 streams.
 
     Returns:
         The exit status: 0 after a clean run, 1 if it could not start, 130 if interrupted while
         starting.
     """
-    stack = _Stack(Path(data_dir).absolute())
+    stack = _Stack(Path(data_dir).absolute(), cluster)
+    if services is None:
+        services = _default_services(stack.data_dir, cluster, gateway_port)
     with _SignalTrap() as trap:
         try:
-            stack.check(nats_port, s3_port, gateway_port)
+            stack.check(nats_port, s3_port, gateway_port, services)
         except ResontechError as exc:
             return _fail(exc.message)
         try:
@@ -150,6 +134,12 @@ def up(
         stack.stop()
         print("stopped", flush=True)
         return 0
+
+
+def _default_services(data_dir: Path, cluster: int, gateway_port: int) -> Sequence[ServiceSpec]:
+    if cluster not in CLUSTER_SIZES:
+        return DEFAULT_SERVICES  # none or a wrong size, which check() refuses
+    return cluster_services(data_dir, cluster, gateway_port + 1 if gateway_port else free_port())
 
 
 def down(data_dir: Path, timeout: float = 30.0) -> int:
@@ -179,10 +169,11 @@ def down(data_dir: Path, timeout: float = 30.0) -> int:
 class _Stack:
     """The processes of one dev stack, started in order and stopped in reverse."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, cluster: int = 0) -> None:
         self.data_dir = data_dir
         self.logs = data_dir / "logs"
-        self.nats: NatsServer | None = None
+        self.size = cluster
+        self.nats: StackNats | None = None
         self.s3: ObjectStoreServer | None = None
         self.services: dict[str, subprocess.Popen[bytes]] = {}
         self.env: dict[str, str] = {}
@@ -190,8 +181,10 @@ class _Stack:
         self._wrote_state = False
         self._supervised = True
 
-    def check(self, nats_port: int, s3_port: int, gateway_port: int) -> None:
+    def check(self, nats_port: int, s3_port: int, gateway_port: int, services: Sequence[ServiceSpec]) -> None:
         """Refuse early, before anything starts: unwritable dir, a stack already running, ports."""
+        if self.size and self.size not in CLUSTER_SIZES:
+            raise DevStackError(f"a NATS cluster has 3 or 5 nodes, not {self.size}")
         ensure_writable_dir(self.data_dir, "data dir")
         state = read_state(self.data_dir)
         if state is not None:
@@ -202,20 +195,48 @@ class _Stack:
                     f"a dev stack is already running from {_show(self.data_dir)} (pids {pids}); "
                     f"stop it with `resontech down --data-dir {_show(self.data_dir)}`"
                 )
-        ensure_port_free("127.0.0.1", nats_port, "nats-server (--nats-port)")
+        for port in client_ports(nats_port, self.size):
+            ensure_port_free("127.0.0.1", port, "nats-server (--nats-port)")
         ensure_port_free("127.0.0.1", s3_port, "the object store (--s3-port)")
         ensure_port_free("127.0.0.1", gateway_port, "the gateway (--gateway-port)")
+        for spec in services:
+            ensure_port_free("127.0.0.1", spec.gateway_port() or 0, spec.name)
 
     def start(self, nats_port: int, s3_port: int, gateway_port: int, services: Sequence[ServiceSpec]) -> None:
         """Start NATS, the object store, the streams and the services; record them as they start."""
+        self._start_servers(nats_port, s3_port)
+        assert self.nats is not None and self.s3 is not None
+        gateway_port = gateway_port or free_port()
+        gateways = [gateway_port, *(port for spec in services if (port := spec.gateway_port()))]
+        self.env = {
+            "RESONTECH_NATS_URL": self.nats.url,
+            **({"RESONTECH_STREAM_REPLICAS": str(self.nats.replicas)} if self.size else {}),
+            "RESONTECH_NATS_USER": KERNEL_USER,
+            "RESONTECH_NATS_PASSWORD": self._secret(NATS_SECRET_FILE),
+            "RESONTECH_S3_ENDPOINT": self.s3.endpoint,
+            "RESONTECH_S3_ACCESS_KEY": self.s3.access_key,
+            "RESONTECH_S3_SECRET_KEY": self.s3.secret_key,
+            "RESONTECH_DATA_DIR": str(self.data_dir),
+            "RESONTECH_GATEWAY_URL": ",".join(f"http://127.0.0.1:{port}" for port in gateways),
+            "RESONTECH_API_KEY": self._operator_key(),
+        }
+        gateway_env = {
+            GATEWAY_PORT_ENV: str(gateway_port),
+            "RESONTECH_GATEWAY_OPERATOR_KEY_SHA256": hashlib.sha256(
+                self.env["RESONTECH_API_KEY"].encode()
+            ).hexdigest(),
+        }
+        child_env = {**os.environ, **self.env, **gateway_env, "PYTHONUNBUFFERED": "1"}
+        for spec in services:
+            argv = spec.argv + self._enrollment(spec) if spec.enroll else spec.argv
+            self.services[spec.name] = spawn(argv, self.logs / f"{spec.name}.log", {**child_env, **spec.env})
+            self._record()
+
+    def _start_servers(self, nats_port: int, s3_port: int) -> None:
+        """Start NATS (one server or a cluster), the object store, and create the streams."""
         kernel_password = self._secret(NATS_SECRET_FILE)
-        self.nats = NatsServer(
-            self.data_dir / "nats",
-            port=nats_port,
-            config_dir=self.data_dir,
-            log_file=self.logs / "nats.log",
-            auth=NatsAuth(kernel_password=kernel_password),
-        )
+        auth = NatsAuth(kernel_password=kernel_password)
+        self.nats = StackNats(self.data_dir, self.logs, self.size, nats_port, auth)
         self.nats.start()
         self._record()
         self.s3 = ObjectStoreServer(
@@ -227,43 +248,27 @@ class _Stack:
         )
         self.s3.start()
         self._record()
-        kernel = Settings(nats_url=self.nats.url, nats_user=KERNEL_USER, nats_password=kernel_password)
+        kernel = Settings(
+            nats_url=self.nats.url,
+            nats_user=KERNEL_USER,
+            nats_password=kernel_password,
+            stream_replicas=self.nats.replicas,
+        )
         try:
             run_async(lambda: _ensure_streams(kernel))
         except ResontechError:
             raise
         except Exception as exc:
             raise DevStackError(f"could not create the streams: {type(exc).__name__}: {exc}") from exc
-        self.env = {
-            "RESONTECH_NATS_URL": self.nats.url,
-            "RESONTECH_NATS_USER": KERNEL_USER,
-            "RESONTECH_NATS_PASSWORD": kernel_password,
-            "RESONTECH_S3_ENDPOINT": self.s3.endpoint,
-            "RESONTECH_S3_ACCESS_KEY": self.s3.access_key,
-            "RESONTECH_S3_SECRET_KEY": self.s3.secret_key,
-            "RESONTECH_DATA_DIR": str(self.data_dir),
-            "RESONTECH_GATEWAY_URL": f"http://127.0.0.1:{gateway_port or free_port()}",
-            "RESONTECH_API_KEY": self._operator_key(),
-        }
-        gateway_env = {
-            "RESONTECH_GATEWAY_PORT": self.env["RESONTECH_GATEWAY_URL"].rsplit(":", 1)[1],
-            "RESONTECH_GATEWAY_OPERATOR_KEY_SHA256": hashlib.sha256(
-                self.env["RESONTECH_API_KEY"].encode()
-            ).hexdigest(),
-        }
-        child_env = {**os.environ, **self.env, **gateway_env, "PYTHONUNBUFFERED": "1"}
-        for spec in services:
-            argv = spec.argv + self._enrollment(spec) if spec.enroll else spec.argv
-            self.services[spec.name] = spawn(argv, self.logs / f"{spec.name}.log", child_env)
-            self._record()
 
     def _enrollment(self, spec: ServiceSpec) -> list[str]:
         """The flags an agent's first start enrolls with (none once its state dir holds an enrollment):
         the operator creates provider ``local`` and a token for the agent through the gateway."""
         if (self.data_dir / "agents" / spec.agent_name() / ENROLLMENT_FILE).exists():
             return []
-        url, key = self.env["RESONTECH_GATEWAY_URL"], self.env["RESONTECH_API_KEY"]
-        token = issue_enrollment_token(url, key, spec.agent_name(), self.services.get("gateway"))
+        url, key = self.env["RESONTECH_GATEWAY_URL"].split(",")[0], self.env["RESONTECH_API_KEY"]
+        gateway = self.services.get("gateway") or self.services.get("gateway-1")
+        token = issue_enrollment_token(url, key, spec.agent_name(), gateway)
         return ["--enroll-token", token, "--gateway", url]
 
     def mark_ready(self, supervised: bool) -> None:
@@ -275,17 +280,16 @@ class _Stack:
     def announce(self, foreground: bool) -> None:
         """Print what runs where and how to use it."""
         assert self.nats is not None and self.s3 is not None
-        rows = [
-            ("nats", self.nats.url, self.nats.log_file),
-            ("object store", self.s3.endpoint, self.s3.log_file),
-        ]
-        if "gateway" in self.services:
-            gateway_url = self.env["RESONTECH_GATEWAY_URL"]
-            rows.append(("gateway", f"{gateway_url}  (dashboard /, docs /docs)", self.logs / "gateway.log"))
+        rows = [*self.nats.rows(), ("object store", self.s3.endpoint, self.s3.log_file)]
+        gateway_urls = iter(self.env["RESONTECH_GATEWAY_URL"].split(","))
+        for name in self.services:
+            if name.startswith("gateway"):
+                url = next(gateway_urls, "")
+                rows.append((name, f"{url}  (dashboard /, docs /docs)", self.logs / f"{name}.log"))
         rows += [
             (name, f"pid {p.pid}", self.logs / f"{name}.log")
             for name, p in self.services.items()
-            if name != "gateway"
+            if not name.startswith("gateway")
         ]
         table = [("component", "address", "log"), *((a, b, _show(c)) for a, b, c in rows)]
         widths = [max(len(row[i]) for row in table) for i in range(2)]
@@ -331,7 +335,8 @@ class _Stack:
             (self.data_dir / STACK_FILE).unlink(missing_ok=True)
 
     def _children(self) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
-        for name, server in (("nats", self.nats), ("object store", self.s3)):
+        servers: list[tuple[str, LocalServer | None]] = [*(self.nats.servers if self.nats else [])]
+        for name, server in [*servers, ("object store", self.s3)]:
             if server is not None and server.process is not None:
                 yield name, server.process, server.log_file
         for name, proc in self.services.items():
@@ -432,19 +437,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nats-port", type=int, default=4222)
     parser.add_argument("--s3-port", type=int, default=9000)
     parser.add_argument("--gateway-port", type=int, default=8080)
+    parser.add_argument(
+        "--cluster", type=int, choices=CLUSTER_SIZES, default=0, metavar="N", help=CLUSTER_HELP
+    )
     parser.add_argument("--no-services", action="store_true", help="only NATS, the object store, streams")
     parser.add_argument("--detach", action="store_true", help="start, then return; stop with `down`")
     args = parser.parse_args(argv)
     if args.command == "down":
         return down(args.data_dir)
-    services = () if args.no_services else DEFAULT_SERVICES
     return up(
         args.data_dir,
         nats_port=args.nats_port,
         s3_port=args.s3_port,
         gateway_port=args.gateway_port,
-        services=services,
+        services=() if args.no_services else None,
         foreground=not args.detach,
+        cluster=args.cluster,
     )
 
 
