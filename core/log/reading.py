@@ -15,12 +15,18 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from core.clock import ns_of
+from core.errors import LogUnavailable
 from core.log.appending import NO_RESPONDERS_FIRST_DELAY_S
 from core.log.decoding import Decoding
 from core.log.scan import Scanning, all_subjects
 from core.wire import MSG_ID, RawRecord, parse_reply
 from schemas.envelope import Recorded
 
+UNANSWERED = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
+"""What a read that needs the stream's leader gets while the stream has none (a cluster node died and
+an election is on): the log is unavailable for now, as a caller that retries must be told."""
+WATCH_IDLE_HEARTBEAT_S = 1.0
+"""How often the server tells a live watch it is still there when no event comes."""
 WATCH_RETRY_S = 5.0
 """How long :meth:`EventLog.watch` retries creating its consumer while the JetStream API is silent."""
 
@@ -31,19 +37,18 @@ class Reading(Scanning, Decoding):
     async def last_seq(self, stream: str, subject: str | None = None) -> int:
         """The stream's last sequence, or the last sequence of ``subject`` in it (0 if none)."""
         if subject is None:
-            info = await self._js.stream_info(stream)
+            try:
+                info = await self._js.stream_info(stream)
+            except UNANSWERED as exc:
+                raise _unavailable(stream, exc) from None
             return int(info.state.last_seq)
-        try:
-            msg = await self._js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
-            return 0
-        return int(msg.seq or 0)
+        msg = await self._last_msg(stream, subject)
+        return int(msg.seq or 0) if msg is not None else 0
 
     async def get_last(self, stream: str, subject: str) -> Recorded[Any] | None:
         """The newest event on exactly ``subject``, decoded, or ``None``."""
-        try:
-            raw = await self._js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
+        raw = await self._last_msg(stream, subject)
+        if raw is None:
             return None
         headers = raw.headers or {}
         record = self.record_decoder(stream)(
@@ -54,6 +59,14 @@ class Reading(Scanning, Decoding):
             raw.data or b"",
         )
         return record
+
+    async def _last_msg(self, stream: str, subject: str) -> api.RawStreamMsg | None:
+        try:
+            return await self._js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except UNANSWERED as exc:
+            raise _unavailable(stream, exc) from None
 
     async def replay(
         self,
@@ -158,6 +171,9 @@ class Reading(Scanning, Decoding):
                     cb=deliver,
                     ordered_consumer=True,
                     config=config,
+                    # a consumer whose node died is noticed by missed idle heartbeats: at nats-py's
+                    # default of 5 s a live projection stalled ~20 s after a node's SIGKILL, at 1 s 2-7 s
+                    idle_heartbeat=WATCH_IDLE_HEARTBEAT_S,
                 )
                 return Watch(sub)
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
@@ -190,3 +206,9 @@ class Watch:
         """End the watch."""
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
+
+
+def _unavailable(stream: str, exc: Exception) -> LogUnavailable:
+    return LogUnavailable(
+        f"the {stream} stream did not answer ({type(exc).__name__}): its leader may be changing"
+    )

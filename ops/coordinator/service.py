@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from typing import Any
 
-from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
+from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict, LogUnavailable
 from core.log import EventLog
 from core.placement.values import DEFAULT_WEIGHTS, RankWeights
 from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
@@ -58,6 +58,7 @@ from ops.coordinator.inputs import Presigner
 from ops.coordinator.job_queue import JobQueue
 from ops.coordinator.live_capacity import LiveCapacity
 from ops.coordinator.replicas import Replicas
+from ops.coordinator.silence import SilenceJudge
 from ops.coordinator.starts import Starts
 from ops.process import service_connection
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs, lifecycle, recovery
@@ -126,6 +127,7 @@ class Coordinator:
         self.decision_ms: deque[float] = deque(maxlen=DECISIONS_KEPT)
         self.capacity: LiveCapacity | None = None  # built at the first step
         self._beat_deadlines = BeatDeadlines()
+        self._silence = SilenceJudge(event_log)
         self._gang_failing_since: dict[str, int] = {}  # gang job key -> when a rank's failure was seen
         self._dirty_jobs: set[str] = set()
         self._dirty_endpoints: set[str] = set()
@@ -156,7 +158,14 @@ class Coordinator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=self._wait_s())
                 self._changed.clear()
-                await self.step(time.time_ns())
+                try:
+                    await self.step(time.time_ns())
+                except (AppendTimeout, AppendRejected, LogUnavailable) as exc:
+                    # A stream without a leader for seconds (a node died) must not end the coordinator;
+                    # the step's changes were taken off the lists, so everything is decided again.
+                    log.warning("%s: step interrupted (%s); deciding all again", self.name, exc.message)
+                    self.capacity = None
+                    await asyncio.sleep(self.tick_s)
         finally:
             stop.set()
             for task in tasks:
@@ -211,6 +220,7 @@ class Coordinator:
     def _on_beat(self, record: Recorded[Any]) -> None:
         """Beats only wake the coordinator when they matter: a silent or lost worker is back, or
         the telemetry reports hardware errors. BeatDeadlines is noticed by the tick."""
+        self._silence.beat(record.time_ns)
         if self.capacity is None:
             return  # the first step reads every beat
         worker_id = record.token(1)
@@ -263,6 +273,7 @@ class Coordinator:
         self.queue.build(self.schedule.state)
         for worker_id, beat in self.liveness.state.beats.items():
             self._beat_deadlines.beat(worker_id, beat)
+            self._silence.beat(beat.time_ns)
         return set(self.registry.state.workers) | set(self.liveness.state.beats)
 
     def ensure_capacity(self, now_ns: int) -> LiveCapacity:
@@ -289,9 +300,14 @@ class Coordinator:
         """
         self.ensure_capacity(now_ns)
         self._beat_deadlines.expire(now_ns)
-        late = (
-            self._beat_deadlines.overdue if workers is None else self._beat_deadlines.overdue & set(workers)
-        )
+        overdue = self._beat_deadlines.overdue
+        late = overdue if workers is None else overdue & (set(workers) | self._silence.postponed)
+        if not late:
+            return
+        beats = self.liveness.state.beats
+        longest_s = max(beats[w].interval_s for w in late)
+        if not await self._silence.workers_to_blame(now_ns, set(late), longest_s):
+            return  # the log's silence, not theirs (ops.coordinator.silence)
         for worker_id in sorted(late):
             record = self.registry.state.workers.get(worker_id)
             event = recovery.lost(record, self.liveness.state.beats[worker_id], now_ns)
