@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA_DIR ?= .resontech
 PYTEST_ARGS ?=
 
-.PHONY: up down test lint bench bench-quick venv system browser clean
+.PHONY: up down test test-faults lint bench bench-quick venv system browser clean
 
 venv: .venv/.stamp
 
@@ -25,7 +25,12 @@ down: venv
 TEST_WORKERS ?= 4
 
 test: venv browser
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not faults" $(PYTEST_ARGS)
+
+# Fault injection on a 3-node NATS cluster (tests/test_cluster_faults.py): two workers, each with a
+# cluster of its own; more would only make the nodes' elections slower on two cores.
+test-faults: venv
+	$(PY) -m pytest -n 2 -m faults $(PYTEST_ARGS)
 
 # Debian packages: bubblewrap (the workloads' sandbox) for everything; Chromium too for the tests (the
 # dashboard's browser test drives it through Playwright, with no browser download).
