@@ -513,11 +513,14 @@ async def test_a_killed_federation_service_started_again_resumes_the_job_from_it
     assert not of(found, JobFailed, slot=None), of(found, JobFailed)
     first, again = of(found, JobFederationRun)
     assert (first.first_round, first.reason) == (1, "start")
-    assert again.reason == "the federation service restarted" and again.first_round >= 2
+    # the restarted service re-adopts the job, or (if its fence noticed first) reports the server it
+    # fenced while the killed instance's claim lapsed: either way a new run from the last checkpoint
+    restarted = ("the federation service restarted", "the FL server was fenced while the claim lapsed")
+    assert again.reason in restarted and again.first_round >= 2
     assert again.resume_from == f"jobs/np-again/model_out/rounds/round-{again.first_round - 1:05d}.npz"
     assert again.first_round + again.rounds - 1 == 4
     assert [e.round for e in of(found, JobRoundCompleted)] == [1, 2, 3, 4]
-    assert [s.reason for s in of(found, JobFederationStopped)] == ["the federation service restarted"]
+    assert [s.reason for s in of(found, JobFederationStopped)] in ([r] for r in restarted)
     assert len(of(found, JobFederationReady)) == 2 and len(of(found, JobPlaced)) == 1  # clients stayed
     with np.load(io.BytesIO(read_object(settings, "jobs/np-again/model_out/model.npz"))) as model:
         w, b = fedavg_by_hand(tmp_path / "np-again-shards", rounds=4, epochs=2, lr=0.1)

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
 
 from core.clock import NS_PER_S, ns_of
+from core.errors import LogUnavailable
 from core.log.connection import LogConnection
 from core.streams import BY_NAME
 from core.wire import MSG_ID, Frame, RawTap, Sink, parse_reply
@@ -291,7 +293,7 @@ class _PullConsumer:
         config.num_replicas = 1
         config.inactive_threshold = _SCAN_CONSUMER_IDLE_S
         try:
-            info = await log._js.add_consumer(read.stream, config)
+            info = await _add_consumer(log, read.stream, config)
         except BaseException:
             tap.remove(sub._id)
             with contextlib.suppress(Exception):
@@ -372,3 +374,31 @@ async def _deliver_pulled(
 
 
 _MSG_ID_HEADER = MSG_ID.encode() + b":"
+
+
+_ELECTION_S = 12.0
+"""How long creating a scan's consumer is retried while the stream has no leader (an election takes
+4-9 s after its node died): a replay just after a failover waits for the new leader."""
+_UNANSWERED = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+async def _add_consumer(log: LogConnection, stream: str, config: api.ConsumerConfig) -> api.ConsumerInfo:
+    """Create an (ephemeral, self-expiring) consumer, trying again while nothing answers.
+
+    Raises:
+        LogUnavailable: still no answer after :data:`_ELECTION_S`.
+    """
+    deadline = asyncio.get_running_loop().time() + _ELECTION_S
+    delay = 0.1
+    while True:
+        try:
+            return await log._js.add_consumer(stream, config)
+        except _UNANSWERED as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise LogUnavailable(f"the {stream} stream did not answer: {type(exc).__name__}") from None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)

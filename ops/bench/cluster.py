@@ -34,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import nats
 import uvloop
 
 from core.errors import AppendRejected, AppendTimeout, LogUnavailable
@@ -171,11 +172,13 @@ async def leader_kills(cluster: NatsCluster, kills: int) -> dict[str, Any]:
     finally:
         writer.stop()
         await asyncio.wait_for(writing, 60)
+    await asyncio.to_thread(cluster.wait_stream_current, "JOBS", 60.0)
     stored = Counter[str]()
     async for record in log.replay("JOBS"):
         stored[record.msg_id] += 1
     await log.close()
     lost = [event_id for event_id in writer.acked if event_id not in stored]
+    per_node = [await node_messages(url) for url in cluster.urls]
     return {
         "kills": kills,
         "failover_s": round(statistics.median(failovers), 2),
@@ -185,7 +188,18 @@ async def leader_kills(cluster: NatsCluster, kills: int) -> dict[str, Any]:
         "duplicates": sum(count - 1 for count in stored.values() if count > 1),
         "stored": sum(stored.values()),
         "retried_appends": writer.failed_attempts,
+        "node_messages": per_node,
     }
+
+
+async def node_messages(url: str) -> int:
+    """How many messages JOBS holds, as the node at ``url`` reports it (asked through it alone)."""
+    nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, name="bench-count")
+    try:
+        info = await nc.jetstream(timeout=10.0).stream_info("JOBS")
+        return int(info.state.messages)
+    finally:
+        await nc.close()
 
 
 async def run(quick: bool) -> dict[str, Any]:
@@ -241,7 +255,8 @@ def summary(f: dict[str, Any]) -> str:
         (
             "acknowledged appends lost / stored twice",
             f"{f['acked_lost']} / {f['duplicates']}",
-            f"of {f['acked']:,} acknowledged ({f['stored']:,} stored, {f['retried_appends']:,} retries)",
+            f"of {f['acked']:,} acknowledged ({f['stored']:,} read back, {f['retried_appends']:,} retries; "
+            f"each node holds {'/'.join(f'{n:,}' for n in f['node_messages'])})",
             "0 / 0",
         ),
         (

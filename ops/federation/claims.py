@@ -69,7 +69,7 @@ class ClaimKeeper:
         instance: this instance's name (a subject token).
         live_jobs: returns the keys (``tenant/job_id``) of the federated jobs that need an FL server.
         lease_s: how long this instance may stay silent before another takes its jobs over (default
-            :data:`~core.federation_claims.LEASE_S`, 5 s).
+            :data:`~core.federation_claims.LEASE_S`, 8 s).
         fence_root: the directory whose fence file this keeper moves (``None``: no fence).
     """
 

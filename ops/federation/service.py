@@ -29,7 +29,7 @@ Settings (environment): ``RESONTECH_FEDERATION_HOST``, the name clients dial to 
 must resolve to this host for the clients: with several hosts, to whichever serves);
 ``RESONTECH_FEDERATION_IDLE_S``, how long a job may wait for a worker before its FL server stops
 (default 30); ``RESONTECH_FEDERATION_LEASE_S``, how long an instance may stay silent before another
-takes its jobs over (default 5).
+takes its jobs over (default 8).
 """
 
 from __future__ import annotations
