@@ -26,6 +26,7 @@ import pytest
 
 from core.errors import ConcurrencyConflict
 from core.federation_claims import (
+    LEASE_S,
     ClaimsView,
     Sighting,
     claims_to_make,
@@ -412,7 +413,7 @@ async def test_two_federation_services_run_one_fl_server_and_hand_it_over_when_i
             assert (back.instance, back.took_over_from, back.term) == (holder, other, 3)
             took = time.monotonic() - killed_at
         assert all(len(serving) <= 1 for serving in seen.samples), "two FL servers ran at once"
-        assert fenced_after < 5.0  # before the lease (5 s) let anyone take over
+        assert fenced_after < LEASE_S  # before the lease let anyone take over
         assert took < 30.0
         runs = of(await records(log, "FEDERATION"), FederationProvisioned)
         assert len(runs) == 1  # provisioned once; the others adopted it

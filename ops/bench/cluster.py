@@ -48,6 +48,8 @@ from ops.devstack.natscluster import NatsCluster
 from schemas.jobs import JobProgress
 
 IN_FLIGHT = 64
+STALL_S = 60.0
+"""A kill after which no append is acknowledged for this long is a stall: no leader was elected."""
 RETRY_S = 0.05
 
 
@@ -139,6 +141,23 @@ class Writer:
             self.sent.append((sent, time.monotonic()))
 
 
+async def next_ack(
+    cluster: NatsCluster, writer: Writer, leader: int, killed_at: float, kill: int
+) -> float | None:
+    """When the first append sent after the kill was acknowledged; ``None`` when the survivors elected
+    no leader within :data:`STALL_S` and the killed node had to be started again (see README)."""
+    restarted = False
+    while (acked := writer.first_ack_after(killed_at)) is None:
+        if time.monotonic() - killed_at > STALL_S and not restarted:
+            restarted = True
+            print(f"  kill {kill + 1}: no leader in {STALL_S:g}s; n{leader + 1} started again", flush=True)
+            await asyncio.to_thread(cluster.start_node, leader)
+        if time.monotonic() - killed_at > 3 * STALL_S:
+            raise RuntimeError("no append acknowledged within 3 minutes of killing the JOBS leader")
+        await asyncio.sleep(0.01)
+    return None if restarted else acked
+
+
 async def leader_kills(cluster: NatsCluster, kills: int) -> dict[str, Any]:
     """Kill the JOBS leader ``kills`` times under a continuous writer; check what was acknowledged."""
     settings = cluster.settings(ack_timeout_s=2.0)
@@ -148,16 +167,18 @@ async def leader_kills(cluster: NatsCluster, kills: int) -> dict[str, Any]:
     writer = Writer(log)
     writing = asyncio.create_task(writer.run())
     failovers: list[float] = []
+    stalls: list[int] = []
     try:
         await asyncio.sleep(1.0)
         for kill in range(kills):
             leader = await asyncio.to_thread(cluster.stream_leader, "JOBS")
             killed_at = time.monotonic()
             await asyncio.to_thread(cluster.kill, leader)
-            while (acked := writer.first_ack_after(killed_at)) is None:
-                if time.monotonic() - killed_at > 60:
-                    raise RuntimeError("no append was acknowledged within 60 s of killing the JOBS leader")
-                await asyncio.sleep(0.01)
+            acked = await next_ack(cluster, writer, leader, killed_at, kill)
+            if acked is None:  # no election: the killed node was started again
+                stalls.append(kill + 1)
+                await asyncio.to_thread(cluster.wait_stream_current, "JOBS", 60.0)
+                continue
             failovers.append(acked - killed_at)
             new_leader = await asyncio.to_thread(cluster.stream_leader, "JOBS")
             print(
@@ -183,6 +204,7 @@ async def leader_kills(cluster: NatsCluster, kills: int) -> dict[str, Any]:
         "kills": kills,
         "failover_s": round(statistics.median(failovers), 2),
         "failover_all_s": [round(f, 2) for f in failovers],
+        "stalled_kills": stalls,
         "acked": len(writer.acked),
         "acked_lost": len(lost),
         "duplicates": sum(count - 1 for count in stored.values() if count > 1),
@@ -249,7 +271,8 @@ def summary(f: dict[str, Any]) -> str:
         (
             "JOBS leader SIGKILL -> next acknowledged append (s), median",
             f"{f['failover_s']}",
-            f"{f['kills']} kills: {f['failover_all_s']}",
+            f"{f['kills']} kills: {f['failover_all_s']}; no election within {STALL_S:g}s after kill "
+            f"{f['stalled_kills'] or 'none'}",
             "< 10",
         ),
         (
