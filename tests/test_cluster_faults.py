@@ -553,12 +553,12 @@ async def test_a_coordinator_outlives_a_log_without_quorum_and_decides_again_aft
             event = JobSubmitted(name="after", kind="process", shards=1, command=["true"])
             await clog.append(job_subject("acme", "after", event), event)
             jobs = await wait_records(clog, "JOBS", lambda rs: of(rs, JobPlaced), "job.placed", SETTLE_S)
+            # the silent one, once the log is back and it had its allowance to beat again (its
+            # silence was not blamed on it while the heartbeat stream did not answer)
+            await wait_records(clog, "WORKERS", lambda rs: of(rs, WorkerLost), "worker.lost", SETTLE_S)
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
     [placed] = of(jobs, JobPlaced)
     assert placed.assignments[0].worker_id == fleet.workers[0].worker_id
-    # the silent one, once the log is back and it had its allowance to beat again (its silence was
-    # not blamed on it while the heartbeat stream did not answer: ops.coordinator.silence)
-    await wait_records(clog, "WORKERS", lambda rs: of(rs, WorkerLost), "worker.lost", SETTLE_S)
     await wait_all_current(cluster)
