@@ -27,7 +27,7 @@ import nats.errors
 import pytest
 
 from agent.enroll import enroll
-from core.errors import ConcurrencyConflict, ResontechError
+from core.errors import AppendTimeout, ConcurrencyConflict, LogUnavailable, ResontechError
 from core.log import EventLog
 from core.settings import load
 from core.streams import STREAMS, job_filter, job_subject
@@ -190,9 +190,17 @@ async def test_a_restarted_node_catches_up(cluster: NatsCluster, log: EventLog) 
     follower = (leader + 1) % 3
     cluster.kill(follower)
     job = new_job()
-    positions = await log.append_many(
-        [(job_subject("acme", job, JobQueued), JobQueued(reason=str(n))) for n in range(200)]
-    )
+    items = [
+        (job_subject("acme", job, JobQueued), JobQueued(reason=str(n)), f"{job}-{n}") for n in range(200)
+    ]
+    deadline = time.monotonic() + FAILOVER_S
+    while True:  # a connection to the killed node moves to another first: retried with the same ids
+        try:
+            positions = await log.append_many(items)
+            break
+        except (AppendTimeout, LogUnavailable):
+            if time.monotonic() > deadline:
+                raise
     assert last_seq_on(cluster.nodes[leader], "JOBS") >= positions[-1].seq
 
     await asyncio.to_thread(cluster.start_node, follower)

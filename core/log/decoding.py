@@ -103,7 +103,10 @@ class Decoding(LogConnection):
 
     async def quarantined(self, *, after_seq: int = 0, limit: int = 100) -> list[Quarantined]:
         """Up to ``limit`` messages of QUARANTINE after ``after_seq``, oldest first, with their
-        reasons and senders (the operator's view: ``resontech quarantine``, ``GET /v1/quarantine``)."""
+        reasons and senders (the operator's view: ``resontech quarantine``, ``GET /v1/quarantine``).
+        What this connection's readers are still quarantining is stored first."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         info = await self._js.stream_info("QUARANTINE")
         out: list[Quarantined] = []
         seq = max(after_seq + 1, info.state.first_seq)
