@@ -206,7 +206,11 @@ async def test_a_restarted_node_catches_up(cluster: NatsCluster, log: EventLog) 
     await asyncio.to_thread(cluster.start_node, follower)
     await asyncio.to_thread(cluster.wait_stream_current, "JOBS")
 
-    assert last_seq_on(cluster.nodes[follower], "JOBS") >= positions[-1].seq  # its own store has them
+    # "current" is the leader's word for its raft log; the node's own store applies it a moment later
+    deadline = time.monotonic() + FAILOVER_S
+    while last_seq_on(cluster.nodes[follower], "JOBS") < positions[-1].seq:
+        assert time.monotonic() < deadline, "the restarted node's own store did not catch up"
+        await asyncio.sleep(0.2)
 
 
 async def test_a_lost_race_on_a_replicated_stream_is_a_concurrency_conflict(
