@@ -183,26 +183,16 @@ def _conflict_or_rejection(subject: str, expected: int | None, error: _AckError)
     return AppendRejected(f"append to {subject} rejected: {error.description} (code {error.err_code})")
 
 
-def _resolve_batch(
-    future: asyncio.Future[Position], subject: str, size: int, data: bytes, no_responders: bool
-) -> None:
-    """Settle the commit of an atomic batch: its last position, or why nothing of it was stored."""
-    if no_responders:
-        future.set_exception(NoResponders(f"no stream captures subject {subject!r}"))
-        return
-    try:
-        ack = _ACK_DECODER.decode(data)
-    except msgspec.DecodeError:
-        future.set_exception(BatchRefused(f"unreadable acknowledgement of a batch: {data[:200]!r}"))
-        return
+def _batch_outcome(ack: _Ack, size: int) -> Position | Exception:
+    """What the commit of an atomic batch of ``size`` says: its last position, or why nothing of it
+    was stored."""
     if ack.error is not None:
         refused = BatchUnsupported if ack.error.err_code == ATOMIC_PUBLISH_DISABLED else BatchRefused
-        future.set_exception(refused(f"batch refused: {ack.error.description} (code {ack.error.err_code})"))
-    elif ack.count != size:
+        return refused(f"batch refused: {ack.error.description} (code {ack.error.err_code})")
+    if ack.count != size:
         # A server that does not know atomic batches stores each message and acknowledges the last.
-        future.set_exception(BatchUnsupported(f"batch of {size} acknowledged as {ack.count} on {ack.stream}"))
-    else:
-        future.set_result(Position(ack.stream, ack.seq))
+        return BatchUnsupported(f"batch of {size} acknowledged as {ack.count} on {ack.stream}")
+    return Position(ack.stream, ack.seq)
 
 
 class AckTracker:
@@ -236,21 +226,25 @@ class AckTracker:
         size = self.batches.pop(token, 0) if self.batches else 0
         if future.done():
             return
-        if size:
-            _resolve_batch(future, subject, size, data, no_responders)
-            return
         if no_responders:
             future.set_exception(NoResponders(f"no stream captures subject {subject!r}"))
             return
         try:
             ack = _ACK_DECODER.decode(data)
         except msgspec.DecodeError:
-            future.set_exception(AppendRejected(f"unreadable acknowledgement for {subject}: {data[:200]!r}"))
+            unreadable = BatchRefused if size else AppendRejected
+            future.set_exception(unreadable(f"unreadable acknowledgement for {subject}: {data[:200]!r}"))
             return
-        if ack.error is not None:
-            future.set_exception(_conflict_or_rejection(subject, expected, ack.error))
+        if size:
+            outcome = _batch_outcome(ack, size)
+        elif ack.error is not None:
+            outcome = _conflict_or_rejection(subject, expected, ack.error)
         else:
-            future.set_result(Position(ack.stream, ack.seq, ack.duplicate))
+            outcome = Position(ack.stream, ack.seq, ack.duplicate)
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
     def fail_all(self, error: Exception) -> None:
         for future, *_ in self.pending.values():

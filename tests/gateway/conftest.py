@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,7 +30,7 @@ from gateway.auth import digest
 from gateway.kernel import Kernel
 from gateway.settings import GatewaySettings
 from ops.ports import free_port
-from ops.process import log_tail, spawn, terminate
+from ops.process import log_tail, signal_group, spawn, terminate
 from tests.support import REPO
 
 
@@ -99,15 +101,32 @@ class GatewayServer(Api):
         log_file: the server's stdout and stderr.
     """
 
-    def __init__(self, client: httpx.AsyncClient, url: str, operator_key: str, log_file: Path) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        operator_key: str,
+        log_file: Path,
+        proc: subprocess.Popen[bytes],
+    ) -> None:
         super().__init__(client, None, operator_key)
         self.url = url
         self.ws_url = "ws" + url.removeprefix("http")
         self.log_file = log_file
+        self.proc = proc
 
     def output(self) -> str:
         """The end of the server's log (for assertion messages)."""
         return "\n".join(log_tail(self.log_file, 40))
+
+    def kill(self) -> None:
+        """``kill -9`` the whole gateway (its process group): nothing of it answers or closes cleanly."""
+        signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are still accepted by the kernel, but nothing is answered."""
+        signal_group(self.proc.pid, signal.SIGSTOP)
 
 
 ServeGateway = Callable[..., Awaitable[GatewayServer]]
@@ -119,7 +138,7 @@ async def serve_gateway(
 ) -> AsyncIterator[ServeGateway]:
     """Start served gateways with ``await serve_gateway(RESONTECH_GATEWAY_X="...")``; all are stopped
     after the test."""
-    started: list[tuple[Any, httpx.AsyncClient]] = []
+    started: list[tuple[subprocess.Popen[bytes], httpx.AsyncClient]] = []
 
     async def start(**extra_env: str) -> GatewayServer:
         port = free_port()
@@ -141,7 +160,7 @@ async def serve_gateway(
         url = f"http://127.0.0.1:{port}"
         client = httpx.AsyncClient(base_url=url, timeout=10.0)
         started.append((proc, client))
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + 60.0
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited with {proc.returncode}: {log_tail(log_file, 20)}")
@@ -151,13 +170,14 @@ async def serve_gateway(
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not serve within 30 s: {log_tail(log_file, 20)}")
+                raise RuntimeError(f"the gateway did not serve within 60 s: {log_tail(log_file, 20)}")
             await asyncio.sleep(0.1)
-        return GatewayServer(client, url, operator_key, log_file)
+        return GatewayServer(client, url, operator_key, log_file, proc)
 
     yield start
     for proc, client in started:
         await client.aclose()
+        signal_group(proc.pid, signal.SIGCONT)  # a paused one must hear the SIGTERM
         await asyncio.to_thread(terminate, proc, 10.0)
 
 

@@ -10,14 +10,12 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import httpx
@@ -26,17 +24,14 @@ import pytest
 from agent.enroll import enroll_through, load_enrollment
 from core.errors import ConfigError
 from core.log import EventLog
-from core.settings import Settings
 from gateway import AsyncClient, Client
-from gateway.auth import digest
 from gateway.client import ApiError, resolve
 from gateway.client.feed import follow_feed
 from gateway.client.gateways import Gateways, parse_urls, replayable, retry_seconds
 from ops.ports import free_port
-from ops.process import log_tail, signal_group, spawn, terminate
 from schemas.api.jobs import Job
 from schemas.jobs import JobSubmitted
-from tests.gateway.conftest import Api
+from tests.gateway.conftest import Api, GatewayServer, ServeGateway
 from tests.gateway.test_feed import progress, submit
 from tests.gateway.test_providers import provider, token
 from tests.support import REPO
@@ -44,82 +39,16 @@ from tests.support import REPO
 # -- two gateways, served ---------------------------------------------------------------------------
 
 
-@dataclass
-class Served:
-    """One gateway served by granian in its own process group (main process and worker)."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_file: Path
-
-    def kill(self) -> None:
-        """``kill -9`` the whole gateway: nothing of it answers or closes cleanly."""
-        signal_group(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def pause(self) -> None:
-        """SIGSTOP: connections are still accepted by the kernel, but nothing is answered."""
-        signal_group(self.proc.pid, signal.SIGSTOP)
+async def start_gateway(serve_gateway: ServeGateway) -> GatewayServer:
+    """A served gateway whose feed pings every 0.5 s (a paused one is noticed soon)."""
+    return await serve_gateway(RESONTECH_GATEWAY_FEED_PING_S="0.5")
 
 
-StartGateway = Callable[[], Awaitable[Served]]
-
-
-@pytest.fixture
-async def start_gateway(
-    log: EventLog, settings: Settings, operator_key: str, tmp_path: Path
-) -> AsyncIterator[StartGateway]:
-    """Start served gateways on the test's fresh streams (``await start_gateway()``); each is stopped
-    after the test (continued first, in case it was paused)."""
-    started: list[Served] = []
-
-    async def start() -> Served:
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
-        env.update(
-            RESONTECH_NATS_URL=settings.nats_url,
-            RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
-            RESONTECH_S3_ACCESS_KEY=settings.s3_access_key,
-            RESONTECH_S3_SECRET_KEY=settings.s3_secret_key,
-            RESONTECH_DATA_DIR=str(tmp_path),
-            RESONTECH_GATEWAY_PORT=str(port),
-            RESONTECH_GATEWAY_OPERATOR_KEY_SHA256=digest(operator_key),
-            RESONTECH_GATEWAY_FEED_PING_S="0.5",
-            PYTHONUNBUFFERED="1",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        )
-        log_file = tmp_path / f"gateway-{port}.log"
-        served = Served(spawn([sys.executable, "-m", "ops.cli", "gateway"], log_file, env), "", log_file)
-        served.url = f"http://127.0.0.1:{port}"
-        started.append(served)
-        await _until_healthy(served)
-        return served
-
-    yield start
-    for served in started:
-        signal_group(served.proc.pid, signal.SIGCONT)
-        await asyncio.to_thread(terminate, served.proc, 10.0)
-
-
-async def _until_healthy(served: Served) -> None:
-    async with httpx.AsyncClient(timeout=5.0) as http:
-        deadline = time.monotonic() + 60.0
-        while True:
-            if served.proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited: {log_tail(served.log_file, 20)}")
-            try:
-                if (await http.get(f"{served.url}/v1/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not serve within 60 s: {log_tail(served.log_file, 20)}")
-            await asyncio.sleep(0.1)
-
-
-async def two_gateways(start_gateway: StartGateway, operator_key: str) -> tuple[Served, Served, str, str]:
+async def two_gateways(
+    serve_gateway: ServeGateway, operator_key: str
+) -> tuple[GatewayServer, GatewayServer, str, str]:
     """Two gateways, and a tenant (id, admin key) that both already know."""
-    first, second = await asyncio.gather(start_gateway(), start_gateway())
+    first, second = await asyncio.gather(start_gateway(serve_gateway), start_gateway(serve_gateway))
     async with AsyncClient(first.url, operator_key) as operator:
         created = await operator.create_tenant(f"twice-{os.urandom(3).hex()}", "Twice")
     tenant, key = created.tenant.tenant, created.admin_key.key
@@ -149,9 +78,9 @@ SPEC = {"kind": "process", "command": ["true"]}
 
 
 async def test_a_submit_lands_on_the_second_gateway_when_the_first_is_killed(
-    start_gateway: StartGateway, operator_key: str, log: EventLog
+    serve_gateway: ServeGateway, operator_key: str, log: EventLog
 ) -> None:
-    first, second, _, key = await two_gateways(start_gateway, operator_key)
+    first, second, _, key = await two_gateways(serve_gateway, operator_key)
     with Client(f"{first.url},{second.url}", key) as rt:
         assert rt.gateways.current == first.url and rt.config.retry_s == 30.0
         rt.me()
@@ -164,11 +93,11 @@ async def test_a_submit_lands_on_the_second_gateway_when_the_first_is_killed(
 
 
 async def test_a_create_stored_by_a_gateway_that_died_is_not_made_again_by_the_other(
-    start_gateway: StartGateway, operator_key: str, log: EventLog
+    serve_gateway: ServeGateway, operator_key: str, log: EventLog
 ) -> None:
     """The idempotency record is the log: gateway 1 stored the submit, then died (its answer lost);
     the same call, with the same key, on gateway 2 answers with the same job."""
-    first, second, _, key = await two_gateways(start_gateway, operator_key)
+    first, second, _, key = await two_gateways(serve_gateway, operator_key)
     with Client(first.url, key) as only_first:
         stored = only_first.submit_job({"name": "once", **SPEC}, idempotency_key="lost-answer-1")
     first.kill()
@@ -181,12 +110,12 @@ async def test_a_create_stored_by_a_gateway_that_died_is_not_made_again_by_the_o
 
 
 async def test_a_gateway_killed_in_the_middle_of_a_batch_of_submits_duplicates_nothing(
-    start_gateway: StartGateway, operator_key: str, log: EventLog
+    serve_gateway: ServeGateway, operator_key: str, log: EventLog
 ) -> None:
     """50 submits from 5 threads through one client given both gateways; once 10 have been answered,
     gateway 1 is paused (requests sent to it hang, some stored and not answered), then killed -9.
     Every submit the client saw succeed is stored exactly once, and none twice."""
-    first, second, _, key = await two_gateways(start_gateway, operator_key)
+    first, second, _, key = await two_gateways(serve_gateway, operator_key)
     answered: dict[str, Job] = {}
     failed: dict[str, str] = {}
     lock = threading.Lock()
@@ -227,9 +156,9 @@ async def test_a_gateway_killed_in_the_middle_of_a_batch_of_submits_duplicates_n
 
 
 async def test_the_feed_follows_on_the_other_gateway_from_its_cursor(
-    start_gateway: StartGateway, operator_key: str, log: EventLog
+    serve_gateway: ServeGateway, operator_key: str, log: EventLog
 ) -> None:
-    first, second, tenant, key = await two_gateways(start_gateway, operator_key)
+    first, second, tenant, key = await two_gateways(serve_gateway, operator_key)
     appended = [await submit(log, tenant, "j1")]
     appended += [await progress(log, tenant, "j1", step) for step in range(5)]
     seen: list[int] = []
@@ -252,9 +181,9 @@ async def test_the_feed_follows_on_the_other_gateway_from_its_cursor(
 
 
 async def test_the_cli_with_two_urls_works_while_the_first_is_down(
-    start_gateway: StartGateway, operator_key: str, tmp_path: Path
+    serve_gateway: ServeGateway, operator_key: str, tmp_path: Path
 ) -> None:
-    first, second, tenant, key = await two_gateways(start_gateway, operator_key)
+    first, second, tenant, key = await two_gateways(serve_gateway, operator_key)
     first.kill()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
     env.update(
@@ -289,11 +218,11 @@ async def test_the_cli_with_two_urls_works_while_the_first_is_down(
 
 
 async def test_an_agent_enrolls_through_the_second_gateway_when_the_first_is_down(
-    start_gateway: StartGateway, operator_key: str, tmp_path: Path
+    serve_gateway: ServeGateway, operator_key: str, tmp_path: Path
 ) -> None:
     """``resontech agent --enroll-token ... --gateway A,B``: a gateway that accepts no connection
     never had the one-time token, so the next one is asked."""
-    served = await start_gateway()
+    served = await start_gateway(serve_gateway)
     async with httpx.AsyncClient(base_url=served.url, timeout=10.0) as http:
         api = Api(http, None, operator_key)
         name, key = await provider(api)
