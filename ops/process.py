@@ -188,7 +188,8 @@ class LocalServer:
         return self._proc
 
     def start(self, timeout: float = 15.0) -> None:
-        """Start the server and return once it serves requests.
+        """Start the server and return once it serves requests (:meth:`launch`, then
+        :meth:`wait_ready`).
 
         A port of 0 is replaced by a free port on the first start and kept for restarts.
 
@@ -200,6 +201,17 @@ class LocalServer:
             ServerStartError: a directory is not writable, the process exited during start-up
                 (the message quotes its log) or it was not ready in time. No process is left.
         """
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to serve (several servers that are ready only
+        together, as a cluster's nodes, are launched first and waited for after).
+
+        Raises:
+            PortInUse: a port is taken.
+            ServerStartError: already running, or a directory is not writable.
+        """
         if self.running:
             raise ServerStartError(f"{self.what} is already running (pid {self.pid})")
         if self.port == 0:
@@ -208,6 +220,16 @@ class LocalServer:
         for port, label in self._ports():
             ensure_port_free(self.host, port, label)
         self._proc = spawn(self._argv(), self.log_file, self._env())
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        """Return once the launched server serves requests.
+
+        Raises:
+            ServerStartError: not launched, the process exited (the message quotes its log) or it was
+                not ready within ``timeout`` seconds; the process is killed then.
+        """
+        if self._proc is None:
+            raise ServerStartError(f"{self.what} was not launched")
         try:
             self._wait_ready(self._proc, timeout)
         except BaseException:

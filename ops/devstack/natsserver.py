@@ -23,14 +23,13 @@ from typing import Any
 import nats
 
 from core.natsauth import KERNEL_USER, agent_users, bcrypt_hash, server_accounts
-from ops.ports import ensure_port_free, free_port
+from ops.ports import free_port
 from ops.process import (
     LocalServer,
     ServerStartError,
     ensure_writable_dir,
     find_binary,
     run_async,
-    spawn,
     tcp_open,
 )
 
@@ -174,44 +173,6 @@ class NatsServer(LocalServer):
     def __enter__(self) -> NatsServer:
         super().__enter__()
         return self
-
-    def start(self, timeout: float = 15.0) -> None:
-        """Start the server and return once JetStream answers (see :meth:`LocalServer.start`)."""
-        self.launch()
-        self.wait_ready(timeout)
-
-    def launch(self) -> None:
-        """Start the process without waiting for it to serve: the first half of :meth:`start`.
-
-        A port of 0 is replaced by a free port and kept for restarts.
-
-        Raises:
-            PortInUse: a port is taken.
-            ServerStartError: already running, or a directory is not writable.
-        """
-        if self.running:
-            raise ServerStartError(f"{self.what} is already running (pid {self.pid})")
-        if self.port == 0:
-            self.port = free_port(self.host)
-        self._prepare()
-        for port, label in self._ports():
-            ensure_port_free(self.host, port, label)
-        self._proc = spawn(self._argv(), self.log_file, self._env())
-
-    def wait_ready(self, timeout: float = 15.0) -> None:
-        """Return once the launched server answers JetStream requests: the second half of :meth:`start`.
-
-        Raises:
-            ServerStartError: not launched, the process exited (the message quotes its log) or it was
-                not ready within ``timeout`` seconds; the process is killed then.
-        """
-        if self._proc is None:
-            raise ServerStartError(f"{self.what} was not launched")
-        try:
-            self._wait_ready(self._proc, timeout)
-        except BaseException:
-            self.kill()
-            raise
 
     def reload(self, timeout: float = 10.0) -> None:
         """Make the running server re-read its configuration (SIGHUP), e.g. a rewritten agents file,
