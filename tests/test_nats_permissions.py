@@ -166,6 +166,8 @@ async def test_an_enrolled_agent_publishes_its_own_heartbeat_and_nothing_of_othe
             "tenant.acme.created",
             "job.acme.j1.completed",
             f"meter.acme.{them}",
+            "federation.acme.j1.claimed",  # who runs an FL server is the federation services' word
+            "federation.fed-a.beat",
         ):
             await nc.publish(subject, b"{}")
             await violation(errors, subject)
@@ -176,6 +178,26 @@ async def test_an_enrolled_agent_publishes_its_own_heartbeat_and_nothing_of_othe
     assert await records(stack.log, "TENANTS") == []
     assert await stack.log.last_seq("HEARTBEATS", heartbeat_subject(them)) == 0
     assert await stack.log.last_seq("JOBS") == 0 and await stack.log.last_seq("WORKERS") == 0
+    assert await stack.log.last_seq("FEDERATION") == 0
+
+
+async def test_an_agent_cannot_hold_atomic_batches_open_on_the_stream_it_writes(stack: Stack) -> None:
+    """The server keeps at most 50 unfinished atomic batches per stream for 10 s: an agent that left
+    50 open on INTAKE would make the kernel's batches fail. INTAKE takes no atomic batches, so an
+    agent's batch is refused outright and its claims are stored one by one, as before."""
+    enrolled, _ = await stack.enroll("a1")
+    me = enrolled.worker_id
+    subject = intake_subject(me, f"worker.{me}.registered")
+    async with raw_agent(enrolled) as (nc, _errors):
+        inbox = nc.new_inbox()
+        replies = await nc.subscribe(inbox)
+        for number in (1, 2):
+            headers = {"Nats-Batch-Id": "hostile", "Nats-Batch-Sequence": str(number)}
+            if number == 2:
+                headers["Nats-Batch-Commit"] = "1"
+            await nc.publish(subject, b"{}", reply=inbox if number == 2 else "", headers=headers)
+        answer = json.loads((await replies.next_msg(timeout=10)).data)
+    assert answer["error"]["err_code"] == 10174, answer  # atomic publish is disabled
 
 
 async def test_an_enrolled_agent_reads_only_its_own_commands(stack: Stack) -> None:
