@@ -16,9 +16,12 @@ from core.log.connection import LogConnection
 from core.log.snapshots import SNAPSHOT_BUCKET
 from core.streams import DUPLICATE_WINDOW_S, STREAMS, StreamSpec
 
-STREAM_CREATE_ATTEMPTS = 5
+STREAM_CREATE_ATTEMPTS = 12
 STREAM_STORE_ERROR = 10049
 """JetStream's "error creating store for stream"."""
+NO_PEERS_ERROR = 10005
+"""JetStream's "no suitable peers for placement": a cluster whose nodes the meta leader does not yet
+all see online (just started, or one restarting) cannot place an R3 stream yet."""
 
 
 class StreamSetup(LogConnection):
@@ -49,14 +52,16 @@ class StreamSetup(LogConnection):
 
 
 async def _add_stream(jsm: Any, config: api.StreamConfig) -> None:
-    """Create a stream; a store the server cannot create yet (error 10049: the directory of a stream
-    deleted a moment ago is still being removed) is tried again, a few times."""
+    """Create a stream; what the server cannot do yet is tried again, for up to ~8 s: a store it
+    cannot create (10049: the directory of a stream deleted a moment ago is still being removed),
+    replicas it cannot place (10005: a cluster's node not yet seen online)."""
     for attempt in range(STREAM_CREATE_ATTEMPTS):
         try:
             await jsm.add_stream(config)
             return
-        except nats.js.errors.ServerError as exc:
-            if exc.err_code != STREAM_STORE_ERROR or attempt == STREAM_CREATE_ATTEMPTS - 1:
+        except nats.js.errors.APIError as exc:
+            not_yet = exc.err_code in (STREAM_STORE_ERROR, NO_PEERS_ERROR)
+            if not not_yet or attempt == STREAM_CREATE_ATTEMPTS - 1:
                 raise
         await asyncio.sleep(0.1 * (attempt + 1))
 
