@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -40,7 +41,7 @@ from ops.devstack.natsserver import NatsAuth, NatsServer
 from ops.devstack.objectstore import ObjectStoreServer
 from ops.services.natsauth import AgentUsersSync
 from projections import PROVIDERS
-from schemas.jobs import JobQueued, JobSubmitted
+from schemas.jobs import JobProgress, JobQueued, JobSubmitted
 from tests.support import REPO
 
 pytestmark = pytest.mark.slow
@@ -242,6 +243,46 @@ async def test_a_lost_race_on_a_replicated_stream_is_a_concurrency_conflict(
     finally:
         for appender in appenders:
             await appender.close()
+
+
+async def test_a_scan_reads_to_the_end_the_leader_named_from_a_replica_that_is_behind(
+    cluster: NatsCluster, log: EventLog
+) -> None:
+    """A follower paused while 30,000 events are appended, then resumed: its store applies the
+    backlog over the next moments, and a scan whose consumer the server places on it used to end
+    where that store was (2,500 of 30,000 in one run, in 8 of 24 scans). Every scan, whole, filtered
+    or from a time, now delivers everything up to the end the stream's leader named."""
+    leader = await asyncio.to_thread(cluster.stream_leader, "JOBS")
+    through_leader = await EventLog.connect(
+        cluster.settings(nats_url=cluster.urls[leader], ack_timeout_s=30.0)
+    )
+    try:
+        for round_, follower in enumerate(i for i in range(3) if i != leader):
+            before = await through_leader.last_seq("JOBS")
+            pid = cluster.nodes[follower].pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await through_leader.append_many(
+                    (job_subject("acme", f"lag{round_}-{i % 3}", JobProgress), JobProgress(epoch=1, step=i))
+                    for i in range(30_000)
+                )
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            end = await through_leader.last_seq("JOBS")
+            since = (await through_leader._js.get_msg("JOBS", seq=before + 10_001)).time
+
+            async def count(**bounds: Any) -> int:
+                return sum([1 async for _ in through_leader.replay("JOBS", **bounds)])
+
+            counts = await asyncio.gather(
+                *(count() for _ in range(3)),
+                *(count(subjects=f"job.acme.lag{round_}-1.>") for _ in range(2)),
+                count(start_time=since),
+            )
+            assert counts == [end] * 3 + [10_000] * 2 + [20_000], f"round {round_}: {counts}"
+    finally:
+        await through_leader.close()
 
 
 # -- enrolled agents' users, on every node -----------------------------------------------------------

@@ -106,31 +106,34 @@ class Scanning(LogConnection):
         last = 0  # the sequence of the last message delivered
         count = 0
         consumer: _PullConsumer | None = None
+        catching_up = _CatchUp(self, read)
         try:
             while True:
                 if consumer is not None:
                     await consumer.close()
                 frames.clear()
                 consumer = await _PullConsumer.open(self, tap, read, last, sink)
-                if consumer.target == 0:
-                    return count
-                while True:
+                outcome = _Outcome.DRAINED
+                while consumer.delivered < consumer.target:
                     await consumer.request_ahead()
                     if not frames:
                         sink.arrived.clear()
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(sink.arrived.wait(), _SCAN_STALL_S)
                         if not frames:
-                            break  # silent: a new consumer
+                            outcome = _Outcome.STATUS  # silent: a new consumer
+                            break
                     chunk = frames[:]
                     frames.clear()
                     outcome, last, delivered = await _deliver_pulled(chunk, read, last, on_message)
                     count += delivered
                     consumer.delivered += delivered
-                    if outcome is _Outcome.DONE or consumer.delivered >= consumer.target:
-                        return count
-                    if outcome is _Outcome.STATUS:
+                    if outcome is not _Outcome.MORE:
                         break
+                if outcome is _Outcome.DONE:
+                    return count
+                if outcome is not _Outcome.STATUS and not await catching_up.behind(last):
+                    return count
         finally:
             if consumer is not None:
                 await consumer.close()
@@ -327,6 +330,9 @@ class _Outcome(enum.Enum):
 
     MORE = "more"
     DONE = "done"
+    """The scan's end (its last sequence or time) was reached."""
+    DRAINED = "drained"
+    """The consumer has nothing more: the end, unless its node's store is behind (:class:`_CatchUp`)."""
     STATUS = "status"
 
 
@@ -368,12 +374,73 @@ async def _deliver_pulled(
             await result
         last = seq
         delivered += 1
-        if seq >= end or left == 0:
+        if seq >= end:
             return _Outcome.DONE, last, delivered
+        if left == 0:
+            return _Outcome.DRAINED, last, delivered
     return _Outcome.MORE, last, delivered
 
 
 _MSG_ID_HEADER = MSG_ID.encode() + b":"
+
+
+_CATCH_UP_S = 30.0
+"""How long a scan waits, with no message delivered, for its consumer's node to catch up with the
+stream's leader before it gives up (:class:`_CatchUp`)."""
+
+
+class _CatchUp:
+    """Whether a scan whose consumer has nothing more is really at its end.
+
+    A scan's consumer (R1, in memory) reads the store of the node it was placed on. On a cluster that
+    may be a follower whose store is behind its raft log (a saturating writer left one 90,000
+    messages behind), so its pending count ends the scan short of the end the stream's leader named
+    when the scan began. The leader is asked for the next message the scan would take after the last
+    it delivered: if there is one within the scan's bounds, the scan goes on, after a pause, with a
+    new consumer; one that delivers nothing for :data:`_CATCH_UP_S` raises :class:`LogUnavailable`.
+    """
+
+    def __init__(self, log: LogConnection, read: _Read) -> None:
+        self._log, self._read = log, read
+        self._last = -1
+        self._waiting_since = 0.0
+        self._pause = 0.05
+
+    async def behind(self, last: int) -> bool:
+        """True when the stream's leader holds a message the scan should still deliver after ``last``."""
+        read = self._read
+        if last >= read.end:
+            return False
+        loop = asyncio.get_running_loop()
+        if last != self._last:
+            self._last, self._waiting_since, self._pause = last, loop.time(), 0.05
+        elif loop.time() - self._waiting_since > _CATCH_UP_S:
+            raise LogUnavailable(
+                f"the {read.stream} stream's replica did not catch up with its leader within"
+                f" {_CATCH_UP_S:.0f} s (the scan delivered up to {last} of {read.end})"
+            )
+        try:
+            more = await self._leader_has_more(last)
+        except nats.js.errors.NotFoundError:
+            return False
+        except _UNANSWERED:
+            more = True  # an election: the next consumer waits for it
+        if more:
+            await asyncio.sleep(self._pause)
+            self._pause = min(self._pause * 2, 1.0)
+        return more
+
+    async def _leader_has_more(self, last: int) -> bool:
+        read = self._read
+        subjects = read.subjects or all_subjects(read.stream)
+        if last == 0 and read.start_time is not None:
+            # nothing delivered from a start time: is the newest message the scan takes recent enough?
+            newest = await self._log._js.get_msg(read.stream, subject=subjects)
+            return ns_of(newest.time) >= ns_of(read.start_time)
+        after = last + 1 if last else read.start_seq
+        found = await self._log._js.get_msg(read.stream, seq=after, subject=subjects, next=True)
+        seq = found.seq or 0
+        return seq <= read.end and (read.until_ns is None or ns_of(found.time) <= read.until_ns)
 
 
 _ELECTION_S = 12.0
