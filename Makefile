@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA_DIR ?= .resontech
 PYTEST_ARGS ?=
 
-.PHONY: up down test test-faults lint bench bench-quick venv system browser clean
+.PHONY: up down test test-faults lint bench bench-quick venv system browser web clean
 
 venv: .venv/.stamp
 
@@ -13,7 +13,7 @@ venv: .venv/.stamp
 	@./ops/venv.sh
 	@touch $@
 
-up: venv system
+up: venv system web
 	@.venv/bin/resontech --data-dir $(DATA_DIR) up
 
 down: venv
@@ -24,7 +24,7 @@ down: venv
 # ending up queued behind one another at the end.
 TEST_WORKERS ?= 4
 
-test: venv browser
+test: venv browser web
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not faults" $(PYTEST_ARGS)
 
 # Fault injection on a 3-node NATS cluster (tests/test_cluster_faults.py): two workers, each with a
@@ -39,6 +39,10 @@ system:
 
 browser:
 	@./ops/system.sh --browser
+
+# The dashboard's charting library (uPlot) from the npm registry, pinned by ops/web/package-lock.json.
+web:
+	@./ops/web.sh
 
 lint: venv
 	$(PY) -m ruff check schemas core projections gateway agent ops tests examples

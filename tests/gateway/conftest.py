@@ -185,3 +185,6 @@ async def serve_gateway(
 async def gateway_server(serve_gateway: ServeGateway) -> GatewayServer:
     """A served gateway (granian, real sockets) on the test's fresh streams, with the operator key."""
     return await serve_gateway()
+
+
+from tests.gateway.pages import browser  # noqa: E402,F401  (the fixture, for every browser test)

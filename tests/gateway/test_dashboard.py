@@ -13,13 +13,13 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from playwright.async_api import Browser, Page, Route, WebSocketRoute, async_playwright, expect
+from playwright.async_api import Browser, Route, WebSocketRoute, expect
 
 from core.log import EventLog
 from core.streams import (
@@ -46,54 +46,13 @@ from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
 from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 from tests.gateway.conftest import GatewayServer, ServeGateway
+from tests.gateway.pages import open_dashboard
 from tests.gateway.test_inference import SLOW_HOST, ST_READY_S, _engine_pid
 from tests.support import REPO, AgentProcess, coordinator, registered
 
-CHROMIUM = os.environ.get("RESONTECH_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 UNKNOWN_KEY = "rt_000000000000_" + "x" * 43
 T0_MS = 1_775_001_000_000  # 2026-04-01
-expect.set_options(timeout=10_000)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        await chromium.close()
-
-
-class Dashboard:
-    """A page on the served dashboard; uncaught script errors are collected in ``errors``."""
-
-    def __init__(self, page: Page, server: GatewayServer) -> None:
-        self.page = page
-        self.server = server
-        self.errors: list[str] = []
-        page.on("pageerror", lambda error: self.errors.append(str(error)))
-
-    async def sign_in(self, key: str) -> None:
-        await self.page.fill("#key", key)
-        await self.page.click("#sign-in-form button[type=submit]")
-
-    def job(self, job_id: str, column: str) -> Any:
-        return self.page.locator(f'tr[data-job="{job_id}"] [data-col="{column}"]')
-
-
-async def open_dashboard(browser: Browser, server: GatewayServer) -> Dashboard:
-    page = await browser.new_page(viewport={"width": 1500, "height": 900})
-    dashboard = Dashboard(page, server)
-    await page.goto(server.url + "/")
-    return dashboard
 
 
 class FeedProxy:
