@@ -5,8 +5,9 @@ every user command.
 * :mod:`ops.cli.user`: the tenant's and provider's commands, through the SDK, one module per thing
   they are about: :mod:`ops.cli.account` (``login``, ``whoami``, ``workers``, ``billing``,
   ``usage``...), :mod:`ops.cli.workspace` (``upload``, ``download``, ``ls``), :mod:`ops.cli.jobs`
-  (``submit``, ``status``, ``watch``...), :mod:`ops.cli.endpoints` (``deploy``, ``scale``,
-  ``infer``...), and what they share, :mod:`ops.cli.session` (the client, ``--json``, spec files);
+  (``submit``, ``status``...) with :mod:`ops.cli.watch` (``watch``), :mod:`ops.cli.endpoints`
+  (``deploy``, ``scale``, ``infer``...), and what they share, :mod:`ops.cli.session` (the client,
+  ``--json``, spec files);
 * :mod:`ops.cli.workers` (enrolling a state dir, worker listings), :mod:`ops.cli.tail` (the log as
   it grows), :mod:`ops.cli.quarantine` (refused claims), :mod:`ops.cli.demo` (the scripted tour).
 """

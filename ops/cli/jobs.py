@@ -1,26 +1,20 @@
 """``resontech submit``, ``jobs``, ``status``, ``why``, ``cancel``, ``watch``: a tenant's jobs (and, for
 ``status``, an endpoint of the same id). In the CLI a job view is read here only: :func:`job_line`,
-:func:`job_detail` and the one-line answers of the commands.
+:func:`job_detail` and the one-line answers of the commands; ``watch`` follows the feed in
+:mod:`ops.cli.watch`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import msgspec
 
 from gateway.client import ApiError
 from ops.cli.endpoints import endpoint_detail
-from ops.cli.session import UserCommand, client, read_spec, show
-from schemas.api.feed import FeedMessage, FeedTelemetry
+from ops.cli.session import UserCommand, client, job_ref, read_spec, show
+from ops.cli.watch import cmd_watch
 from schemas.api.jobs import Job, JobAssignment
-
-
-def job_ref(ref: str) -> tuple[str, str | None]:
-    """``JOB`` or (for the operator) ``TENANT/JOB`` -> ``(job_id, tenant)``."""
-    tenant, sep, job_id = ref.partition("/")
-    return (job_id, tenant) if sep else (ref, None)
 
 
 def job_line(job: Job) -> str:
@@ -111,58 +105,6 @@ def cmd_why(args: argparse.Namespace) -> int:
     return 0
 
 
-ENDED = {"job.completed": "completed", "job.failed": "failed", "job.cancelled": "cancelled"}
-WATCHED_FIELDS = (
-    *("round", "epoch", "step", "loss", "slot", "worker_id", "reason", "object_key", "train_epoch"),
-    *("server", "first_round", "rounds"),  # federated jobs: the FL server, each FL run
-)
-
-
-def event_fields(message: FeedMessage) -> dict[str, object]:
-    """The fields of a feed message's event (its stored event, as JSON)."""
-    return message.event if isinstance(message.event, dict) else {}
-
-
-def describe(message: FeedMessage) -> str:
-    """One line for a feed event."""
-    event = event_fields(message)
-    stamp = (message.time or "")[11:19]
-    if message.kind == "telemetry":
-        gpus = msgspec.convert(event, FeedTelemetry).gpus
-        utils = ", ".join(f"gpu{g.index} {g.util_pct or 0:.0f}%" for g in gpus) or "no GPU"
-        return f"{stamp}  telemetry {message.worker}: {utils}"
-    details = {k: v for k, v in event.items() if k in WATCHED_FIELDS and v not in (None, "")}
-    metrics = event.get("metrics")
-    if isinstance(metrics, dict):
-        details.update(list(metrics.items())[:4])
-    text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in details.items())
-    return f"{stamp}  {message.kind.removeprefix('job.')}" + (f": {text}" if text else "")
-
-
-def cmd_watch(args: argparse.Namespace) -> int:
-    """Live progress of one job until it ends (or Ctrl-C)."""
-    job_id, tenant = job_ref(args.job)
-    with client(args) as rt:
-        job = rt.job(job_id, tenant=tenant)
-        if not args.json:
-            print(f"job {job.job_id} ({job.spec.name}): {job.state}", flush=True)
-        if job.state in ENDED.values():
-            return 0 if job.state == "completed" else 1
-        for message in rt.feed(job=job_id, tenant=tenant, after="jobs:0"):  # its history, then live
-            if args.json:
-                print(json.dumps(msgspec.to_builtins(message)), flush=True)
-            else:
-                print(describe(message), flush=True)
-            ended = ENDED.get(message.kind)
-            if ended == "failed" and event_fields(message).get("slot") is not None:
-                ended = None  # one shard's failure: the kernel places it again, or fails the job
-            if ended is not None:
-                if not args.json:
-                    print(f"job {job_id} {ended}", flush=True)
-                return 0 if ended == "completed" else 1
-    return 0
-
-
 def cmd_cancel(args: argparse.Namespace) -> int:
     job_id, tenant = job_ref(args.job)
     with client(args) as rt:
@@ -191,7 +133,19 @@ def register(user: UserCommand) -> None:
     for name, handler, text in (
         ("why", cmd_why, "why a job is pending, or why it runs where it runs"),
         ("cancel", cmd_cancel, "cancel a job (running shards checkpoint and stop)"),
-        ("watch", cmd_watch, "follow a job live (progress, rounds, loss, checkpoints) until it ends"),
     ):
         p = user(name, handler, text)
         p.add_argument("job", help="the job id (operator: TENANT/JOB)")
+    p = user(
+        "watch",
+        cmd_watch,
+        "follow a job live (progress, rounds, loss, checkpoints) until it ends, its loss (or "
+        "--metric) drawn as a sparkline",
+    )
+    p.add_argument("job", help="the job id (operator: TENANT/JOB)")
+    p.add_argument(
+        "--metric",
+        default="loss",
+        help="the metric to draw: loss, gpu_util_pct or a key of the job's progress metrics "
+        "(default: loss); --json draws none",
+    )

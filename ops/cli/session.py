@@ -70,6 +70,12 @@ def show(args: argparse.Namespace, value: T, human: Callable[[T], str]) -> None:
         print(human(value))
 
 
+def job_ref(ref: str) -> tuple[str, str | None]:
+    """``JOB`` or (for the operator) ``TENANT/JOB`` -> ``(job_id, tenant)``."""
+    tenant, sep, job_id = ref.partition("/")
+    return (job_id, tenant) if sep else (ref, None)
+
+
 def read_spec(path: str | Path) -> dict[str, object]:
     """A job or endpoint spec from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file.
 
