@@ -24,6 +24,13 @@ of its ``end_ms`` (``YYYY-MM``). Invoice lines are keyed ``tenant/period/work_id
 version>``, payout lines ``provider/period/tier``; each worker's earnings to date (the payouts of its
 usage ticks) are kept by worker id, for providers' per-node view.
 
+Per day and over time (:mod:`projections.days`). Beside the lines, every counted usage tick adds its
+charge to its tenant's UTC day (of ``end_ms``, like its period: ``spend``), its payout to its
+provider's day and tier (``earned``), and its GPU-milliseconds to the fleet buckets its interval
+covers (``fleet_gpu_ms``: the GPUs the kernel's ticks say were in use, bucket by bucket). A day's
+figures sum to the month's lines; fleet buckets older than :data:`~projections.days.BUCKETS_KEPT`
+are pruned with the marks, so they stay a week's worth.
+
 Duplicates. Each assignment has a mark (each assignment and ``source`` for token ticks, keyed
 ``<tenant>.<worker_id>.<assignment_id>`` and ``...:<source>``): the end of its last counted interval
 and the envelope time of its last tick. A tick that starts before its mark's end is a duplicate (an
@@ -72,6 +79,7 @@ import msgspec
 
 from core.pricing import PRICE_TABLES, price, table_at
 from projections.base import Projection
+from projections.days import BUCKET_MS, BUCKET_NS, BUCKETS_KEPT, spread
 from schemas.envelope import Recorded
 from schemas.metering import TokensServed, UsageTick
 from schemas.values import Pool, WorkKind
@@ -179,6 +187,9 @@ class LedgerState(msgspec.Struct, kw_only=True):
         next_prune_seq: the sequence at or after which marks untouched for
             :data:`MARK_RETENTION_NS` are dropped next.
         duplicates / invalid: ticks ignored as duplicates / as invalid.
+        spend: ``<tenant>/<day>`` -> micro-USD charged for the usage ticks ending in that UTC day.
+        earned: ``<provider>/<day>`` -> tier -> micro-USD of payouts for those ticks.
+        fleet_gpu_ms: fleet bucket -> GPU-milliseconds of usage ticks in it (every tenant's).
     """
 
     seq: int = 0
@@ -189,6 +200,9 @@ class LedgerState(msgspec.Struct, kw_only=True):
     next_prune_seq: int = 0
     duplicates: int = 0
     invalid: int = 0
+    spend: dict[str, int] = {}
+    earned: dict[str, dict[str, int]] = {}
+    fleet_gpu_ms: dict[str, int] = {}
 
 
 def period_of(ms: int) -> str:
@@ -267,6 +281,30 @@ def _usage(state: LedgerState, recorded: Recorded[Any], tick: UsageTick) -> None
     line.cpu_ms += cpu_ms
     line.charge_micros += charge
     _pay(state, tick, period, tokens[2], payout)
+    _by_day(state, tick, tokens[1], charge, payout)
+
+
+def _by_day(state: LedgerState, tick: UsageTick, tenant: str, charge: int, payout: int) -> None:
+    """A counted usage tick on its tenant's and its provider's day, and its GPU time on the fleet."""
+    day = tick.end_ms // _MS_PER_DAY
+    key = f"{tenant}/{day}"
+    spend = state.spend
+    spend[key] = spend.get(key, 0) + charge
+    key = f"{tick.provider}/{day}"
+    tiers = state.earned.get(key)
+    if tiers is None:
+        tiers = state.earned[key] = {}
+    tier = tick.tier
+    tiers[tier] = tiers.get(tier, 0) + payout
+    gpu_ms = tick.gpu_ms
+    if gpu_ms:
+        start_ms, end_ms = tick.start_ms, tick.end_ms
+        bucket = start_ms // BUCKET_MS
+        if start_ms < end_ms and bucket == (end_ms - 1) // BUCKET_MS:  # the common case: spread's
+            fleet, key = state.fleet_gpu_ms, str(bucket)
+            fleet[key] = fleet.get(key, 0) + gpu_ms
+        else:
+            spread(state.fleet_gpu_ms, start_ms, end_ms, gpu_ms)
 
 
 def _served(state: LedgerState, recorded: Recorded[Any], tick: TokensServed) -> None:
@@ -381,16 +419,20 @@ def compact_ranges(ranges: list[tuple[int, int]], kept: int) -> list[tuple[int, 
 
 
 def _prune(state: LedgerState, seq: int, now_ns: int) -> None:
-    """Drop the marks not touched since ``now_ns - MARK_RETENTION_NS`` and set the next prune."""
+    """Drop the marks not touched since ``now_ns - MARK_RETENTION_NS`` and the fleet buckets older
+    than :data:`~projections.days.BUCKETS_KEPT` before ``now_ns``, and set the next prune."""
     oldest = now_ns - MARK_RETENTION_NS
     marks = state.marks
     if any(touched < oldest for _, touched in marks.values()):
         state.marks = {key: mark for key, mark in marks.items() if mark[1] >= oldest}
     state.next_prune_seq = seq + max(PRUNE_EVERY, len(state.marks))
+    first = now_ns // BUCKET_NS - BUCKETS_KEPT
+    if any(int(bucket) < first for bucket in state.fleet_gpu_ms):
+        state.fleet_gpu_ms = {b: ms for b, ms in state.fleet_gpu_ms.items() if int(b) >= first}
 
 
 LEDGER: Projection[LedgerState] = Projection(
-    name="ledger", stream="METERING", version=4, state_type=LedgerState, evolve=evolve
+    name="ledger", stream="METERING", version=5, state_type=LedgerState, evolve=evolve
 )
 
 
@@ -423,3 +465,17 @@ def earnings(state: LedgerState, worker_id: str) -> WorkerEarnings | None:
     """A copy of what ``worker_id`` earned to date, or ``None`` if it never metered anything."""
     earned = state.workers.get(worker_id)
     return None if earned is None else msgspec.structs.replace(earned)
+
+
+def daily_spend(state: LedgerState, tenant: str, first_day: int, last_day: int) -> list[int]:
+    """The tenant's charges (micro-USD) on each UTC day from ``first_day`` to ``last_day`` (day
+    numbers, inclusive)."""
+    spend = state.spend
+    return [spend.get(f"{tenant}/{day}", 0) for day in range(first_day, last_day + 1)]
+
+
+def daily_earnings(state: LedgerState, provider: str, first_day: int, last_day: int) -> list[dict[str, int]]:
+    """Copies of the provider's payouts (tier -> micro-USD) on each UTC day from ``first_day`` to
+    ``last_day`` (inclusive; an empty dict for a day without any)."""
+    earned = state.earned
+    return [dict(earned.get(f"{provider}/{day}", {})) for day in range(first_day, last_day + 1)]

@@ -2,6 +2,14 @@
 
 Time is the envelope's store time (the server's clock, the same clock for every worker), so a
 silence is measured against a ``now_ns`` the caller takes from the same server.
+
+Beside the latest beats, the state keeps what the fleet's agents reported of their GPUs'
+utilisation, per fleet bucket of store time (:mod:`projections.days`): the sum of every ``util_pct``
+reading and their number, for a mean (:func:`reported_util`). These are the agents' own words (NVML
+as each host read it), kept for the operator's fleet chart and believed about nothing. The bucket of
+the latest beat is summed in three plain fields (a beat costs two additions, not a dict update) and
+moves into ``util`` when a beat of another bucket arrives; buckets older than
+:data:`~projections.days.BUCKETS_KEPT` are dropped then.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import msgspec
 
 from core.clock import LOST_AFTER_INTERVALS, NS_PER_S, silent_at
 from projections.base import Projection
+from projections.days import BUCKET_NS, BUCKETS_KEPT
 from schemas.envelope import Recorded
 from schemas.values import GpuTelemetry
 from schemas.workers import Heartbeat
@@ -39,10 +48,21 @@ class LastBeat(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LivenessState(msgspec.Struct, kw_only=True):
-    """The latest beat of every worker that ever beat; ``seq`` is the last sequence applied."""
+    """The latest beat of every worker that ever beat; ``seq`` is the last sequence applied.
+
+    Attributes:
+        util: fleet bucket -> ``(sum of util_pct, readings)`` of the GPU readings beats carried,
+            for every bucket but the open one.
+        util_bucket / util_sum / util_readings: the open bucket (of the latest beat with a
+            reading) and its sum and readings.
+    """
 
     seq: int = 0
     beats: dict[str, LastBeat] = {}
+    util: dict[str, tuple[float, int]] = {}
+    util_bucket: int = 0
+    util_sum: float = 0.0
+    util_readings: int = 0
 
 
 def evolve(state: LivenessState, recorded: Recorded[Any]) -> LivenessState:
@@ -62,11 +82,44 @@ def evolve(state: LivenessState, recorded: Recorded[Any]) -> LivenessState:
                 memory_used_mb=event.memory_used_mb,
                 running=event.running,
             )
+            if event.gpus:
+                _count_util(state, recorded.time_ns // BUCKET_NS, event.gpus)
     return state
 
 
+def _count_util(state: LivenessState, bucket: int, gpus: list[GpuTelemetry]) -> None:
+    total, readings = 0.0, 0
+    for gpu in gpus:
+        util = gpu.util_pct
+        if util is not None:
+            total += util
+            readings += 1
+    if not readings:
+        return
+    if bucket == state.util_bucket:
+        state.util_sum += total
+        state.util_readings += readings
+        return
+    if state.util_readings:  # close the open bucket (adding to it if time went back and forth)
+        key = str(state.util_bucket)
+        closed = state.util.get(key, (0.0, 0))
+        state.util[key] = (closed[0] + state.util_sum, closed[1] + state.util_readings)
+    first = bucket - BUCKETS_KEPT
+    if any(int(b) < first for b in state.util):
+        state.util = {b: u for b, u in state.util.items() if int(b) >= first}
+    state.util_bucket, state.util_sum, state.util_readings = bucket, total, readings
+
+
+def reported_util(state: LivenessState, bucket: int) -> tuple[float, int]:
+    """``(sum of util_pct, readings)`` of the GPU readings in the beats of fleet bucket ``bucket``."""
+    total, readings = state.util.get(str(bucket), (0.0, 0))
+    if bucket == state.util_bucket:
+        return total + state.util_sum, readings + state.util_readings
+    return total, readings
+
+
 LIVENESS: Projection[LivenessState] = Projection(
-    name="liveness", stream="HEARTBEATS", version=1, state_type=LivenessState, evolve=evolve
+    name="liveness", stream="HEARTBEATS", version=2, state_type=LivenessState, evolve=evolve
 )
 
 

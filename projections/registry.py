@@ -16,7 +16,9 @@ that changes the GPUs (count, models, VRAM) makes a verified worker unverified a
 Uptime bookkeeping, all from envelope times: ``since_ns`` (first registration) starts the observed
 window; ``downtime_ns`` sums closed lost intervals and ``lost_since_ns`` holds the open one;
 ``excluded_ns`` sums deregistered intervals (not counted either way) and ``deregistered_ns`` holds
-the open one. :func:`uptime` turns them into a ratio at a given instant.
+the open one. :func:`uptime` turns them into a ratio at a given instant. The closed intervals are
+also kept per UTC day (``down_days``, ``absent_days``: the last :data:`~projections.days.DAYS_KEPT`
+days), so that :func:`daily_uptime` gives each day's ratio exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import msgspec
 
 from projections.base import Projection
+from projections.days import NS_PER_DAY, add_days, overlap
 from schemas.envelope import Recorded
 from schemas.values import Gpu, WorkerState
 from schemas.workers import (
@@ -69,6 +72,8 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
         downtime_ns: total of closed lost intervals.
         excluded_ns: total of closed deregistered intervals.
         lost_count: how many times the worker was declared lost.
+        down_days / absent_days: UTC day number -> nanoseconds of closed lost / deregistered intervals
+            in that day (:mod:`projections.days`).
         last_change_seq: the WORKERS sequence of the last event that changed this record.
         last_seq: the WORKERS sequence of the worker's latest event, whether it changed the
             record or not: the expected sequence for appends about the worker.
@@ -89,6 +94,8 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     lost_count: int = 0
     deregistered_ns: int | None = None
     excluded_ns: int = 0
+    down_days: dict[str, int] = {}
+    absent_days: dict[str, int] = {}
     verified: bool = False
     verification_reason: str = "awaiting its verification job"
     challenge: Challenge | None = None
@@ -131,6 +138,7 @@ def _registered(
         changes.update(verified=False, verification_reason="its GPUs changed: awaiting verification")
     if old.deregistered_ns is not None:
         changes["excluded_ns"] = old.excluded_ns + (t - old.deregistered_ns)
+        changes["absent_days"] = add_days(old.absent_days, old.deregistered_ns, t)
         changes["deregistered_ns"] = None
     return _derive(msgspec.structs.replace(old, **changes))
 
@@ -157,7 +165,10 @@ def _changed(old: WorkerRecord, event: Any, seq: int, t: int) -> WorkerRecord | 
             if not old.lost or old.lost_since_ns is None:
                 return None
             down = old.downtime_ns + max(0, t - old.lost_since_ns)
-            return replace(old, lost=False, lost_since_ns=None, downtime_ns=down, last_change_seq=seq)
+            days = add_days(old.down_days, old.lost_since_ns, t)
+            return replace(
+                old, lost=False, lost_since_ns=None, downtime_ns=down, down_days=days, last_change_seq=seq
+            )
         case WorkerVerificationRequested():
             return replace(old, challenge=Challenge(request=event, requested_ns=t), last_change_seq=seq)
         case WorkerVerified():
@@ -177,11 +188,18 @@ def _changed(old: WorkerRecord, event: Any, seq: int, t: int) -> WorkerRecord | 
         case WorkerDeregistered():
             if old.deregistered_ns is not None:
                 return None
-            down = old.downtime_ns
+            down, days = old.downtime_ns, old.down_days
             if old.lost_since_ns is not None:
                 down += max(0, t - old.lost_since_ns)
+                days = add_days(days, old.lost_since_ns, t)
             return replace(
-                old, lost=False, lost_since_ns=None, downtime_ns=down, deregistered_ns=t, last_change_seq=seq
+                old,
+                lost=False,
+                lost_since_ns=None,
+                downtime_ns=down,
+                down_days=days,
+                deregistered_ns=t,
+                last_change_seq=seq,
             )
     return None
 
@@ -211,7 +229,7 @@ def evolve(state: RegistryState, recorded: Recorded[Any]) -> RegistryState:
 
 
 REGISTRY: Projection[RegistryState] = Projection(
-    name="registry", stream="WORKERS", version=6, state_type=RegistryState, evolve=evolve
+    name="registry", stream="WORKERS", version=7, state_type=RegistryState, evolve=evolve
 )
 
 
@@ -239,3 +257,21 @@ def uptime(record: WorkerRecord, now_ns: int) -> float:
     if observed <= 0:
         return 1.0
     return max(0.0, 1.0 - downtime(record, end) / observed)
+
+
+def daily_uptime(record: WorkerRecord, first_day: int, last_day: int, now_ns: int) -> list[float | None]:
+    """The fraction of each UTC day from ``first_day`` to ``last_day`` (day numbers, inclusive) that
+    the worker was observed and not lost, as of ``now_ns``; ``None`` for a day it was not observed
+    (before its first registration, after ``now_ns``, deregistered all day). Exact for the last
+    :data:`~projections.days.DAYS_KEPT` days; a day whose record was dropped reads as fully up."""
+    end = record.deregistered_ns if record.deregistered_ns is not None else now_ns
+    lost_since = record.lost_since_ns
+    out: list[float | None] = []
+    for day in range(first_day, last_day + 1):
+        lo, hi = day * NS_PER_DAY, (day + 1) * NS_PER_DAY
+        observed = overlap(record.since_ns, end, lo, hi) - record.absent_days.get(str(day), 0)
+        down = record.down_days.get(str(day), 0)
+        if lost_since is not None:
+            down += overlap(lost_since, end, lo, hi)
+        out.append(None if observed <= 0 else max(0.0, 1.0 - down / observed))
+    return out

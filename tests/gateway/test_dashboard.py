@@ -356,7 +356,7 @@ async def test_the_operator_picks_a_tenant_and_pages_through_a_thousand_jobs(
     page = dashboard.page
     await dashboard.sign_in(server.operator_key)
     await expect(page.locator("#tabs button")).to_have_text(
-        ["Jobs", "Endpoints", "Billing", "Workers", "Payouts"]
+        ["Jobs", "Endpoints", "Billing", "Workers", "Payouts", "Fleet"]
     )
     await expect(page.locator("#pick-tenant")).to_be_visible()
     await page.select_option("#tenant-select", tenant)

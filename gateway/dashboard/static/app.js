@@ -17,14 +17,15 @@ import {jobs} from './jobs.js';
 import {billing} from './billing.js';
 import {endpoints} from './endpoints.js';
 import {payouts, workers} from './provider.js';
+import {fleet} from './series.js';
 
 const TABS = {
   tenant: ['jobs', 'endpoints', 'billing'],
   provider: ['workers', 'payouts'],
-  operator: ['jobs', 'endpoints', 'billing', 'workers', 'payouts'],
+  operator: ['jobs', 'endpoints', 'billing', 'workers', 'payouts', 'fleet'],
 };
 const TENANT_VIEWS = new Set(['jobs', 'endpoints', 'billing']);
-const VIEWS = {jobs, endpoints, billing, workers, payouts};
+const VIEWS = {jobs, endpoints, billing, workers, payouts, fleet};
 const READY_WAIT_MS = 3_000;
 
 let shownTab = null;

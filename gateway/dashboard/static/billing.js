@@ -1,8 +1,9 @@
-// The billing view: usage and invoices (metering is not on the feed, so it is re-read every 30 s
-// while shown).
+// The billing view: spend per day (series.js), usage and invoices (metering is not on the feed, so
+// it is re-read every 30 s while shown).
 
 import {$, badge, fmt, h, polling, report} from './dom.js';
 import {api} from './api.js';
+import {spend} from './series.js';
 
 const BILLING_EVERY_MS = 30_000;
 
@@ -26,16 +27,19 @@ export const billing = {
     $('invoices-table').tBodies[0].replaceChildren();
     $('invoice-detail').hidden = true;
     $('billing-total').textContent = '';
+    spend.clear();
   },
 
   async load() {
     const generation = this.generation;
     try {
-      const [usage, invoices] = await Promise.all([
+      const [usage, invoices, daily] = await Promise.all([
         api('/v1/billing/usage', {scope: 'tenant'}),
         api('/v1/billing/invoices', {scope: 'tenant'}),
+        api('/v1/billing/usage/daily', {scope: 'tenant'}),
       ]);
       if (generation !== this.generation) return;
+      spend.show(daily);
       this.showUsage(usage);
       this.showInvoices(invoices);
       if (this.invoice) await this.open(this.invoice);

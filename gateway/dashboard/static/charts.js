@@ -46,7 +46,8 @@ const MARK_COLOURS = {checkpoint: '#12805c', recovery: '#c0392b', epoch: '#66708
  * One live chart.
  *
  * Options: title; x: 'time' (x in Unix seconds) or a label ('step', 'round'); y: the y axis label;
- * height (px); format(y): how a value shows in the legend; lines: labels of the first lines.
+ * height (px); format(y): how a value shows in the legend; lines: labels of the first lines;
+ * points: true (or uPlot's (u, line) => boolean) to draw points too, so that a lone point shows.
  */
 export class LiveChart {
   constructor(options) {
@@ -110,7 +111,7 @@ export class LiveChart {
   }
 
   seriesOf(label, i, format) {
-    return {label, stroke: colour(i), width: 1, spanGaps: true, points: {show: false},
+    return {label, stroke: colour(i), width: 1, spanGaps: true, points: {show: this.options.points ?? false},
       value: (u, v) => format(v)};
   }
 
@@ -228,9 +229,16 @@ export class LiveChart {
     ctx.save();
     ctx.font = `${10 * ratio}px system-ui, sans-serif`;
     ctx.textBaseline = 'top';
+    ctx.textAlign = 'left';
+    let labelled = -Infinity; // where the last label went: one close to it goes a line lower
+    let row = 0;
     for (const m of this.marks) {
       const x = Math.round(u.valToPos(m.x, 'x', true));
       if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      if (m.label) {
+        row = Math.abs(x - labelled) < 80 * ratio ? (row + 1) % 4 : 0;
+        labelled = x;
+      }
       ctx.strokeStyle = ctx.fillStyle = MARK_COLOURS[m.kind] || '#667085';
       ctx.setLineDash(m.kind === 'checkpoint' ? [3 * ratio, 3 * ratio] : []);
       ctx.lineWidth = ratio;
@@ -238,7 +246,7 @@ export class LiveChart {
       ctx.moveTo(x, top);
       ctx.lineTo(x, top + height);
       ctx.stroke();
-      ctx.fillText(m.label, x + 3 * ratio, top + 2 * ratio);
+      ctx.fillText(m.label, x + 3 * ratio, top + (2 + 12 * row) * ratio);
     }
     ctx.restore();
   }

@@ -1,15 +1,19 @@
-// The workers view (a provider's nodes; the operator's whole fleet) and the payouts view.
+// The workers view (a provider's nodes; the operator's whole fleet) and the payouts view (with its
+// charts of earnings and uptime per day, series.js).
 //
 // The feed carries tenant events only (a provider key is refused with 4403), so these views are
-// re-read every 10 s while shown; the indicator says "polling" for a provider.
+// re-read while shown (workers every 10 s, payouts every 30 s); the indicator says "polling" for a
+// provider.
 
 import {$, badge, dash, fmt, h, listFooter, polling, report} from './dom.js';
 import {api, session} from './api.js';
 import {miniTable} from './table.js';
+import {earnings} from './series.js';
 
 const PAGE = 100;
 const MAX_PAGE = 500;
 const WORKERS_EVERY_MS = 10_000;
+const PAYOUTS_EVERY_MS = 30_000;
 
 export const workers = {
   rows: new Map(), // worker_id -> tr
@@ -151,14 +155,19 @@ export const workers = {
 
 export const payouts = {
   generation: 0,
+  ...polling(PAYOUTS_EVERY_MS),
 
   init() {
     $('payouts-refresh').addEventListener('click', () => this.load());
     $('payouts-provider').addEventListener('change', () => this.load());
   },
 
-  shown() {
+  first() {
     $('payouts-provider-pick').hidden = !session.operator;
+    this.load();
+  },
+
+  poll() {
     this.load();
   },
 
@@ -166,6 +175,7 @@ export const payouts = {
     this.generation += 1;
     $('payouts-table').tBodies[0].replaceChildren();
     $('payouts-total').textContent = '';
+    earnings.clear();
   },
 
   async load() {
@@ -178,8 +188,13 @@ export const payouts = {
     }
     const generation = ++this.generation;
     try {
-      const body = await api('/v1/billing/payouts', {query: {provider: session.operator ? provider : ''}});
+      const query = {provider: session.operator ? provider : ''};
+      const [body, daily] = await Promise.all([
+        api('/v1/billing/payouts', {query}),
+        api('/v1/billing/payouts/daily', {query}),
+      ]);
       if (generation !== this.generation) return;
+      earnings.show(daily);
       $('payouts-total').textContent = `Payouts to date for ${body.provider}: ${fmt.money(body.total)}`;
       const rows = body.periods.flatMap((p) => p.tiers.map((t) => h('tr', {},
         h('td', {}, p.period), h('td', {class: 'tier'}, t.tier), h('td', {class: 'num'}, fmt.hours(t.gpu_seconds)),
