@@ -29,6 +29,7 @@ from gateway.kernel import Kernel
 from gateway.metrics import GatewayMetrics, RequestMetrics
 from gateway.routes import ROUTERS, openai
 from gateway.routes.feed import websocket_routes
+from gateway.scale_history import ScaleHistory
 from gateway.settings import GatewaySettings, load_gateway_settings
 from gateway.token_meter import TokenMeter
 
@@ -115,6 +116,7 @@ def create_app(
     app.state.openapi = document
     app.state.metrics = metrics
     app.state.inference = metrics.inference = InferenceProxy()
+    app.state.scale_history = ScaleHistory()
     app.state.tokens = TokenMeter(gateway.token_tick_s)
     return app
 

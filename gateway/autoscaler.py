@@ -119,6 +119,7 @@ class Autoscaler:
         line = self.proxy.lines.get(key)
         if line is not None:
             line.sample(now)
+            self.proxy.sample_line(key)  # the hour's peak depths, while a line drains too
         serving = ready_replicas(endpoint)
         return autoscale.Load(
             queued=line.mean_depth(now, QUEUE_WINDOW_S) if line is not None else 0.0,

@@ -22,7 +22,8 @@ latency windows) and the part the benchmark measures.
   502, so that no client is told its own key is wrong.
 * **Figures.** Per endpoint, over a sliding :data:`WINDOW_S` window: requests per second, error rate
   and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response),
-  and the line's depth, slots held, time in line and refusals.
+  and the line's depth, slots held, time in line and refusals; and the same over the last hour in
+  10-second buckets (:attr:`InferenceProxy.history`, :mod:`gateway.traffic_history`).
 
 The upstream client is aiohttp's, not httpx (which the SDK uses): measured here against the same
 local replica, a small request costs ~0.45 ms through aiohttp and ~4.5-6 ms through httpx, and the
@@ -43,6 +44,7 @@ import aiohttp
 from core.errors import ResontechError
 from gateway.queueing import Line, percentile
 from gateway.routing import Picker
+from gateway.traffic_history import TrafficBuckets
 from schemas.endpoints import EndpointDeployed
 
 EJECT_S = 5.0
@@ -161,6 +163,7 @@ class InferenceProxy:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
         self.traffic: dict[str, EndpointTraffic] = {}
+        self.history = TrafficBuckets()
         self.lines: dict[str, Line] = {}
         self.ejected: dict[str, float] = {}  # address -> until (monotonic)
         self._probes: dict[str, asyncio.Task[None]] = {}
@@ -270,9 +273,22 @@ class InferenceProxy:
             return Upstream(response, address, attempts)
         raise NoReplica(last)
 
-    def record(self, key: str, started: float, ok: bool) -> None:
+    def record(self, key: str, started: float, ok: bool, waited_s: float = 0.0) -> None:
+        """A request of endpoint ``key`` that arrived at ``started`` (monotonic) finished now, after
+        ``waited_s`` in line for a slot."""
         now = time.monotonic()
         self.traffic_of(key).record(now, now - started, ok)
+        self.history.record(key, time.time(), now - started, ok, waited_s)
+
+    def refused(self, key: str) -> None:
+        """A request of endpoint ``key`` was answered 429 (its line full, or waited too long)."""
+        self.history.refused(key, time.time())
+
+    def sample_line(self, key: str) -> None:
+        """Remember the depth of endpoint ``key``'s line now, for its history's peak depth."""
+        line = self.lines.get(key)
+        if line is not None:
+            self.history.depth(key, time.time(), line.depth)
 
     def figures(self, key: str, window_s: float = WINDOW_S) -> Figures:
         now = time.monotonic()

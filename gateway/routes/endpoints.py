@@ -6,7 +6,9 @@ quota and the fleet could ever hold its first replicas) and each change is one e
 endpoint's subjects, appended with the endpoint's expected sequence (:mod:`gateway.resources`: an
 acknowledged change is never a 5xx but, while this gateway's projection has not applied it, a ``202
 Accepted`` with the endpoint as the projection will hold it; a retried deployment with the same
-``Idempotency-Key`` answers with the same endpoint). Reads come from the live ENDPOINTS projection.
+``Idempotency-Key`` answers with the same endpoint). Reads come from the live ENDPOINTS projection;
+an endpoint's hour of traffic from this gateway's proxy (:mod:`gateway.traffic_history`) and its
+replica counts from its events (:mod:`gateway.scale_history`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from gateway.errors import ApiError, conflict
 from gateway.jobspec import idle_fleet
 from gateway.references import key_problem, require_objects
 from gateway.resources import Resource, stop_work
+from gateway.scale_history import ScaleHistory
 from gateway.scope import iso
+from gateway.traffic_history import BUCKET_S
 from projections import ENDPOINTS, REGISTRY, TENANTS
 from projections.admission import Wait, check_quota, never_fits, replica_gpus, request_for_endpoint
 from projections.endpoints import EndpointRecord, EndpointsState, deployed, endpoint_key, ready_replicas
@@ -38,8 +42,13 @@ from schemas.api.endpoints import (
     EndpointListQuery,
     EndpointPage,
     Replica,
+    ReplicaCount,
     ScaleEndpoint,
+    ScaleEvent,
     Traffic,
+    TrafficBucket,
+    TrafficHistory,
+    TrafficQuery,
 )
 from schemas.api.jobs import TenantQuery
 from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointScaled
@@ -193,6 +202,28 @@ async def get_endpoint(call: Call[None, TenantQuery]) -> Endpoint:
     """One endpoint with its replicas and their states."""
     record = ENDPOINT.visible(call)
     return endpoint_view(record, traffic_of(call, record))
+
+
+@router.get("/v1/endpoints/{endpoint_id}/traffic", query=TrafficQuery, response=TrafficHistory)
+async def endpoint_traffic(call: Call[None, TrafficQuery]) -> TrafficHistory:
+    """The endpoint's traffic through this gateway in 10-second buckets, and its replica counts and
+    scale events from the log, over the last ``window_s`` seconds (default: the hour kept)."""
+    record = ENDPOINT.visible(call)
+    now, window = time.time(), call.query.window_s
+    buckets = call.request.app.state.inference.history.window(
+        endpoint_key(record.tenant, record.endpoint_id), now, window
+    )
+    history: ScaleHistory = call.request.app.state.scale_history
+    steps, marks = await history.window(call.kernel.event_log, record, now, window)
+    return TrafficHistory(
+        endpoint_id=record.endpoint_id,
+        window_s=window,
+        bucket_s=BUCKET_S,
+        now=now,
+        traffic=[carried(TrafficBucket, b, t=b.start, queue_depth=b.depth) for b in buckets],
+        replicas=[carried(ReplicaCount, step) for step in steps],
+        scale_events=[carried(ScaleEvent, mark, type=mark.kind) for mark in marks],
+    )
 
 
 async def _change(call: Call[Any, Any], endpoint: EndpointRecord, decide: Any) -> tuple[EndpointRecord, int]:

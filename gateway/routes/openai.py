@@ -173,7 +173,9 @@ async def take_slot(
     try:
         waiter = line.enter(principal.key_id, route, now, proxy.candidates(_addresses(endpoint)))
     except LineFull as exc:
+        proxy.refused(key)
         raise too_many(line, now, f"endpoint `{endpoint.spec.name}` is busy: {exc.message}") from None
+    proxy.sample_line(key)  # the line only grows on arrivals: its peaks are seen here
     woken = False
     try:
         while waiter.address is None:
@@ -187,6 +189,7 @@ async def take_slot(
                 break
             if now >= deadline:
                 line.leave(waiter, now, "queue_timeout")
+                proxy.refused(key)
                 raise too_many(line, now, f"waited {endpoint.spec.queue_timeout_s:g}s in line for a replica")
             if await request.is_disconnected():
                 raise ClientGone("the client hung up while waiting in line")
@@ -299,7 +302,7 @@ async def answer(
         upstream = await proxy.send(key, order, path, body, headers, api_keys)
     except NoReplica as exc:
         slot.release()
-        proxy.record(key, started, ok=False)
+        proxy.record(key, started, ok=False, waited_s=waited_s)
         return error_response(OpenAIError(503, "no_replica", f"no replica could serve the request: {exc}"))
     except BaseException:
         slot.release()
@@ -310,7 +313,7 @@ async def answer(
     if waited_s >= COLD_START_REPORT_S:  # the request waited for a replica: say how long
         headers[COLD_START_HEADER] = f"{waited_s:.3f}"
         log.info("%s: served after waiting %.2fs for a replica", key, waited_s)
-    served = Served(proxy, request.app.state.tokens, key, endpoint, replica, slot, started)
+    served = Served(proxy, request.app.state.tokens, key, endpoint, replica, slot, started, waited_s)
     if not upstream.content_type.startswith("text/event-stream"):  # one body: one send, no chunking
         try:
             content = await upstream.read()
@@ -333,11 +336,12 @@ class Served:
     replica: ReplicaRecord
     slot: _Slot
     started: float
+    waited_s: float = 0.0
 
     def done(self, ok: bool, tokens: int) -> None:
         if self.slot.held:
             self.slot.release()
-            self.proxy.record(self.key, self.started, ok=ok)
+            self.proxy.record(self.key, self.started, ok=ok, waited_s=self.waited_s)
             self.meter.add(self.endpoint, self.replica, tokens)
 
 

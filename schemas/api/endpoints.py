@@ -152,3 +152,84 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
 
 
 EndpointPage = Page[Endpoint]
+HISTORY_WINDOW_S = 3600
+"""The longest window of ``GET /v1/endpoints/{endpoint_id}/traffic``: the hour a gateway keeps."""
+
+
+class TrafficQuery(Request, frozen=True, kw_only=True):
+    """The window of an endpoint's traffic history: the last ``window_s`` seconds (60-3600, default
+    3600)."""
+
+    tenant: str | None = None
+    window_s: Annotated[int, msgspec.Meta(ge=60, le=HISTORY_WINDOW_S)] = HISTORY_WINDOW_S
+
+
+class TrafficBucket(msgspec.Struct, frozen=True, kw_only=True):
+    """An endpoint's inference traffic through this gateway in one bucket of ``bucket_s`` seconds.
+
+    Attributes:
+        t: the bucket's start, Unix seconds.
+        requests / errors: requests finished in it, and those that failed (5xx, or no replica).
+        rps: requests per second (over the time elapsed, for the bucket still open).
+        p50_ms / p95_ms / p99_ms: latency percentiles, arrival to last byte, within 2.5% (a
+            log-scale histogram); ``null`` when no request finished in the bucket.
+        wait_p50_ms / wait_p99_ms: time in line for a replica slot, likewise.
+        queue_depth: the most requests waiting in the endpoint's line at once.
+        rejected: requests answered 429 (line full, or waited past ``queue_timeout_s``).
+    """
+
+    t: int
+    requests: int
+    errors: int
+    rps: float
+    error_rate: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    wait_p50_ms: float | None
+    wait_p99_ms: float | None
+    queue_depth: int
+    rejected: int
+
+
+class ReplicaCount(msgspec.Struct, frozen=True, kw_only=True):
+    """From ``t`` (Unix seconds) until the next count, ``wanted`` replicas were wanted and ``ready``
+    served."""
+
+    t: float
+    wanted: int
+    ready: int
+
+
+class ScaleEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An event of the endpoint that changed its scale: its ENDPOINTS sequence, time (Unix seconds),
+    ``type`` (``endpoint.scaled``, ``endpoint.scaled_to_zero``, ``endpoint.replica_lost``...) and
+    what it did."""
+
+    t: float
+    seq: int
+    type: str
+    label: str
+
+
+class TrafficHistory(msgspec.Struct, frozen=True, kw_only=True):
+    """An endpoint over the last ``window_s`` seconds.
+
+    Attributes:
+        traffic: buckets in which this gateway proxied, refused or queued a request of the
+            endpoint, oldest first (a bucket absent: nothing happened); the last may still be open.
+            Only this gateway's traffic, kept in its memory: another gateway counts its own, and a
+            restarted gateway starts empty.
+        replicas: the wanted and ready replica counts, each from its ``t`` on (the first one is
+            the count at the window's start), from the endpoint's events in the log.
+        scale_events: deployed, scaled, scaled to zero, replica lost, failed, deleted.
+        now: the gateway's time of the answer, Unix seconds.
+    """
+
+    endpoint_id: str
+    window_s: int
+    bucket_s: int
+    now: float
+    traffic: list[TrafficBucket]
+    replicas: list[ReplicaCount]
+    scale_events: list[ScaleEvent]

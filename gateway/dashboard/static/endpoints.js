@@ -8,10 +8,14 @@
 // an event (it is counted in the gateway's memory, per request), so while this view is shown the
 // rows shown are re-read every 5 s from the list endpoint, one request per 200 rows whatever the
 // number of endpoints, and not at all while the browser tab is hidden.
+//
+// Picking a row opens the endpoint's last hour in charts below the table (endpoint_charts.js),
+// refreshed with the rows and whenever the feed says that endpoint changed.
 
 import {$, badge, dash, fmt, h, polling, report, timeCell} from './dom.js';
 import {api} from './api.js';
 import {LiveList, listView} from './table.js';
+import {endpointPanel} from './endpoint_charts.js';
 
 const TRAFFIC_EVERY_MS = 5_000;
 const LIST_LIMIT = 200; // the most GET /v1/endpoints returns at once
@@ -62,18 +66,32 @@ export const endpoints = {
       render: (e, tr) => this.render(e, tr),
       handle: (m) => this.handle(m),
       keeps: (e) => e.state !== 'deleted' || $('endpoints-deleted').checked,
+      pick: (id) => endpointPanel.show(id, this.list.item(id)),
+      applied: (id, e) => {
+        if (e) endpointPanel.heading(e);
+        else if (endpointPanel.open?.id === id) endpointPanel.close();
+      },
       onError: report,
     });
+    endpointPanel.select = (id) => this.list.select(id);
     $('endpoints-more').addEventListener('click', () => this.list.loadPage());
     $('endpoints-deleted').addEventListener('change', () => this.reload());
   },
 
+  reset() {
+    this.list.reset();
+    endpointPanel.close();
+  },
+
   poll() {
-    if (!document.hidden) this.list.refreshShown(LIST_LIMIT);
+    if (document.hidden) return;
+    this.list.refreshShown(LIST_LIMIT);
+    endpointPanel.refresh();
   },
 
   handle(m) {
     if (!m.endpoint) return;
+    if (endpointPanel.open?.id === m.endpoint) endpointPanel.refresh();
     const created = m.kind === 'endpoint.deployed';
     if (created || this.list.has(m.endpoint)) this.list.changed(m.endpoint, created);
   },
