@@ -1,4 +1,4 @@
-"""Jobs: submit, list, get (with why it waits), cancel, and the job's own events.
+"""Jobs: submit, list, get (with why it waits), cancel, the job's own events and its GPU telemetry.
 
 A submission is checked (:mod:`gateway.jobspec`), its input objects looked up in the tenant's bucket
 (:mod:`gateway.references`), then ``job.submitted`` is appended with expected sequence 0 on the
@@ -6,7 +6,7 @@ job's subjects (:mod:`gateway.resources`: a job id is taken once, a retried requ
 ``Idempotency-Key`` answers with the job it created, and an acknowledged submission or
 cancellation that this gateway's schedule has not applied yet is a ``202 Accepted`` with the job as
 the schedule will hold it). Reads come from the live schedule projection; a job's events are read
-back from the JOBS stream.
+back from the JOBS stream, its GPU telemetry from HEARTBEATS (:mod:`gateway.job_telemetry`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from core.streams import job_filter, job_subject
 from gateway.api import Call, Router, respond
 from gateway.bodies import carried
 from gateway.errors import ApiError
+from gateway.job_telemetry import job_telemetry as read_telemetry
 from gateway.jobspec import (
     check_admission,
     check_job_folder,
@@ -50,7 +51,9 @@ from schemas.api.jobs import (
     JobListQuery,
     JobPage,
     JobProgressView,
+    JobTelemetry,
     SubmitJob,
+    TelemetryQuery,
     TenantQuery,
 )
 from schemas.jobs import JobCancelled, JobPlaced, JobSubmitted
@@ -243,3 +246,12 @@ async def job_events(call: Call[None, EventsQuery]) -> JobEventPage:
                 )
     next_cursor = encode_cursor("job-events", items[-1].seq) if more else None
     return JobEventPage(items=items, next=next_cursor)
+
+
+@router.get("/v1/jobs/{job_id}/telemetry", query=TelemetryQuery, response=JobTelemetry)
+async def job_telemetry(call: Call[None, TelemetryQuery]) -> JobTelemetry:
+    """GPU utilisation and memory of the job's workers over time, only while each held the job's
+    assignments, at most ``points`` samples per worker (a heartbeat of a host that also ran other work
+    is left out: its readings are the whole host's)."""
+    job = JOB.visible(call)
+    return await read_telemetry(call.kernel.event_log, job, call.query.points, time.time_ns())

@@ -232,5 +232,66 @@ class JobEventItem(msgspec.Struct, frozen=True, kw_only=True):
     event: dict[str, Any]
 
 
+class TelemetryQuery(Request, frozen=True, kw_only=True):
+    """``GET /v1/jobs/{job_id}/telemetry``: at most ``points`` samples per worker (1-2000, default 300)."""
+
+    points: Annotated[int, msgspec.Meta(ge=1, le=2000)] = 300
+    tenant: str | None = None
+
+
+class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's GPUs over one stretch of time: the mean of the heartbeats that fell in it.
+
+    Attributes:
+        time_s: the mean time of those heartbeats, Unix seconds.
+        util_pct: mean GPU utilisation over the worker's GPUs, percent (``null``: NVML reported none).
+        mem_used_mb: GPU memory used on all the worker's GPUs together, MiB (``null``: none reported).
+        beats: how many heartbeats it averages.
+    """
+
+    time_s: float
+    util_pct: float | None = None
+    mem_used_mb: float | None = None
+    beats: int = 1
+
+
+class TelemetrySpan(msgspec.Struct, frozen=True, kw_only=True):
+    """One assignment of the job on the worker, as the schedule held it: from its placement to its
+    revocation, its replacement or the job's end (``ended_at`` ``null``: it still holds it)."""
+
+    assignment_id: str
+    slot: int
+    epoch: int
+    placed_at: str
+    ended_at: str | None = None
+
+
+class WorkerTelemetry(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker that held an assignment of the job, and its GPU readings while it did.
+
+    Attributes:
+        spans: the job's assignments it held, oldest first.
+        beats: its heartbeats within those spans.
+        withheld: of those, how many were left out: the worker also ran work other than this job's
+            then, and a heartbeat's readings are the whole host's.
+        samples: the readings downsampled to at most the query's ``points``, oldest first (only
+            from heartbeats that carried GPU readings).
+    """
+
+    worker_id: str
+    spans: list[TelemetrySpan]
+    beats: int
+    withheld: int
+    samples: list[GpuSample]
+
+
+class JobTelemetry(msgspec.Struct, frozen=True, kw_only=True):
+    """GPU utilisation and memory of the job's workers over time (``points``: the bound per worker)."""
+
+    job_id: str
+    points: int
+    workers: list[WorkerTelemetry]
+
+
 JobPage = Page[Job]
 JobEventPage = Page[JobEventItem]

@@ -1,5 +1,6 @@
 // The jobs view: a table of the tenant's jobs (newest first, 100 per page through the API's cursor),
-// rows updated in place from the feed, and a detail panel with the job's events and a cancel button.
+// rows updated in place from the feed, and a detail panel with the job's live charts (jobcharts.js), its
+// events and a cancel button.
 //
 // How the feed updates a row: a job.progress event is applied to the row directly (it carries the
 // new round, epoch, step and loss), with the same fencing as the schedule reducer
@@ -10,6 +11,7 @@
 import {$, badge, dash, fmt, h, report, timeCell} from './dom.js';
 import {api, session} from './api.js';
 import {LiveList, listView, miniTable} from './table.js';
+import {JobCharts} from './jobcharts.js';
 
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 
@@ -69,6 +71,7 @@ export const jobs = {
   ...listView,
   gpu: new Map(), // job_id -> Map(worker -> mean GPU utilisation)
   detail: null, // {id, job, events: Set(seq), next, loading, live: []}
+  charts: null, // the open job's JobCharts
 
   init() {
     this.list = new LiveList({
@@ -123,7 +126,10 @@ export const jobs = {
       // new since the list was read: goes on top; while its first read is in flight, read it again
       this.list.changed(id, m.kind === 'job.submitted');
     }
-    if (this.detail?.id === id) this.liveEvent(m);
+    if (this.detail?.id === id) {
+      this.liveEvent(m);
+      this.charts?.event(m);
+    }
   },
 
   telemetry(m) {
@@ -134,6 +140,7 @@ export const jobs = {
       this.gpu.get(id).set(m.worker, mean);
       this.list.redraw(id);
     }
+    this.charts?.telemetry(m);
   },
 
   gpuUtil(job) {
@@ -172,6 +179,8 @@ export const jobs = {
     const cancel = h('button', {class: 'danger', type: 'button', id: 'job-cancel', hidden: true}, 'Cancel job');
     cancel.addEventListener('click', () => this.cancel(cancel));
     const more = h('button', {class: 'more', type: 'button', id: 'job-events-more', hidden: true}, 'More events');
+    this.charts?.destroy();
+    this.charts = new JobCharts(id);
     more.addEventListener('click', () => this.loadEvents());
     panel.replaceChildren(
       h('header', {},
@@ -179,6 +188,7 @@ export const jobs = {
         h('button', {class: 'quiet', type: 'button', 'aria-label': 'close', onclick: () => this.close()}, '\u00d7')),
       h('div', {class: 'actions'}, cancel),
       h('div', {id: 'job-summary'}),
+      this.charts.node,
       h('h3', {}, 'Events'),
       miniTable(['Seq', 'Time', 'Type', 'Body'], [], {id: 'job-events'}),
       more,
@@ -188,10 +198,13 @@ export const jobs = {
     if (job) this.showJob(job);
     this.list.changed(id); // the list's copy has no "why": read the job itself
     this.loadEvents();
+    this.charts.load();
   },
 
   close() {
     this.detail = null;
+    this.charts?.destroy();
+    this.charts = null;
     $('job-detail').hidden = true;
     $('job-detail').replaceChildren();
     this.list.select(null);
