@@ -29,7 +29,7 @@ from gateway.inference import InferenceProxy
 from gateway.kernel import Kernel
 from projections import ENDPOINTS, LIVENESS
 from projections.endpoints import EndpointRecord, ready_replicas
-from projections.liveness import LivenessState
+from projections.liveness import LivenessState, util_reading
 from schemas.endpoints import EndpointScaled, EndpointScaledToZero
 
 log = logging.getLogger("resontech.gateway")
@@ -133,10 +133,10 @@ def gpu_util(beats: LivenessState, workers: set[str]) -> float | None:
     """Mean utilisation of the GPUs of ``workers`` in their latest heartbeats; ``None`` when none
     reports one (CPU hosts, no NVML). A worker's GPUs are all counted: a replica shares its host's."""
     readings = [
-        g.util_pct
+        util
         for w in sorted(workers)
         if (beat := beats.beats.get(w)) is not None
         for g in beat.gpus
-        if g.util_pct is not None
+        if (util := util_reading(g)) is not None
     ]
     return sum(readings) / len(readings) if readings else None

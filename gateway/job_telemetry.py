@@ -26,6 +26,7 @@ import msgspec
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_filter
 from gateway.scope import iso
+from projections.liveness import util_reading
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, evolve
 from projections.tenure import Tenure, tenure
 from schemas.api.jobs import GpuSample, JobTelemetry, TelemetrySpan, WorkerTelemetry
@@ -90,7 +91,7 @@ def merged(spans: Iterable[Span]) -> list[Span]:
 def readings(beat: Heartbeat) -> tuple[float | None, float | None]:
     """A heartbeat's mean GPU utilisation (percent) and total GPU memory used (MiB), ``None`` where
     no GPU reported the value."""
-    utils = [g.util_pct for g in beat.gpus if g.util_pct is not None]
+    utils = [util for g in beat.gpus if (util := util_reading(g)) is not None]
     mems = [g.mem_used_mb for g in beat.gpus if g.mem_used_mb is not None]
     return (sum(utils) / len(utils) if utils else None, float(sum(mems)) if mems else None)
 

@@ -87,10 +87,18 @@ def evolve(state: LivenessState, recorded: Recorded[Any]) -> LivenessState:
     return state
 
 
+def util_reading(gpu: GpuTelemetry) -> float | None:
+    """A GPU's ``util_pct`` when it is a percentage (0 to 100), else ``None``: an agent's heartbeat is
+    its own word, and a reading of NaN, an infinity or 10**9 would spoil every mean it joined (the
+    fleet's, a job's chart, the autoscaler's) instead of showing one host's claim."""
+    util = gpu.util_pct
+    return util if util is not None and 0.0 <= util <= 100.0 else None
+
+
 def _count_util(state: LivenessState, bucket: int, gpus: list[GpuTelemetry]) -> None:
     total, readings = 0.0, 0
     for gpu in gpus:
-        util = gpu.util_pct
+        util = util_reading(gpu)
         if util is not None:
             total += util
             readings += 1
@@ -119,7 +127,7 @@ def reported_util(state: LivenessState, bucket: int) -> tuple[float, int]:
 
 
 LIVENESS: Projection[LivenessState] = Projection(
-    name="liveness", stream="HEARTBEATS", version=2, state_type=LivenessState, evolve=evolve
+    name="liveness", stream="HEARTBEATS", version=3, state_type=LivenessState, evolve=evolve
 )
 
 

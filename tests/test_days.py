@@ -4,6 +4,7 @@ fleet's registered GPUs over time and the agents' reported utilisation per bucke
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from core.streams import heartbeat_subject, worker_subject
@@ -115,6 +116,24 @@ def test_registered_gpus_over_time_follow_registrations() -> None:
     log(worker_subject("w1", WorkerDeregistered), WorkerDeregistered(), 300)
     at = [50 * 10**9, 100 * 10**9, 250 * 10**9, 300 * 10**9, 400 * 10**9]
     assert registered_gpus(log.state, at) == [0, 2, 6, 4, 4]
+
+
+def test_a_hostile_agents_readings_that_are_not_percentages_are_not_counted() -> None:
+    """A heartbeat is its agent's own word: NaN, an infinity, a negative or a huge utilisation would
+    spoil the fleet's mean for every host in the bucket; only readings from 0 to 100 count."""
+    log = Log(LIVENESS)
+    bogus = [math.nan, math.inf, -math.inf, -5.0, 100.5, 1e300]
+    log(
+        heartbeat_subject("w-hostile"),
+        Heartbeat(gpus=[GpuTelemetry(index=i, util_pct=u) for i, u in enumerate(bogus)]),
+        0,
+    )
+    log(
+        heartbeat_subject("w1"),
+        Heartbeat(gpus=[GpuTelemetry(index=0, util_pct=100.0), GpuTelemetry(index=1, util_pct=0.0)]),
+        5,
+    )
+    assert reported_util(log.state, 0) == (100.0, 2)
 
 
 def test_reported_utilisation_is_kept_per_bucket_for_eight_days() -> None:

@@ -217,6 +217,14 @@ def test_gpu_utilisation_is_the_mean_over_the_replicas_workers_reporting_it() ->
     })  # fmt: skip
     assert gpu_util(beats, {"w1", "w2"}) == 90.0
     assert gpu_util(beats, {"w2"}) is None and gpu_util(beats, set()) is None
+    hostile = LastBeat(
+        seq=4,
+        time_ns=0,
+        interval_s=1.0,
+        gpus=[GpuTelemetry(index=0, util_pct=1e9), GpuTelemetry(index=1, util_pct=float("nan"))],
+    )
+    beats.beats["w4"] = hostile  # not percentages: left out, not "busy" (an agent cannot force a scale-out)
+    assert gpu_util(beats, {"w1", "w4"}) == 90.0 and gpu_util(beats, {"w4"}) is None
 
 
 def test_the_cli_shows_the_line_beside_the_traffic_only_when_there_is_one() -> None:
