@@ -99,7 +99,8 @@ class Scanning(LogConnection):
         which bounds the queue. A consumer that falls silent for :data:`_SCAN_STALL_S` (a lost
         pull request or reconnection: an acknowledgement-free consumer does not deliver a message
         twice) or answers with a status is replaced by one starting after the last message
-        delivered.
+        delivered; so is one that has nothing more short of the scan's end while the stream's leader
+        still holds messages for it (its node's store is behind: :class:`_CatchUp`).
         """
         sink = Sink()
         frames = sink.frames
@@ -143,7 +144,10 @@ class Scanning(LogConnection):
         read: _Read,
         on_message: Callable[[str, int, int, str, bytes], Awaitable[None] | None],
     ) -> int:
-        """:meth:`scan` through nats-py's ordered push consumer (where :class:`RawTap` cannot attach)."""
+        """:meth:`scan` through nats-py's ordered push consumer (where :class:`RawTap` cannot attach).
+
+        It ends when its consumer has nothing pending, without :class:`_CatchUp`: on a cluster, a
+        consumer on a follower whose store is behind can end it short of the leader's end."""
         done = asyncio.get_running_loop().create_future()
         count = 0
         end, until_ns = read.end, read.until_ns

@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from tests.gateway.conftest import GatewayServer
 from tests.support import REPO
+
+if TYPE_CHECKING:  # the conftest imports this module for its fixture: no import cycle at run time
+    from tests.gateway.conftest import GatewayServer
 
 CHROMIUM = os.environ.get("RESONTECH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
