@@ -388,6 +388,8 @@ async def _deliver_pulled(
 _MSG_ID_HEADER = MSG_ID.encode() + b":"
 
 
+_NO_MESSAGE_FOUND = 10037
+"""JetStream's error code for a message get that found nothing (a 404, as is "stream not found")."""
 _CATCH_UP_S = 30.0
 """How long a scan waits, with no message delivered, for its consumer's node to catch up with the
 stream's leader before it gives up (:class:`_CatchUp`)."""
@@ -425,8 +427,10 @@ class _CatchUp:
             )
         try:
             more = await self._leader_has_more(last)
-        except nats.js.errors.NotFoundError:
-            return False
+        except nats.js.errors.NotFoundError as exc:
+            if exc.err_code == _NO_MESSAGE_FOUND:
+                return False
+            more = True  # the stream unknown to the server that answered, during a failover: again
         except _UNANSWERED:
             more = True  # an election: the next consumer waits for it
         if more:
