@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,8 +20,9 @@ import core.log.scan
 import core.wire
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import NO_RESPONDERS_RETRY_S, EventLog, new_event_id
+from core.log.queues import Pulled
 from core.settings import Settings
-from core.streams import heartbeat_subject, job_filter, job_subject
+from core.streams import heartbeat_subject, intake_subject, job_filter, job_subject
 from schemas.catalog import encode
 from schemas.jobs import JobProgress, JobQueued, JobSubmitted
 from schemas.workers import Heartbeat
@@ -214,6 +215,51 @@ async def test_an_append_to_a_stream_of_ours_waits_for_a_leader_past_a_second(lo
     assert position.stream == "JOBS" and position.seq == 1
     assert time.monotonic() - started >= 2.0
     await recreating
+
+
+async def test_a_batch_to_a_stream_of_ours_waits_for_a_leader_too(log: EventLog) -> None:
+    """``append_many`` (an agent's reports, a dispatcher's beats) waits for a leader as ``append``
+    does, and stores each event once, in order."""
+    info = await log._js.stream_info("JOBS")
+    await log._js.delete_stream("JOBS")
+
+    async def recreate_later() -> None:
+        await asyncio.sleep(2.0)
+        await log._js.add_stream(info.config)
+
+    recreating = asyncio.create_task(recreate_later())
+    items = [(job_subject("acme", f"j{n}", JobSubmitted), submitted(), f"batch-{n}") for n in range(3)]
+    started = time.monotonic()
+    positions = await log.append_many(items)
+    assert [(p.stream, p.seq) for p in positions] == [("JOBS", 1), ("JOBS", 2), ("JOBS", 3)]
+    assert time.monotonic() - started >= 2.0
+    assert [r.msg_id for r in await all_records(log, "JOBS")] == ["batch-0", "batch-1", "batch-2"]
+    await recreating
+
+
+async def test_a_pulled_message_handed_back_comes_again_after_its_delay(log: EventLog) -> None:
+    """A claim the intake could not settle (the log it leads to had no leader) is delivered again
+    after the delay it asks for, not after the consumer's 60 s ack wait."""
+    claim = intake_subject("w1", job_subject("acme", "j1", JobQueued))
+    await log.append(claim, JobQueued(reason="claimed"))
+    pulling = log.pull("INTAKE", "test-retry", batch=1, wait_s=0.2)
+    try:
+        first = await next_pulled(pulling)
+        await first.retry(0.5)
+        handed_back = time.monotonic()
+        again = await next_pulled(pulling)
+        assert (again.seq, again.delivered) == (first.seq, 2)
+        assert 0.4 <= time.monotonic() - handed_back < 5.0
+        await again.ack()
+    finally:
+        await pulling.aclose()
+
+
+async def next_pulled(pulling: AsyncIterator[list[Pulled]]) -> Pulled:
+    while not (batch := await asyncio.wait_for(anext(pulling), 10)):
+        pass
+    [pulled] = batch
+    return pulled
 
 
 def test_a_lost_race_worded_by_a_replicated_streams_leader_is_a_conflict() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-from core.errors import InvalidInput, NoResponders
+from core.errors import InvalidInput, NoResponders, ResontechError
 from core.log.connection import LogConnection
 from core.streams import stream_for_subject, subject_mismatch
 from core.wire import (
@@ -62,7 +62,8 @@ class Appending(LogConnection):
             ConcurrencyConflict: the expected sequence did not match; re-read and re-decide.
             AppendTimeout: no acknowledgement within ``ack_timeout_s``; retry with the same id.
             AppendRejected: the server refused the message; :class:`~core.errors.NoResponders` when
-                nothing answered for :data:`NO_RESPONDERS_RETRY_S` (no stream captures the subject).
+                nothing answered for :data:`NO_RESPONDERS_RETRY_S` (no stream captures the subject),
+                or for :data:`LEADERLESS_RETRY_S` on a stream of ours (it has no leader).
         """
         headers = {MSG_ID: event_id or new_event_id()}
         if expected_seq is not None:
@@ -73,26 +74,24 @@ class Appending(LogConnection):
             raise ValueError("expected_filter needs expected_seq")
         ours = _check_subject(subject, event)
         data = encode(event)
-        delay = NO_RESPONDERS_FIRST_DELAY_S
-        patience = LEADERLESS_RETRY_S if ours else NO_RESPONDERS_RETRY_S
-        deadline = asyncio.get_running_loop().time() + patience
+        patience: Patience | None = None
         while True:
             future = await self._publish(subject, data, headers, expected_seq)
             try:
                 return await future
             except NoResponders:
                 # Nothing was stored; the same message id makes the retry safe in any case.
-                if asyncio.get_running_loop().time() + delay > deadline:
+                patience = patience or Patience(ours)
+                if not await patience.wait():
                     raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, NO_RESPONDERS_MAX_DELAY_S)
 
     async def submit(
         self, subject: str, event: Event, *, event_id: str, expected_seq: int | None = None
     ) -> asyncio.Future[Position]:
         """Publish one event and return the future of its acknowledgement, without waiting for it:
         appends submitted one after another are stored in that order (one connection), and their
-        acknowledgements overlap. The future fails as :meth:`append` would raise.
+        acknowledgements overlap. The future fails as one attempt of :meth:`append` would (a stream
+        without a leader is not waited for).
         """
         _check_subject(subject, event)
         headers = {MSG_ID: event_id}
@@ -109,36 +108,100 @@ class Appending(LogConnection):
         """Append many independent events at a high rate, in order, with bounded publishes in flight.
 
         Each item is ``(subject, event)`` or ``(subject, event, event_id)``. Returns their positions
-        in the same order. Every acknowledgement has the log's time-out.
+        in the same order. Every acknowledgement has the log's time-out. A batch waits out a stream
+        with no leader as :meth:`append` does (the events from the first one nothing answered are
+        sent again, with the same ids); an election in the middle of a batch can store an event
+        after a later one that was answered before it.
 
         Raises:
             AppendTimeout / AppendRejected: the first failure; earlier events are stored, later ones
                 may or may not be. Retrying the whole batch with the same event ids is safe.
         """
+        messages = [_message(item) for item in items]
+        positions: list[Position] = []
+        patience: Patience | None = None
+        while True:
+            stored, failure = await self._in_order(messages[len(positions) :], max_in_flight)
+            positions += stored
+            if failure is None:
+                return positions
+            if not isinstance(failure, NoResponders):
+                raise failure
+            patience = patience or Patience(messages[len(positions)].ours)
+            if not await patience.wait():
+                raise failure
+
+    async def _in_order(
+        self, messages: list[Message], max_in_flight: int
+    ) -> tuple[list[Position], ResontechError | None]:
+        """Publish ``messages`` with at most ``max_in_flight`` unanswered; the positions of those
+        stored before the first failure, and that failure (``None``: all stored)."""
         futures: list[asyncio.Future[Position]] = []
         window: deque[asyncio.Future[Position]] = deque()
         publish = self._publish
+        failure: ResontechError | None = None
         try:
-            for item in items:
-                event_id = item[2] if len(item) == 3 else new_event_id()
-                _check_subject(item[0], item[1])
-                future = await publish(item[0], encode(item[1]), {MSG_ID: event_id})
+            for message in messages:
+                future = await publish(message.subject, message.data, message.headers)
                 futures.append(future)
                 window.append(future)
                 if len(window) >= max_in_flight:
                     await window.popleft()
                     while window and window[0].done():
                         window.popleft().result()
-            return [await future for future in futures]
+        except ResontechError as exc:  # publishing stops at a failure; which one came first is below
+            failure = exc
         except BaseException:
             for future in futures:
-                # The first failure is raised; the others are consumed so none is "never retrieved".
                 future.add_done_callback(_consume)
             raise
+        stored: list[Position] = []
+        for i, future in enumerate(futures):
+            try:
+                stored.append(await future)
+            except ResontechError as exc:
+                for later in futures[i + 1 :]:  # consumed, so that none is "never retrieved"
+                    later.add_done_callback(_consume)
+                return stored, exc
+        return stored, failure
 
     async def publish_raw(self, subject: str, data: bytes, event_id: str | None = None) -> Position:
         """Store bytes as they are (no encoding): for tools and tests that write foreign messages."""
         return await (await self._publish(subject, data, {MSG_ID: event_id or new_event_id()}))
+
+
+class Message(NamedTuple):
+    """One append as it goes on the wire, and whether a stream of ours captures its subject."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    ours: bool
+
+
+def _message(item: tuple[str, Event] | tuple[str, Event, str]) -> Message:
+    event_id = item[2] if len(item) == 3 else new_event_id()
+    return Message(item[0], encode(item[1]), {MSG_ID: event_id}, _check_subject(item[0], item[1]))
+
+
+class Patience:
+    """How long an append waits for a stream that nothing answers: :data:`LEADERLESS_RETRY_S` for a
+    stream of ours (it is electing a leader), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of
+    ours captures; pauses from :data:`NO_RESPONDERS_FIRST_DELAY_S`, doubling up to
+    :data:`NO_RESPONDERS_MAX_DELAY_S`."""
+
+    def __init__(self, ours: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + (LEADERLESS_RETRY_S if ours else NO_RESPONDERS_RETRY_S)
+        self._delay = NO_RESPONDERS_FIRST_DELAY_S
+
+    async def wait(self) -> bool:
+        """Pause before the next attempt; ``False`` (at once) when the patience is spent."""
+        if self._loop.time() + self._delay > self._deadline:
+            return False
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, NO_RESPONDERS_MAX_DELAY_S)
+        return True
 
 
 def _check_subject(subject: str, event: Event) -> bool:

@@ -122,3 +122,9 @@ class Pulled:
         """Done with it: it leaves the stream."""
         with contextlib.suppress(Exception):
             await self._msg.ack()
+
+    async def retry(self, delay_s: float) -> None:
+        """Not done with it (the log could not take what it led to): deliver it again after
+        ``delay_s``, rather than after the consumer's ack wait."""
+        with contextlib.suppress(Exception):
+            await self._msg.nak(delay=delay_s)
