@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from agent import host
 from agent.devices import DeviceSource
-from core.errors import AppendRejected, ResontechError
+from core.errors import AppendRejected, InvalidInput, NoResponders, ResontechError
 from core.log import EventLog
 from core.streams import heartbeat_subject
 from schemas._base import Event
@@ -23,7 +23,11 @@ from schemas.workers import Heartbeat
 
 logger = logging.getLogger("resontech.agent")
 MAX_BEATS_IN_FLIGHT = 4
-EMIT_ATTEMPTS = 3
+REPORT_PATIENCE_S = 30.0
+"""How long an agent keeps trying to store a report (started, progress, ended, usage): longer than a
+stream's leader election (4-9 s) or a node's restart, after which its clients reconnect elsewhere."""
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 4.0
 
 
 class Heartbeats:
@@ -103,24 +107,35 @@ class Heartbeats:
 
 
 async def append_reliably(
-    log: EventLog, items: Sequence[tuple[str, Event, str]], attempts: int = EMIT_ATTEMPTS
+    log: EventLog, items: Sequence[tuple[str, Event, str]], patience_s: float = REPORT_PATIENCE_S
 ) -> bool:
     """Append events in order, retrying failures with the same event ids (stored once however often
-    retried); log and give up after ``attempts``, or at once when the server refuses them.
+    retried) and pauses that grow from :data:`RETRY_FIRST_S` to :data:`RETRY_MAX_S`, for up to
+    ``patience_s``; give up at once when the server refuses them. Nothing answering (a stream
+    electing its leader) and no acknowledgement (a connection moving to another node) are waited out.
 
     Returns:
         Whether every event was stored.
     """
-    for attempt in range(1, attempts + 1):
-        if not items:
-            return True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    delay, attempt = RETRY_FIRST_S, 0
+    while True:
+        attempt += 1
         try:
             await log.append_many(items)
-            return True
         except ResontechError as exc:
-            level = logging.ERROR if attempt == attempts else logging.WARNING
-            text = "append of %d event(s) failed (attempt %d of %d): %s"
-            logger.log(level, text, len(items), attempt, attempts, exc.message)
-            if isinstance(exc, AppendRejected):
-                break
-    return False
+            refused = isinstance(exc, AppendRejected | InvalidInput) and not isinstance(exc, NoResponders)
+            if refused or loop.time() + delay > deadline:
+                text = "append of %d event(s) failed after %d attempt(s), given up: %s"
+                logger.error(text, len(items), attempt, exc.message)
+                return False
+            if attempt == 1:
+                text = "append of %d event(s) failed, retrying for up to %.0fs: %s"
+                logger.warning(text, len(items), patience_s, exc.message)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            continue
+        if attempt > 1:
+            logger.info("append of %d event(s) stored after %d attempts", len(items), attempt)
+        return True

@@ -28,10 +28,11 @@ import nats.errors
 import pytest
 
 from agent.enroll import enroll
+from agent.heartbeat import append_reliably
 from core.errors import AppendTimeout, ConcurrencyConflict, LogUnavailable, ResontechError
-from core.log import EventLog
+from core.log import EventLog, RawRecord
 from core.settings import load
-from core.streams import STREAMS, job_filter, job_subject
+from core.streams import STREAMS, intake_subject, job_filter, job_subject
 from gateway.app import create_app
 from gateway.auth import digest
 from gateway.kernel import Kernel
@@ -184,6 +185,59 @@ async def test_killing_the_jobs_leader_the_next_append_succeeds(cluster: NatsClu
     assert await asyncio.to_thread(cluster.stream_leader, "JOBS") != leader
     stored = [r async for r in log.replay("JOBS", subjects=job_filter("acme", job))]
     assert [type(r.event) for r in stored] == [JobSubmitted, JobQueued]  # retried, stored once
+
+
+async def test_a_batch_appended_while_its_stream_elects_a_leader_waits_for_it(
+    cluster: NatsCluster, log: EventLog
+) -> None:
+    """``append_many`` waits out a leaderless stream as ``append`` does: nothing answers a publish to
+    a stream between its leader's death and the next election, and that silence is not "no stream
+    captures this subject" (an agent took it for a refusal and dropped its reports)."""
+    leader = await asyncio.to_thread(cluster.stream_leader, "INTAKE")
+    cluster.kill(leader)
+    job, worker = new_job(), f"w-{secrets.token_hex(4)}"
+    items = [
+        (intake_subject(worker, job_subject("acme", job, JobQueued)), JobQueued(reason=str(n)), f"{job}-{n}")
+        for n in range(3)
+    ]
+    started = time.monotonic()
+    attempts = 0
+    while True:  # a time-out means "maybe stored": the same ids again; anything else fails the test
+        attempts += 1
+        try:
+            positions = await log.append_many(items)
+            break
+        except AppendTimeout:
+            assert time.monotonic() - started < FAILOVER_S, f"no leader after {attempts} attempts"
+
+    assert await asyncio.to_thread(cluster.stream_leader, "INTAKE") != leader
+    stored = await claims_of(log, worker)
+    assert [r.msg_id for r in stored] == [f"{job}-{n}" for n in range(3)]  # each once, in order
+    assert [r.seq for r in stored] == [p.seq for p in positions]
+
+
+async def claims_of(log: EventLog, worker: str) -> list[RawRecord]:
+    """What ``worker`` claimed on INTAKE (a work queue nothing takes from in these tests)."""
+    return [r for r in await log.replay_raw("INTAKE") if r.subject.startswith(f"intake.{worker}.")]
+
+
+async def test_an_agents_report_outlives_an_election_of_the_intakes_leader(
+    cluster: NatsCluster, log: EventLog
+) -> None:
+    """What an agent reports while INTAKE elects a leader (its ``started``, ``progress``, usage) is
+    stored once the next leader answers, not given up after three quick failures."""
+    leader = await asyncio.to_thread(cluster.stream_leader, "INTAKE")
+    cluster.kill(leader)
+    job, worker = new_job(), f"w-{secrets.token_hex(4)}"
+    reports = [
+        (intake_subject(worker, job_subject("acme", job, JobQueued)), JobQueued(reason=str(n)), f"{job}-{n}")
+        for n in range(2)
+    ]
+
+    assert await append_reliably(log, reports[:1])
+    assert await append_reliably(log, reports[1:])
+
+    assert [r.msg_id for r in await claims_of(log, worker)] == [f"{job}-0", f"{job}-1"]
 
 
 async def test_a_restarted_node_catches_up(cluster: NatsCluster, log: EventLog) -> None:

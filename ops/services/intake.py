@@ -72,6 +72,8 @@ CLOCK_MARGIN_NS = 1_000_000_000
 """A claim stored this long before the service last caught up is judged without catching up again
 (the margin covers the difference between this host's clock and the server's)."""
 NOTICE_EVERY_S = 60.0
+RETRY_S = 1.0
+"""How soon a claim the log could not take (a stream electing its leader) is delivered again."""
 BILLED_KEPT = 100_000
 """Assignments whose last billed tick is remembered (the rest are read again when needed)."""
 
@@ -168,8 +170,9 @@ class Intake:
                     usage.setdefault(subject, []).append((claim, sender, event))
                     continue
                 pending.append((claim, await self._claim(claim, sender, subject, event, pending)))
-            except ResontechError as exc:  # the log is unavailable: leave it for redelivery
+            except ResontechError as exc:  # the log is unavailable: judged again shortly
                 log.warning("claim %s not handled yet: %s", claim.seq, exc.message)
+                await claim.retry(RETRY_S)
         await asyncio.gather(*(self._usage_in_order(subject, ticks) for subject, ticks in usage.items()))
         for claim, future in pending:
             if future is not None:
@@ -177,6 +180,7 @@ class Intake:
                     await future
                 except ResontechError as exc:
                     log.warning("claim %s not stored yet: %s", claim.seq, exc.message)
+                    await claim.retry(RETRY_S)
                     continue
             await claim.ack()
 
@@ -217,11 +221,13 @@ class Intake:
         return await self.log.submit(verdict.subject, verdict.event, event_id=f"intake-{claim.seq}")
 
     async def _usage_in_order(self, subject: str, ticks: list[tuple[Pulled, str, UsageTick]]) -> None:
-        for claim, sender, tick in ticks:
+        for i, (claim, sender, tick) in enumerate(ticks):
             try:
                 await self._usage(claim, sender, subject, tick)
-            except ResontechError as exc:  # left for redelivery, and so are the later ones
+            except ResontechError as exc:  # judged again shortly, and so are the later ones
                 log.warning("usage claim %s not handled yet: %s", claim.seq, exc.message)
+                for later, _, _ in ticks[i:]:
+                    await later.retry(RETRY_S)
                 return
             await claim.ack()
 
