@@ -167,6 +167,13 @@ class ClusterStack:
         assert response.status_code == 201, response.text
         return tenant, str(response.json()["admin_key"]["key"])
 
+    def tails(self, lines: int = 25) -> str:
+        """The end of every agent's and service's output: printed when a test ends, so that pytest
+        shows it beside a failure (and keeps it out of the way otherwise)."""
+        parts = [s.tail(lines) for s in self.services]
+        parts += [f"{a.name}: " + "\n".join(log_tail(a.stderr_path, lines)) for a in self.agents]
+        return "\n\n".join(parts)
+
     def dead(self) -> list[str]:
         """The output of every service that exited without being asked to (for assertion messages)."""
         return [s.tail() for s in self.services if not s.alive]

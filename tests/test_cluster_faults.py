@@ -91,6 +91,7 @@ def stack(
 ) -> Iterator[ClusterStack]:
     kernel = ClusterStack(cluster, tmp_path, object_store)
     yield kernel
+    print(f"\n-- the processes' last lines (in {tmp_path}) --\n{kernel.tails()}")
     kernel.close()
 
 
