@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from core.errors import InvalidInput, NoResponders, ResontechError
 from core.log.connection import LogConnection
@@ -127,7 +127,7 @@ class Appending(LogConnection):
                 return positions
             if not isinstance(failure, NoResponders):
                 raise failure
-            patience = patience or Patience(messages[len(positions)].ours)
+            patience = patience or Patience(messages[len(positions)][3])
             if not await patience.wait():
                 raise failure
 
@@ -141,8 +141,8 @@ class Appending(LogConnection):
         publish = self._publish
         failure: ResontechError | None = None
         try:
-            for message in messages:
-                future = await publish(message.subject, message.data, message.headers)
+            for subject, data, headers, _ in messages:
+                future = await publish(subject, data, headers)
                 futures.append(future)
                 window.append(future)
                 if len(window) >= max_in_flight:
@@ -170,18 +170,14 @@ class Appending(LogConnection):
         return await (await self._publish(subject, data, {MSG_ID: event_id or new_event_id()}))
 
 
-class Message(NamedTuple):
-    """One append as it goes on the wire, and whether a stream of ours captures its subject."""
-
-    subject: str
-    data: bytes
-    headers: dict[str, str]
-    ours: bool
+Message = tuple[str, bytes, dict[str, str], bool]
+"""One append as it goes on the wire (subject, data, headers), and whether a stream of ours captures
+its subject. A plain tuple: a batch makes one per event."""
 
 
 def _message(item: tuple[str, Event] | tuple[str, Event, str]) -> Message:
     event_id = item[2] if len(item) == 3 else new_event_id()
-    return Message(item[0], encode(item[1]), {MSG_ID: event_id}, _check_subject(item[0], item[1]))
+    return item[0], encode(item[1]), {MSG_ID: event_id}, _check_subject(item[0], item[1])
 
 
 class Patience:
