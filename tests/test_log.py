@@ -199,17 +199,23 @@ async def test_an_append_nothing_answered_is_retried_until_a_stream_answers(log:
         await log._js.delete_stream("LATE")
 
 
-async def test_an_append_to_a_stream_of_ours_waits_for_a_leader_past_a_second(log: EventLog) -> None:
-    """A replicated stream whose leader died answers nothing for 4-9 s: an append to a subject our
-    streams capture keeps trying (with the same id) until a leader answers."""
+async def jobs_gone_for(log: EventLog, seconds: float) -> asyncio.Task[None]:
+    """Delete JOBS and make it again ``seconds`` later (what a leaderless stream looks like to an
+    append: nothing answers); the task that makes it again."""
     info = await log._js.stream_info("JOBS")
     await log._js.delete_stream("JOBS")
 
     async def recreate_later() -> None:
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(seconds)
         await log._js.add_stream(info.config)
 
-    recreating = asyncio.create_task(recreate_later())
+    return asyncio.create_task(recreate_later())
+
+
+async def test_an_append_to_a_stream_of_ours_waits_for_a_leader_past_a_second(log: EventLog) -> None:
+    """A replicated stream whose leader died answers nothing for 4-9 s: an append to a subject our
+    streams capture keeps trying (with the same id) until a leader answers."""
+    recreating = await jobs_gone_for(log, 2.0)
     started = time.monotonic()
     position = await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
     assert position.stream == "JOBS" and position.seq == 1
@@ -220,14 +226,7 @@ async def test_an_append_to_a_stream_of_ours_waits_for_a_leader_past_a_second(lo
 async def test_a_batch_to_a_stream_of_ours_waits_for_a_leader_too(log: EventLog) -> None:
     """``append_many`` (an agent's reports, a dispatcher's beats) waits for a leader as ``append``
     does, and stores each event once, in order."""
-    info = await log._js.stream_info("JOBS")
-    await log._js.delete_stream("JOBS")
-
-    async def recreate_later() -> None:
-        await asyncio.sleep(2.0)
-        await log._js.add_stream(info.config)
-
-    recreating = asyncio.create_task(recreate_later())
+    recreating = await jobs_gone_for(log, 2.0)
     items = [(job_subject("acme", f"j{n}", JobSubmitted), submitted(), f"batch-{n}") for n in range(3)]
     started = time.monotonic()
     positions = await log.append_many(items)

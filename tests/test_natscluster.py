@@ -195,11 +195,7 @@ async def test_a_batch_appended_while_its_stream_elects_a_leader_waits_for_it(
     captures this subject" (an agent took it for a refusal and dropped its reports)."""
     leader = await asyncio.to_thread(cluster.stream_leader, "INTAKE")
     cluster.kill(leader)
-    job, worker = new_job(), f"w-{secrets.token_hex(4)}"
-    items = [
-        (intake_subject(worker, job_subject("acme", job, JobQueued)), JobQueued(reason=str(n)), f"{job}-{n}")
-        for n in range(3)
-    ]
+    worker, items = claims(3)
     started = time.monotonic()
     attempts = 0
     while True:  # a time-out means "maybe stored": the same ids again; anything else fails the test
@@ -212,8 +208,15 @@ async def test_a_batch_appended_while_its_stream_elects_a_leader_waits_for_it(
 
     assert await asyncio.to_thread(cluster.stream_leader, "INTAKE") != leader
     stored = await claims_of(log, worker)
-    assert [r.msg_id for r in stored] == [f"{job}-{n}" for n in range(3)]  # each once, in order
+    assert [r.msg_id for r in stored] == [event_id for _, _, event_id in items]  # each once, in order
     assert [r.seq for r in stored] == [p.seq for p in positions]
+
+
+def claims(count: int) -> tuple[str, list[tuple[str, JobQueued, str]]]:
+    """A new worker and ``count`` claims of it about a new job (subject, event, event id)."""
+    job, worker = new_job(), f"w-{secrets.token_hex(4)}"
+    subject = intake_subject(worker, job_subject("acme", job, JobQueued))
+    return worker, [(subject, JobQueued(reason=str(n)), f"{job}-{n}") for n in range(count)]
 
 
 async def claims_of(log: EventLog, worker: str) -> list[RawRecord]:
@@ -228,16 +231,12 @@ async def test_an_agents_report_outlives_an_election_of_the_intakes_leader(
     stored once the next leader answers, not given up after three quick failures."""
     leader = await asyncio.to_thread(cluster.stream_leader, "INTAKE")
     cluster.kill(leader)
-    job, worker = new_job(), f"w-{secrets.token_hex(4)}"
-    reports = [
-        (intake_subject(worker, job_subject("acme", job, JobQueued)), JobQueued(reason=str(n)), f"{job}-{n}")
-        for n in range(2)
-    ]
+    worker, reports = claims(2)
 
     assert await append_reliably(log, reports[:1])
     assert await append_reliably(log, reports[1:])
 
-    assert [r.msg_id for r in await claims_of(log, worker)] == [f"{job}-0", f"{job}-1"]
+    assert [r.msg_id for r in await claims_of(log, worker)] == [event_id for _, _, event_id in reports]
 
 
 async def test_a_restarted_node_catches_up(cluster: NatsCluster, log: EventLog) -> None:

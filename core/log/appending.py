@@ -4,6 +4,7 @@ many in flight, each acknowledged (or failed) within the log's acknowledgement t
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -121,7 +122,7 @@ class Appending(LogConnection):
         positions: list[Position] = []
         patience: Patience | None = None
         while True:
-            stored, failure = await self._in_order(messages[len(positions) :], max_in_flight)
+            stored, failure = await self._in_order(messages, len(positions), max_in_flight)
             positions += stored
             if failure is None:
                 return positions
@@ -132,16 +133,16 @@ class Appending(LogConnection):
                 raise failure
 
     async def _in_order(
-        self, messages: list[Message], max_in_flight: int
+        self, messages: list[Message], start: int, max_in_flight: int
     ) -> tuple[list[Position], ResontechError | None]:
-        """Publish ``messages`` with at most ``max_in_flight`` unanswered; the positions of those
+        """Publish ``messages[start:]`` with at most ``max_in_flight`` unanswered; the positions of those
         stored before the first failure, and that failure (``None``: all stored)."""
         futures: list[asyncio.Future[Position]] = []
         window: deque[asyncio.Future[Position]] = deque()
         publish = self._publish
         failure: ResontechError | None = None
         try:
-            for subject, data, headers, _ in messages:
+            for subject, data, headers, _ in itertools.islice(messages, start, None):
                 future = await publish(subject, data, headers)
                 futures.append(future)
                 window.append(future)
