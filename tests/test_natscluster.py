@@ -481,6 +481,10 @@ def test_up_cluster_runs_three_nodes_and_two_of_each_service(tmp_path: Path) -> 
         assert len(gateways) == 2
         text = out.read_text()
         assert all(url in text for url in [*settings.nats_url.split(","), *gateways])
+        assert [httpx.get(f"{url}/v1/health").status_code for url in gateways] == [
+            200,
+            200,
+        ]  # "ready" means it
 
         operator_key = (data_dir / "operator.key").read_text().strip()
         job = asyncio.run(submit_and_finish(gateways, operator_key))

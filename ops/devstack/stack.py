@@ -51,12 +51,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import httpx
+
 from agent.enroll import ENROLLMENT_FILE
 from core.errors import ResontechError
 from core.files import write_private
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
-from ops.devstack.enrollment import issue_enrollment_token
+from ops.devstack.enrollment import issue_enrollment_token, wait_for_gateway
 from ops.devstack.errors import DevStackError
 from ops.devstack.natsserver import NatsAuth
 from ops.devstack.objectstore import ObjectStoreServer
@@ -231,6 +233,14 @@ class _Stack:
             argv = spec.argv + self._enrollment(spec) if spec.enroll else spec.argv
             self.services[spec.name] = spawn(argv, self.logs / f"{spec.name}.log", {**child_env, **spec.env})
             self._record()
+        for name, url in self._gateways():  # "ready" promises that every URL in dev.env answers
+            with httpx.Client(base_url=url, timeout=10.0) as client:
+                wait_for_gateway(client, self.services[name], self.logs / f"{name}.log")
+
+    def _gateways(self) -> list[tuple[str, str]]:
+        """The gateway services started, each with its URL (in the order of ``RESONTECH_GATEWAY_URL``)."""
+        names = [name for name in self.services if name.startswith("gateway")]
+        return list(zip(names, self.env["RESONTECH_GATEWAY_URL"].split(","), strict=False))
 
     def _start_servers(self, nats_port: int, s3_port: int) -> None:
         """Start NATS (one server or a cluster), the object store, and create the streams."""
@@ -266,9 +276,13 @@ class _Stack:
         the operator creates provider ``local`` and a token for the agent through the gateway."""
         if (self.data_dir / "agents" / spec.agent_name() / ENROLLMENT_FILE).exists():
             return []
-        url, key = self.env["RESONTECH_GATEWAY_URL"].split(",")[0], self.env["RESONTECH_API_KEY"]
-        gateway = self.services.get("gateway") or self.services.get("gateway-1")
-        token = issue_enrollment_token(url, key, spec.agent_name(), gateway)
+        if not self._gateways():
+            raise DevStackError(f"{spec.name} enrolls through a gateway: start one before it")
+        name, url = self._gateways()[0]
+        log_file = self.logs / f"{name}.log"
+        token = issue_enrollment_token(
+            url, self.env["RESONTECH_API_KEY"], spec.agent_name(), self.services[name], log_file
+        )
         return ["--enroll-token", token, "--gateway", url]
 
     def mark_ready(self, supervised: bool) -> None:
@@ -281,11 +295,10 @@ class _Stack:
         """Print what runs where and how to use it."""
         assert self.nats is not None and self.s3 is not None
         rows = [*self.nats.rows(), ("object store", self.s3.endpoint, self.s3.log_file)]
-        gateway_urls = iter(self.env["RESONTECH_GATEWAY_URL"].split(","))
-        for name in self.services:
-            if name.startswith("gateway"):
-                url = next(gateway_urls, "")
-                rows.append((name, f"{url}  (dashboard /, docs /docs)", self.logs / f"{name}.log"))
+        rows += [
+            (name, f"{url}  (dashboard /, docs /docs)", self.logs / f"{name}.log")
+            for name, url in self._gateways()
+        ]
         rows += [
             (name, f"pid {p.pid}", self.logs / f"{name}.log")
             for name, p in self.services.items()
