@@ -203,6 +203,8 @@ class AckTracker:
         self.pending: dict[str, tuple[asyncio.Future[Position], float, str, int | None]] = {}
         self.batches: dict[str, int] = {}
         """Tokens of atomic batch commits, and how many messages each batch holds."""
+        self.acked: dict[str, int] = {}
+        """The highest sequence acknowledged on each stream: a read of the stream covers at least it."""
         self._sweeper: asyncio.Task[None] | None = None
 
     def add(
@@ -243,8 +245,10 @@ class AckTracker:
             outcome = Position(ack.stream, ack.seq, ack.duplicate)
         if isinstance(outcome, Exception):
             future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+            return
+        if outcome.seq > self.acked.get(outcome.stream, 0):
+            self.acked[outcome.stream] = outcome.seq
+        future.set_result(outcome)
 
     def fail_all(self, error: Exception) -> None:
         for future, *_ in self.pending.values():

@@ -316,6 +316,24 @@ async def test_replay_with_a_filter_that_matches_nothing_ends(log: EventLog, rea
     assert await all_records(log, "ENDPOINTS") == []
 
 
+async def test_a_read_covers_what_this_connection_had_acknowledged(
+    log: EventLog, read_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's info can come from a replica behind its leader (a follower that knows no leader
+    answers with its own store's state): a reader that wrote a moment before still reads its writes."""
+    behind = await log._js.stream_info("JOBS")  # empty: what a replica that missed both would say
+    first = await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
+    second = await log.append(job_subject("acme", "j1", JobQueued), JobQueued(reason="x"))
+
+    async def stale(stream: str, *args: object, **kwargs: object) -> nats.js.api.StreamInfo:
+        return behind
+
+    monkeypatch.setattr(log._js, "stream_info", stale)
+    assert await log.last_seq("JOBS") == second.seq
+    read = await all_records(log, "JOBS", subjects=job_filter("acme", "j1"))
+    assert [r.seq for r in read] == [first.seq, second.seq]
+
+
 async def test_malformed_event_is_quarantined_and_skipped(log: EventLog) -> None:
     await log.append(job_subject("acme", "j1", JobSubmitted), submitted())
     await log.publish_raw("job.acme.j1.submitted", b'{"type":"job.submitted","shards":"many"}')

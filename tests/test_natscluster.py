@@ -10,6 +10,7 @@ leader dies elects another after nats-server's raft election timeout, 4 to 9 s (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -185,6 +186,35 @@ async def test_killing_the_jobs_leader_the_next_append_succeeds(cluster: NatsClu
     assert await asyncio.to_thread(cluster.stream_leader, "JOBS") != leader
     stored = [r async for r in log.replay("JOBS", subjects=job_filter("acme", job))]
     assert [type(r.event) for r in stored] == [JobSubmitted, JobQueued]  # retried, stored once
+
+
+async def test_a_replica_that_knows_no_leader_is_not_taken_for_the_stream(
+    cluster: NatsCluster, log: EventLog
+) -> None:
+    """A node that knows no leader for a stream answers its info with its own store's state
+    (nats-server's jsStreamInfoRequest), which may be behind what the stream acknowledged. Two of
+    three nodes dead: the survivor answers so, and the log calls the stream unavailable instead of
+    taking the survivor's count for its end."""
+    await log.append(job_subject("acme", new_job(), JobSubmitted), submitted("x"))
+    survivor = (await asyncio.to_thread(cluster.stream_leader, "JOBS") + 1) % 3
+    for node in {0, 1, 2} - {survivor}:
+        cluster.kill(node)
+    raw = await nats.connect(cluster.nodes[survivor].url, **cluster.kernel_credentials)
+    try:
+        deadline = time.monotonic() + 2 * FAILOVER_S
+        while True:  # the survivor keeps the old leader until its election time-out, silent meanwhile
+            with contextlib.suppress(nats.errors.TimeoutError):
+                info = await raw.jetstream(timeout=1.0).stream_info("JOBS")
+                assert info.cluster is not None
+                if not info.cluster.leader:
+                    break
+            assert time.monotonic() < deadline, "the survivor never answered without a leader"
+            await asyncio.sleep(0.2)
+    finally:
+        await raw.close()
+
+    with pytest.raises(LogUnavailable, match="JOBS"):
+        await log.last_seq("JOBS")
 
 
 async def test_a_batch_appended_while_its_stream_elects_a_leader_waits_for_it(

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import nats
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
@@ -20,6 +21,19 @@ from core.settings import Settings
 from core.wire import AckTracker, Position, RawTap, batch_frames
 
 CONNECT_TIMEOUT_S = 5.0
+UNANSWERED = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
+"""What a read that needs the stream's leader gets while the stream has none (a cluster node died and
+an election is on): the log is unavailable for now, as a caller that retries must be told."""
+ELECTION_S = 12.0
+"""How long a read waits for a stream's leader (an election takes 4-9 s after its node died): a read
+just after a failover waits for the new leader."""
+
+
+class Bounds(NamedTuple):
+    """A stream's first and last sequence, as :meth:`LogConnection.stream_bounds` gives them."""
+
+    first_seq: int
+    last_seq: int
 
 
 class LogConnection:
@@ -102,6 +116,34 @@ class LogConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def stream_bounds(self, stream: str) -> Bounds:
+        """The stream's first and last sequence as its leader gives them; the last no lower than any
+        this connection had acknowledged on the stream (a reader reads its own writes).
+
+        A replica that knows no leader for the stream (an election, or no quorum) answers its info
+        with its own store's state (nats-server's ``jsStreamInfoRequest``), which may be behind what
+        the stream acknowledged: such an answer is asked again, as silence is, for :data:`ELECTION_S`.
+
+        Raises:
+            LogUnavailable: no answer from a leader within :data:`ELECTION_S`.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ELECTION_S
+        delay = 0.05
+        while True:
+            try:
+                info = await self._js.stream_info(stream)
+                if info.cluster is None or info.cluster.leader:
+                    last = max(info.state.last_seq, self._acks.acked.get(stream, 0))
+                    return Bounds(info.state.first_seq, last)
+                why = "only a replica that knows no leader answered"
+            except UNANSWERED as exc:
+                why = f"no answer ({type(exc).__name__})"
+            if loop.time() + delay > deadline:
+                raise LogUnavailable(f"the {stream} stream has no leader after {ELECTION_S:.0f} s: {why}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _on_ack(self, msg: Msg) -> None:
         no_responders = bool(msg.headers) and msg.headers.get("Status") == "503"  # type: ignore[union-attr]

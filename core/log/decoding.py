@@ -107,10 +107,10 @@ class Decoding(LogConnection):
         What this connection's readers are still quarantining is stored first."""
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
-        info = await self._js.stream_info("QUARANTINE")
+        bounds = await self.stream_bounds("QUARANTINE")
         out: list[Quarantined] = []
-        seq = max(after_seq + 1, info.state.first_seq)
-        while seq <= info.state.last_seq and len(out) < limit:
+        seq = max(after_seq + 1, bounds.first_seq)
+        while seq <= bounds.last_seq and len(out) < limit:
             try:
                 raw = await self._js.get_msg("QUARANTINE", seq=seq, direct=True)
             except nats.js.errors.NotFoundError:

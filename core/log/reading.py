@@ -17,14 +17,12 @@ from nats.js import api
 from core.clock import ns_of
 from core.errors import LogUnavailable
 from core.log.appending import NO_RESPONDERS_FIRST_DELAY_S
+from core.log.connection import UNANSWERED
 from core.log.decoding import Decoding
 from core.log.scan import Scanning, all_subjects
 from core.wire import MSG_ID, RawRecord, parse_reply
 from schemas.envelope import Recorded
 
-UNANSWERED = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
-"""What a read that needs the stream's leader gets while the stream has none (a cluster node died and
-an election is on): the log is unavailable for now, as a caller that retries must be told."""
 WATCH_IDLE_HEARTBEAT_S = 1.0
 """How often the server tells a live watch it is still there when no event comes."""
 WATCH_RETRY_S = 5.0
@@ -37,11 +35,7 @@ class Reading(Scanning, Decoding):
     async def last_seq(self, stream: str, subject: str | None = None) -> int:
         """The stream's last sequence, or the last sequence of ``subject`` in it (0 if none)."""
         if subject is None:
-            try:
-                info = await self._js.stream_info(stream)
-            except UNANSWERED as exc:
-                raise _unavailable(stream, exc) from None
-            return int(info.state.last_seq)
+            return (await self.stream_bounds(stream)).last_seq
         msg = await self._last_msg(stream, subject)
         return int(msg.seq or 0) if msg is not None else 0
 

@@ -24,7 +24,7 @@ from nats.js import api
 
 from core.clock import NS_PER_S, ns_of
 from core.errors import LogUnavailable
-from core.log.connection import LogConnection
+from core.log.connection import ELECTION_S, UNANSWERED, LogConnection
 from core.streams import BY_NAME
 from core.wire import MSG_ID, Frame, RawTap, Sink, parse_reply
 
@@ -66,9 +66,9 @@ class Scanning(LogConnection):
         """
         if BY_NAME[stream].retention == "workqueue":
             return await self._scan_work_queue(stream, on_message, start_seq=start_seq, until_seq=until_seq)
-        info = await self._js.stream_info(stream)
-        end = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
-        if info.state.messages == 0 or end < max(start_seq, info.state.first_seq):
+        bounds = await self.stream_bounds(stream)
+        end = bounds.last_seq if until_seq is None else min(until_seq, bounds.last_seq)
+        if end < max(start_seq, bounds.first_seq, 1):
             return 0
         read = _Read(
             stream=stream,
@@ -205,10 +205,10 @@ class Scanning(LogConnection):
         until_seq: int | None,
     ) -> int:
         """Read a work-queue stream by sequence (direct get): a consumer would take the messages away."""
-        info = await self._js.stream_info(stream)
-        last = info.state.last_seq if until_seq is None else min(until_seq, info.state.last_seq)
+        bounds = await self.stream_bounds(stream)
+        last = bounds.last_seq if until_seq is None else min(until_seq, bounds.last_seq)
         count = 0
-        for seq in range(max(start_seq, info.state.first_seq), last + 1):
+        for seq in range(max(start_seq, bounds.first_seq), last + 1):
             try:
                 raw = await self._js.get_msg(stream, seq=seq, direct=True)
             except nats.js.errors.NotFoundError:
@@ -431,7 +431,7 @@ class _CatchUp:
             if exc.err_code == _NO_MESSAGE_FOUND:
                 return False
             more = True  # the stream unknown to the server that answered, during a failover: again
-        except _UNANSWERED:
+        except UNANSWERED:
             more = True  # an election: the next consumer waits for it
         if more:
             await asyncio.sleep(self._pause)
@@ -451,28 +451,18 @@ class _CatchUp:
         return seq <= read.end and (read.until_ns is None or ns_of(found.time) <= read.until_ns)
 
 
-_ELECTION_S = 12.0
-"""How long creating a scan's consumer is retried while the stream has no leader (an election takes
-4-9 s after its node died): a replay just after a failover waits for the new leader."""
-_UNANSWERED = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.js.errors.ServiceUnavailableError,
-)
-
-
 async def _add_consumer(log: LogConnection, stream: str, config: api.ConsumerConfig) -> api.ConsumerInfo:
     """Create an (ephemeral, self-expiring) consumer, trying again while nothing answers.
 
     Raises:
-        LogUnavailable: still no answer after :data:`_ELECTION_S`.
+        LogUnavailable: still no answer after :data:`ELECTION_S`.
     """
-    deadline = asyncio.get_running_loop().time() + _ELECTION_S
+    deadline = asyncio.get_running_loop().time() + ELECTION_S
     delay = 0.1
     while True:
         try:
             return await log._js.add_consumer(stream, config)
-        except _UNANSWERED as exc:
+        except UNANSWERED as exc:
             if asyncio.get_running_loop().time() + delay > deadline:
                 raise LogUnavailable(f"the {stream} stream did not answer: {type(exc).__name__}") from None
         await asyncio.sleep(delay)
