@@ -223,6 +223,13 @@ class ClaimKeeper:
                 Recorded(stream=STREAM, seq=position.seq, subject=subject, time_ns=0, msg_id="", event=event)
             )
             self._renewed(sent)
+            if (took := fence.now() - sent) > self.lease_s * BEAT_FRACTION:  # the fence's margin shrinks
+                log.warning(
+                    "%s: an append took %.1fs to be acknowledged (lease %gs)",
+                    self.instance,
+                    took,
+                    self.lease_s,
+                )
             return True
         return False
 
