@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 
 from agent.enroll import enroll
@@ -202,8 +203,8 @@ async def test_a_replica_that_knows_no_leader_is_not_taken_for_the_stream(
     raw = await nats.connect(cluster.nodes[survivor].url, **cluster.kernel_credentials)
     try:
         deadline = time.monotonic() + 2 * FAILOVER_S
-        while True:  # the survivor keeps the old leader until its election time-out, silent meanwhile
-            with contextlib.suppress(nats.errors.TimeoutError):
+        while True:  # silent (or "temporarily unavailable") until the survivor gives up on a leader
+            with contextlib.suppress(nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
                 info = await raw.jetstream(timeout=1.0).stream_info("JOBS")
                 assert info.cluster is not None
                 if not info.cluster.leader:
