@@ -16,6 +16,7 @@ import inspect
 import itertools
 import os
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -205,6 +206,8 @@ class AckTracker:
         """Tokens of atomic batch commits, and how many messages each batch holds."""
         self.acked: dict[str, int] = {}
         """The highest sequence acknowledged on each stream: a read of the stream covers at least it."""
+        self.on_expired: Callable[[], None] | None = None
+        """Called when appends went unacknowledged for the whole time-out (the server may be silent)."""
         self._sweeper: asyncio.Task[None] | None = None
 
     def add(
@@ -267,6 +270,8 @@ class AckTracker:
                 if deadline > now:
                     break
                 expired.append(token)
+            if expired and self.on_expired is not None:
+                self.on_expired()
             for token in expired:
                 self.batches.pop(token, None)
                 future, _, subject, _ = self.pending.pop(token)

@@ -5,12 +5,14 @@ Each case:
 
 1. picks its victim: the node that leads JOBS (``leader``, ``isolate``) or one that follows it
    (``follower``);
-2. starts a writer given every node's URL and connected to one of the majority, and a minority
-   client given the victim's URL only (:mod:`tests.partition_clients`); one append of the minority
-   client is acknowledged before the cut, to show that it works;
+2. starts a writer given every node's URL and connected to one of the majority, a minority
+   client given the victim's URL only, and a roaming client given every URL and connected to the
+   victim (:mod:`tests.partition_clients`); one append of the minority client is acknowledged
+   before the cut, to show that it works;
 3. cuts the victim off (``routes``: its route link down, its clients still reach it; ``all``: both
    links down) for at least ``min_partition_s`` and until the writer has had 100 acknowledgements
-   since the cut, while the minority client keeps appending (each append waits up to 2 s);
+   since the cut and the roaming client one (it has to notice that its server answers nothing and
+   move), while the minority client keeps appending (each append waits up to 2 s);
 4. heals, lets the writer have 100 more acknowledgements, stops it, and waits until every replica
    is current and every node's own store (``/jsz``) ends at the same sequence;
 5. reads the whole stream from each node's own store (a *sealed* read: the node's routes are cut
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tests.jsview import ViewError, all_current, local_state, pinned, read_ids, step_down, stream_info
-from tests.partition_clients import MinorityClient, Writer
+from tests.partition_clients import WRITER_ACK_TIMEOUT_S, MinorityClient, Writer
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -68,18 +70,20 @@ async def play_case(
     result: dict[str, Any] = {"case": case, "victim": victim.name, "victim_role": role, "cut": cut}
     result["leader_before"] = info["cluster"]["leader"]
     prefix = f"{len(acked)}-{case}"  # unique across the cases of one run, even a case played twice
-    writer = await Writer.connect(cluster.url, f"{prefix}-w", avoid_host=victim.host)
+    writer = await Writer.connect(cluster.url, f"{prefix}-w", victim.host)
+    roamer = await Writer.connect(cluster.url, f"{prefix}-r", victim.host, on_it=True)
     try:
         minority = await MinorityClient.connect(victim.url, f"{prefix}-m")
         try:
             healed_at, during = await _partition(
-                cluster, victim, cut, writer, minority, min_partition_s, result
+                cluster, victim, cut, (writer, roamer), minority, min_partition_s, result
             )
         finally:
             await minority.log.close()
     finally:
         await writer.log.close()
-    acked.update({event_id: seq for _, event_id, seq in writer.acks})
+        await roamer.log.close()
+    acked.update({event_id: seq for _, event_id, seq in [*writer.acks, *roamer.acks]})
     acked.update(dict(minority.acked))  # the control append, and any the minority should not have had
     info = await settled_info(cluster)
     result["settled_after_heal_s"] = round(time.monotonic() - healed_at, 2)
@@ -93,22 +97,27 @@ async def _partition(
     cluster: LabCluster,
     victim: LabNode,
     cut: str,
-    writer: Writer,
+    writers: tuple[Writer, Writer],
     minority: MinorityClient,
     min_partition_s: float,
     result: dict[str, Any],
 ) -> tuple[float, set[str]]:
     """Write, cut, heal; ``result`` gains what the clients saw. Returns when it healed (monotonic)
-    and the event ids the minority client tried during the partition."""
+    and the event ids the minority client tried during the partition. ``writers``: the majority's
+    writer and the roaming client (on the victim at the cut)."""
     net = cluster.net
     down, up = (net.cut_routes, net.restore_routes) if cut == "routes" else (net.cut_all, net.restore_all)
+    writer, roamer = writers
     stop_writer, stop_minority = asyncio.Event(), asyncio.Event()
-    writing = asyncio.create_task(writer.run(stop_writer))
+    writing = asyncio.gather(writer.run(stop_writer), roamer.run(stop_writer))
     probing: asyncio.Task[None] | None = None
     try:
         await minority.control()
         tried, acked, outcomes = len(minority.attempted), len(minority.acked), Counter(minority.outcomes)
         await _until(lambda: len(writer.acks) >= WARM_UP_ACKS, "the writer's first acknowledgements")
+        await _until(
+            lambda: roamer.connected_to == f"{victim.host}:{victim.port}", "the roamer on the victim"
+        )
         leader = (await _info_via(cluster.nodes))["cluster"]["leader"]
         if (leader == victim.name) != (result["victim_role"] == "leader"):
             raise RuntimeError(f"the leader moved to {leader} before the cut of {victim.name}")
@@ -123,6 +132,10 @@ async def _partition(
                 lambda: writer.acked_between(cut_at) >= ACKS_TO_END_PARTITION,
                 "the majority's acknowledgements during the partition",
             )
+            moved_by = (
+                cut_at + WRITER_ACK_TIMEOUT_S
+            )  # any acknowledgement later was of an append sent after the cut
+            await _until(lambda: roamer.acked_between(moved_by) > 0, "the roamer's first acknowledgement")
             result["leader_during"] = (await _info_via(cluster.nodes, avoid=victim))["cluster"]["leader"]
             stop_minority.set()
             await probing
@@ -147,6 +160,15 @@ async def _partition(
         await writing
         if probing is not None:
             await probing
+    moved_by = cut_at + WRITER_ACK_TIMEOUT_S
+    first_ack = min((t for t, _, _ in roamer.acks if t >= moved_by), default=None)
+    result["roamer"] = {
+        "connected_to": roamer.connected_to,
+        "acked_during_partition": roamer.acked_between(moved_by, healed_at),
+        "first_ack_after_cut_s": None if first_ack is None else round(first_ack - cut_at, 2),
+        "failures": dict(roamer.failures),
+        "failure_messages": roamer.failure_messages,
+    }
     result["writer"] = {
         "acked": len(writer.acks),
         "acked_during_partition": writer.acked_between(cut_at, healed_at),

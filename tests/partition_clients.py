@@ -1,5 +1,6 @@
-"""The two clients of a partition case (:mod:`tests.partition_cases`): the writer on the majority side
-and the client that can only reach the node cut off.
+"""The clients of a partition case (:mod:`tests.partition_cases`): the writer on the majority side,
+the client that can only reach the node cut off, and a roaming client given every URL that starts
+on the node cut off.
 
 Both write through the kernel's own :class:`~core.log.EventLog`, ``JobProgress`` events with unique
 event ids (``Nats-Msg-Id``), as the durability test does.
@@ -22,6 +23,8 @@ from schemas.jobs import JobProgress
 WRITER_ACK_TIMEOUT_S = 2.0
 MINORITY_ACK_TIMEOUT_S = 2.0
 CONTROL_DEADLINE_S = 30.0
+RETRY_PAUSE_S = 0.05
+"""A writer's pause before it tries an append again (a refusal comes back at once)."""
 
 
 @dataclass
@@ -43,22 +46,27 @@ class Writer:
     failure_messages: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    async def connect(cls, url: str, prefix: str, avoid_host: str) -> Writer:
+    async def connect(cls, url: str, prefix: str, host: str, *, on_it: bool = False) -> Writer:
         """A writer given every URL in ``url`` whose connection landed on a server other than
-        ``avoid_host``: a client stays on a server cut off from the cluster (nats-py fails over on a
-        broken connection, not on acknowledgements that do not come), which is the minority
-        client's part, not the writer's.
+        ``host`` (the majority's writer) or, ``on_it``, on ``host`` (the roaming client: it has to
+        notice that its server answers nothing and move).
 
         Raises:
-            RuntimeError: it kept landing on ``avoid_host``.
+            RuntimeError: it kept landing where it should not.
         """
         settings = Settings(nats_url=url, stream_replicas=3, ack_timeout_s=WRITER_ACK_TIMEOUT_S)
+        name = "lab-roamer" if on_it else "lab-writer"
         for _ in range(50):  # nats-py picks a server at random
-            log = await EventLog.connect(settings, name="lab-writer")
-            if _connected_host(log) != avoid_host:
+            log = await EventLog.connect(settings, name=name)
+            if (_connected_host(log) == host) == on_it:
                 return cls(log, prefix)
             await log.close()
-        raise RuntimeError(f"the writer kept connecting to {avoid_host}")
+        raise RuntimeError(f"the {name} kept {'missing' if on_it else 'connecting to'} {host}")
+
+    @property
+    def connected_to(self) -> str:
+        """``host:port`` of the server its connection is on."""
+        return self.log.connected_to
 
     async def run(self, stop: asyncio.Event) -> None:
         """Append until ``stop`` is set (an append in progress then gets no further retry)."""
@@ -75,6 +83,7 @@ class Writer:
                 except ResontechError as exc:
                     self.failures[exc.code] += 1
                     self.failure_messages.setdefault(exc.code, exc.message[:300])
+                    await asyncio.sleep(RETRY_PAUSE_S)
                     continue
                 self.acks.append((time.monotonic(), event_id, position.seq))
                 break
@@ -148,10 +157,8 @@ class MinorityClient:
     @property
     def connected_to(self) -> str:
         """``host:port`` of the server its connection is on."""
-        url = self.log._nc.connected_url  # no public accessor; the lab proves it never moved
-        return url.netloc if url is not None else ""
+        return self.log.connected_to
 
 
-def _connected_host(log: EventLog) -> str | None:
-    url = log._nc.connected_url  # no public accessor; the lab needs to know where nats-py landed
-    return url.hostname if url is not None else None
+def _connected_host(log: EventLog) -> str:
+    return log.connected_to.rsplit(":", 1)[0]

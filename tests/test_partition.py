@@ -5,7 +5,8 @@ needed where unprivileged user namespaces are allowed, as on the project's CI). 
 leader of JOBS, then a follower, then the leader again entirely, each for at least 8 s while a writer
 appends, and reports what the clients saw and what each node stored. This test holds it to the
 issue: the minority refuses writes, nothing acknowledged is lost or stored twice, the majority goes
-on, and the healed node catches up.
+on, and the healed node catches up; and a client given every URL that was on the node cut off moves
+to the majority and is acknowledged there during the partition.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def _problems(case: dict[str, Any]) -> list[str]:
         problems.append(f"the minority client moved to {minority['connected_to']}")
     if writer["acked_during_partition"] < MAJORITY_ACKS or writer["acked_after_heal"] < MAJORITY_ACKS:
         problems.append(f"the majority did not go on: {writer}")
+    roamer = case["roamer"]
+    if roamer["acked_during_partition"] == 0 or roamer["connected_to"] == minority["victim_address"]:
+        problems.append(f"the roaming client did not move to the majority: {roamer}")
     if case["victim_role"] == "leader" and case["leader_during"] in (victim, None):
         problems.append(f"no new leader during the partition (leader: {case['leader_during']})")
     last_seqs = {node["last_seq"] for node in case["nodes"].values()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from core.errors import InvalidInput, NoResponders, ResontechError
@@ -82,7 +82,7 @@ class Appending(LogConnection):
                 return await future
             except NoResponders:
                 # Nothing was stored; the same message id makes the retry safe in any case.
-                patience = patience or Patience(ours)
+                patience = patience or Patience(ours, self._silent)
                 if not await patience.wait():
                     raise
 
@@ -128,7 +128,7 @@ class Appending(LogConnection):
                 return positions
             if not isinstance(failure, NoResponders):
                 raise failure
-            patience = patience or Patience(messages[len(positions)][3])
+            patience = patience or Patience(messages[len(positions)][3], self._silent)
             if not await patience.wait():
                 raise failure
 
@@ -183,17 +183,20 @@ def _message(item: tuple[str, Event] | tuple[str, Event, str]) -> Message:
 
 class Patience:
     """How long an append waits for a stream that nothing answers: :data:`LEADERLESS_RETRY_S` for a
-    stream of ours (it is electing a leader), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of
-    ours captures; pauses from :data:`NO_RESPONDERS_FIRST_DELAY_S`, doubling up to
-    :data:`NO_RESPONDERS_MAX_DELAY_S`."""
+    stream of ours (it is electing a leader, or the node is cut off from its leader: ``silent`` is
+    told, to check the node), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of ours captures;
+    pauses from :data:`NO_RESPONDERS_FIRST_DELAY_S`, doubling up to :data:`NO_RESPONDERS_MAX_DELAY_S`."""
 
-    def __init__(self, ours: bool) -> None:
+    def __init__(self, ours: bool, silent: Callable[[], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._deadline = self._loop.time() + (LEADERLESS_RETRY_S if ours else NO_RESPONDERS_RETRY_S)
         self._delay = NO_RESPONDERS_FIRST_DELAY_S
+        self._silent = silent if ours else None
 
     async def wait(self) -> bool:
         """Pause before the next attempt; ``False`` (at once) when the patience is spent."""
+        if self._silent is not None:
+            self._silent()
         if self._loop.time() + self._delay > self._deadline:
             return False
         await asyncio.sleep(self._delay)

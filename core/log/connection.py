@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import time
 from typing import Any, NamedTuple, Self
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.client import Server
 from nats.aio.msg import Msg
 from nats.js import api
 
@@ -21,6 +24,13 @@ from core.settings import Settings
 from core.wire import AckTracker, Position, RawTap, batch_frames
 
 CONNECT_TIMEOUT_S = 5.0
+RECONNECT_WAIT_S = 0.5
+"""Pause before connecting again to a server that failed the last attempt."""
+NODE_CHECK_S = 2.0
+"""How long a node has to answer the check that decides whether a client moves away from it."""
+AVOID_S = 60.0
+"""How long a client that moved away from a node prefers the others (while one of them connects)."""
+log = logging.getLogger("resontech.log")
 UNANSWERED = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
 """What a read that needs the stream's leader gets while the stream has none (a cluster node died and
 an election is on): the log is unavailable for now, as a caller that retries must be told."""
@@ -58,6 +68,11 @@ class LogConnection:
         self._background: set[asyncio.Task[Any]] = set()
         self._raw_tap: RawTap | None = None
         self._group = GroupCommit(self._publish_now, self._publish_batch) if settings.group_commit else None
+        self._acks.on_expired = self._silent
+        self._checking = False
+        self._next_check = 0.0
+        self._avoid = ""
+        self._avoid_until = 0.0
 
     @classmethod
     async def connect(cls, settings: Settings, *, name: str = "resontech") -> Self:
@@ -71,9 +86,11 @@ class LogConnection:
             "name": name,
             "connect_timeout": 3,
             "max_reconnect_attempts": -1,
-            "reconnect_time_wait": 0.5,
+            "reconnect_time_wait": RECONNECT_WAIT_S,
             "allow_reconnect": True,
         }
+        chooser: list[LogConnection] = []  # the log is made once connected; its choice is the log's
+        options["reconnect_to_server_handler"] = lambda servers, info: chooser[0]._choose_server(servers)
         if settings.nats_creds:
             options["user_credentials"] = settings.nats_creds
         if settings.nats_user:
@@ -92,10 +109,11 @@ class LogConnection:
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             reason = str(exc) or "no answer"
             raise LogUnavailable(f"cannot reach NATS at {settings.nats_url}: {reason}") from None
-        log = cls(nc, settings)
-        log._inbox = nc.new_inbox() + "."
-        await nc.subscribe(log._inbox + "*", cb=log._on_ack)
-        return log
+        connection = cls(nc, settings)
+        chooser.append(connection)
+        connection._inbox = nc.new_inbox() + "."
+        await nc.subscribe(connection._inbox + "*", cb=connection._on_ack)
+        return connection
 
     async def close(self) -> None:
         """Wait for outstanding appends (up to the ack time-out), then disconnect."""
@@ -116,6 +134,55 @@ class LogConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def connected_to(self) -> str:
+        """``host:port`` of the NATS server this connection is on (empty while reconnecting)."""
+        url = self._nc.connected_url
+        return url.netloc if url is not None and self._nc.is_connected else ""
+
+    def _silent(self) -> None:
+        """Something sent got no answer: check the node (at most once per acknowledgement time-out).
+
+        A node can keep its clients' connections and answer nothing: hung, or cut off from the
+        other nodes (its clients then get no acknowledgement, or "no responders", and nats-py stays,
+        as the connection itself is fine). If the node does not answer JetStream's account info
+        either (a node without its cluster's meta leader says "temporarily unavailable"), the
+        connection moves to another of its URLs. A stream electing a leader is not that: the node
+        answers, and the client stays. Only a kernel connection given several URLs checks (an
+        agent's user may not ask for account info).
+        """
+        now = time.monotonic()
+        if self._checking or now < self._next_check or self.settings.nats_js_api_prefix:
+            return
+        if len(self.settings.nats_url.split(",")) < 2 or not self._nc.is_connected:
+            return
+        self._checking = True
+        self._next_check = now + self.settings.ack_timeout_s
+        task = asyncio.get_running_loop().create_task(self._check_node())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _check_node(self) -> None:
+        node = self.connected_to
+        try:
+            await asyncio.wait_for(self._js.account_info(), NODE_CHECK_S)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("NATS node %s does not answer (%s): moving to another", node, type(exc).__name__)
+            self._avoid, self._avoid_until = node, time.monotonic() + AVOID_S
+            await self._nc.force_reconnect()
+        finally:
+            self._checking = False
+
+    def _choose_server(self, servers: list[Server]) -> tuple[Server | None, float]:
+        """The next server nats-py connects to: one that did not fail its last attempt, avoiding
+        the node this connection moved away from while another is left; else the one that failed
+        least, after :data:`RECONNECT_WAIT_S`."""
+        avoid = self._avoid if time.monotonic() < self._avoid_until else ""
+        fresh = [s for s in servers if not s.reconnects and s.uri.netloc != avoid]
+        if fresh:
+            return fresh[0], 0.0
+        return (min(servers, key=lambda s: s.reconnects), RECONNECT_WAIT_S) if servers else (None, 0.0)
 
     async def stream_bounds(self, stream: str) -> Bounds:
         """The stream's first and last sequence as its leader gives them; the last no lower than any
@@ -140,6 +207,7 @@ class LogConnection:
                 why = "only a replica that knows no leader answered"
             except UNANSWERED as exc:
                 why = f"no answer ({type(exc).__name__})"
+            self._silent()
             if loop.time() + delay > deadline:
                 raise LogUnavailable(f"the {stream} stream has no leader after {ELECTION_S:.0f} s: {why}")
             await asyncio.sleep(delay)

@@ -463,6 +463,7 @@ async def _add_consumer(log: LogConnection, stream: str, config: api.ConsumerCon
         try:
             return await log._js.add_consumer(stream, config)
         except UNANSWERED as exc:
+            log._silent()
             if asyncio.get_running_loop().time() + delay > deadline:
                 raise LogUnavailable(f"the {stream} stream did not answer: {type(exc).__name__}") from None
         await asyncio.sleep(delay)
