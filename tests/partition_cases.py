@@ -124,6 +124,7 @@ async def _partition(
         result["leader_at_cut"] = leader
         result["cut_at"] = _wall_clock()
         cut_at = time.monotonic()
+        moved_by = cut_at + WRITER_ACK_TIMEOUT_S  # a later acknowledgement is of an append sent after the cut
         down(victim.node)
         try:
             probing = asyncio.create_task(minority.run(stop_minority))
@@ -132,9 +133,6 @@ async def _partition(
                 lambda: writer.acked_between(cut_at) >= ACKS_TO_END_PARTITION,
                 "the majority's acknowledgements during the partition",
             )
-            moved_by = (
-                cut_at + WRITER_ACK_TIMEOUT_S
-            )  # any acknowledgement later was of an append sent after the cut
             await _until(lambda: roamer.acked_between(moved_by) > 0, "the roamer's first acknowledgement")
             result["leader_during"] = (await _info_via(cluster.nodes, avoid=victim))["cluster"]["leader"]
             stop_minority.set()
@@ -160,7 +158,6 @@ async def _partition(
         await writing
         if probing is not None:
             await probing
-    moved_by = cut_at + WRITER_ACK_TIMEOUT_S
     first_ack = min((t for t, _, _ in roamer.acks if t >= moved_by), default=None)
     result["roamer"] = {
         "connected_to": roamer.connected_to,

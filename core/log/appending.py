@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from core.errors import InvalidInput, NoResponders, ResontechError
-from core.log.connection import LogConnection
+from core.log.connection import LogConnection, Patience
 from core.streams import stream_for_subject, subject_mismatch
 from core.wire import (
     EXPECTED_LAST_SUBJECT_SEQ,
@@ -30,8 +30,8 @@ LEADERLESS_RETRY_S = 12.0
 leader: a server reloading its configuration (``resontech nats-auth`` adding an agent's user) leaves
 JetStream silent for ~50 ms, and a replicated stream whose leader died elects another in 4-9 s
 (nats-server's raft election time-out). An append in that gap waits for the new leader."""
-NO_RESPONDERS_FIRST_DELAY_S = 0.025
-NO_RESPONDERS_MAX_DELAY_S = 0.5
+_FIRST_S, _MAX_S = 0.025, 0.5
+"""An append's pauses while nothing answers: from 25 ms, doubling up to 0.5 s."""
 DEFAULT_MAX_IN_FLIGHT = 8192
 
 
@@ -82,7 +82,7 @@ class Appending(LogConnection):
                 return await future
             except NoResponders:
                 # Nothing was stored; the same message id makes the retry safe in any case.
-                patience = patience or Patience(ours, self._silent)
+                patience = patience or self._patience(ours)
                 if not await patience.wait():
                     raise
 
@@ -128,7 +128,7 @@ class Appending(LogConnection):
                 return positions
             if not isinstance(failure, NoResponders):
                 raise failure
-            patience = patience or Patience(messages[len(positions)][3], self._silent)
+            patience = patience or self._patience(messages[len(positions)][3])
             if not await patience.wait():
                 raise failure
 
@@ -166,6 +166,14 @@ class Appending(LogConnection):
                 return stored, exc
         return stored, failure
 
+    def _patience(self, ours: bool) -> Patience:
+        """How long an append waits for a stream that nothing answers: :data:`LEADERLESS_RETRY_S` for
+        a stream of ours (it is electing a leader, or the node is cut off from it: the node is
+        checked), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of ours captures."""
+        if ours:
+            return Patience(LEADERLESS_RETRY_S, first_s=_FIRST_S, max_s=_MAX_S, silent=self._silent)
+        return Patience(NO_RESPONDERS_RETRY_S, first_s=_FIRST_S, max_s=_MAX_S)
+
     async def publish_raw(self, subject: str, data: bytes, event_id: str | None = None) -> Position:
         """Store bytes as they are (no encoding): for tools and tests that write foreign messages."""
         return await (await self._publish(subject, data, {MSG_ID: event_id or new_event_id()}))
@@ -179,29 +187,6 @@ its subject. A plain tuple: a batch makes one per event."""
 def _message(item: tuple[str, Event] | tuple[str, Event, str]) -> Message:
     event_id = item[2] if len(item) == 3 else new_event_id()
     return item[0], encode(item[1]), {MSG_ID: event_id}, _check_subject(item[0], item[1])
-
-
-class Patience:
-    """How long an append waits for a stream that nothing answers: :data:`LEADERLESS_RETRY_S` for a
-    stream of ours (it is electing a leader, or the node is cut off from its leader: ``silent`` is
-    told, to check the node), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of ours captures;
-    pauses from :data:`NO_RESPONDERS_FIRST_DELAY_S`, doubling up to :data:`NO_RESPONDERS_MAX_DELAY_S`."""
-
-    def __init__(self, ours: bool, silent: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._deadline = self._loop.time() + (LEADERLESS_RETRY_S if ours else NO_RESPONDERS_RETRY_S)
-        self._delay = NO_RESPONDERS_FIRST_DELAY_S
-        self._silent = silent if ours else None
-
-    async def wait(self) -> bool:
-        """Pause before the next attempt; ``False`` (at once) when the patience is spent."""
-        if self._silent is not None:
-            self._silent()
-        if self._loop.time() + self._delay > self._deadline:
-            return False
-        await asyncio.sleep(self._delay)
-        self._delay = min(self._delay * 2, NO_RESPONDERS_MAX_DELAY_S)
-        return True
 
 
 def _check_subject(subject: str, event: Event) -> bool:

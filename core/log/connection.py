@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple, Self
 
 import nats
@@ -37,6 +38,30 @@ an election is on): the log is unavailable for now, as a caller that retries mus
 ELECTION_S = 12.0
 """How long a read waits for a stream's leader (an election takes 4-9 s after its node died): a read
 just after a failover waits for the new leader."""
+
+
+class Patience:
+    """How long the log goes on asking while nothing answers, and the pauses in between: from
+    ``first_s``, doubling up to ``max_s``, until ``seconds`` have passed. Each pause first tells
+    ``silent`` (the connection's check of its node, :meth:`LogConnection._silent`), if given."""
+
+    def __init__(
+        self, seconds: float, *, first_s: float, max_s: float, silent: Callable[[], None] | None = None
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + seconds
+        self._delay, self._max = first_s, max_s
+        self._silent = silent
+
+    async def wait(self) -> bool:
+        """Pause before the next attempt; ``False`` (at once) when the patience is spent."""
+        if self._silent is not None:
+            self._silent()
+        if self._loop.time() + self._delay > self._deadline:
+            return False
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, self._max)
+        return True
 
 
 class Bounds(NamedTuple):
@@ -69,6 +94,8 @@ class LogConnection:
         self._raw_tap: RawTap | None = None
         self._group = GroupCommit(self._publish_now, self._publish_batch) if settings.group_commit else None
         self._acks.on_expired = self._silent
+        self._may_move = len(settings.nats_url.split(",")) > 1 and not settings.nats_js_api_prefix
+        """A kernel connection given several URLs (an agent's user may not ask for account info)."""
         self._checking = False
         self._next_check = 0.0
         self._avoid = ""
@@ -153,9 +180,7 @@ class LogConnection:
         agent's user may not ask for account info).
         """
         now = time.monotonic()
-        if self._checking or now < self._next_check or self.settings.nats_js_api_prefix:
-            return
-        if len(self.settings.nats_url.split(",")) < 2 or not self._nc.is_connected:
+        if not self._may_move or self._checking or now < self._next_check or not self._nc.is_connected:
             return
         self._checking = True
         self._next_check = now + self.settings.ack_timeout_s
@@ -195,9 +220,7 @@ class LogConnection:
         Raises:
             LogUnavailable: no answer from a leader within :data:`ELECTION_S`.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + ELECTION_S
-        delay = 0.05
+        patience = Patience(ELECTION_S, first_s=0.05, max_s=1.0, silent=self._silent)
         while True:
             try:
                 info = await self._js.stream_info(stream)
@@ -207,11 +230,8 @@ class LogConnection:
                 why = "only a replica that knows no leader answered"
             except UNANSWERED as exc:
                 why = f"no answer ({type(exc).__name__})"
-            self._silent()
-            if loop.time() + delay > deadline:
+            if not await patience.wait():
                 raise LogUnavailable(f"the {stream} stream has no leader after {ELECTION_S:.0f} s: {why}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
     async def _on_ack(self, msg: Msg) -> None:
         no_responders = bool(msg.headers) and msg.headers.get("Status") == "503"  # type: ignore[union-attr]

@@ -16,8 +16,7 @@ from nats.js import api
 
 from core.clock import ns_of
 from core.errors import LogUnavailable
-from core.log.appending import NO_RESPONDERS_FIRST_DELAY_S
-from core.log.connection import UNANSWERED
+from core.log.connection import UNANSWERED, Patience
 from core.log.decoding import Decoding
 from core.log.scan import Scanning, all_subjects
 from core.wire import MSG_ID, RawRecord, parse_reply
@@ -155,8 +154,7 @@ class Reading(Scanning, Decoding):
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
         )
-        delay = NO_RESPONDERS_FIRST_DELAY_S
-        deadline = asyncio.get_running_loop().time() + WATCH_RETRY_S
+        patience = Patience(WATCH_RETRY_S, first_s=0.025, max_s=WATCH_RETRY_S)
         while True:
             try:
                 sub = await self._js.subscribe(
@@ -172,10 +170,8 @@ class Reading(Scanning, Decoding):
                 return Watch(sub)
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
                 # the JetStream API is briefly silent while the server reloads its accounts
-                if asyncio.get_running_loop().time() + delay > deadline:
+                if not await patience.wait():
                     raise
-            await asyncio.sleep(delay)
-            delay *= 2
 
     async def follow(
         self, stream: str, *, after_seq: int = 0, subjects: str | None = None

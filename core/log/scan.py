@@ -24,7 +24,7 @@ from nats.js import api
 
 from core.clock import NS_PER_S, ns_of
 from core.errors import LogUnavailable
-from core.log.connection import ELECTION_S, UNANSWERED, LogConnection
+from core.log.connection import ELECTION_S, UNANSWERED, LogConnection, Patience
 from core.streams import BY_NAME
 from core.wire import MSG_ID, Frame, RawTap, Sink, parse_reply
 
@@ -457,14 +457,10 @@ async def _add_consumer(log: LogConnection, stream: str, config: api.ConsumerCon
     Raises:
         LogUnavailable: still no answer after :data:`ELECTION_S`.
     """
-    deadline = asyncio.get_running_loop().time() + ELECTION_S
-    delay = 0.1
+    patience = Patience(ELECTION_S, first_s=0.1, max_s=1.0, silent=log._silent)
     while True:
         try:
             return await log._js.add_consumer(stream, config)
         except UNANSWERED as exc:
-            log._silent()
-            if asyncio.get_running_loop().time() + delay > deadline:
+            if not await patience.wait():
                 raise LogUnavailable(f"the {stream} stream did not answer: {type(exc).__name__}") from None
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 1.0)

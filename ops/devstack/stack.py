@@ -276,9 +276,10 @@ class _Stack:
         the operator creates provider ``local`` and a token for the agent through the gateway."""
         if (self.data_dir / "agents" / spec.agent_name() / ENROLLMENT_FILE).exists():
             return []
-        if not self._gateways():
+        gateways = self._gateways()
+        if not gateways:
             raise DevStackError(f"{spec.name} enrolls through a gateway: start one before it")
-        name, url = self._gateways()[0]
+        name, url = gateways[0]
         log_file = self.logs / f"{name}.log"
         token = issue_enrollment_token(
             url, self.env["RESONTECH_API_KEY"], spec.agent_name(), self.services[name], log_file
