@@ -10,6 +10,11 @@ failure of the queue itself (the server went away mid-subscribe) is logged and r
 (:mod:`agent.state`): a command id is recorded as handled before the command is acted on, and one
 handled before is skipped; a command whose epoch is lower than the highest seen for its work is
 stale and dropped, unless it stops an assignment running here at that very epoch.
+
+A work is its tenant, kind and id together (:func:`work_key`): tenants choose their job and
+endpoint ids, so two tenants' jobs (or a job and an endpoint) may share one, and neither's epochs
+may make the other's commands stale. A stop acts on a workload only when it names that workload's
+assignment, epoch, tenant, kind and work id (:func:`stops`).
 """
 
 from __future__ import annotations
@@ -61,22 +66,47 @@ def command_id(record: Recorded[Any]) -> str:
     return record.msg_id or f"seq-{record.seq}"
 
 
+def work_key(tenant: str, kind: str, work_id: str) -> str:
+    """The key of one work's epochs: ``<tenant>/<kind>/<work_id>`` (tenants and kinds hold no ``/``,
+    so no two works share a key)."""
+    return f"{tenant}/{kind}/{work_id}"
+
+
+def work_of(cmd: StartWork | StopWork, here: StartWork | None) -> str:
+    """The :func:`work_key` of ``cmd``'s work. A stop sent before stops named their tenant takes
+    it from ``here`` (the start of the assignment it names, running here), else it has none."""
+    if isinstance(cmd, StartWork) or cmd.tenant:
+        return work_key(cmd.tenant, cmd.work_kind, cmd.work_id)
+    if here is not None and here.work_id == cmd.work_id:
+        return work_key(here.tenant, here.work_kind, here.work_id)
+    return work_key("", "", cmd.work_id)
+
+
+def stops(cmd: StopWork, start: StartWork) -> bool:
+    """Whether the stop ``cmd`` is about the workload ``start`` runs: the same assignment and epoch,
+    and the same tenant, kind and work id where the stop names them (every stop the kernel sends
+    does; only one sent before stops named them does not)."""
+    if (cmd.assignment_id, cmd.epoch, cmd.work_id) != (start.assignment_id, start.epoch, start.work_id):
+        return False
+    return not cmd.tenant or (cmd.tenant, cmd.work_kind) == (start.tenant, start.work_kind)
+
+
 def admit(
-    state: CommandState, command_id: str, cmd: StartWork | StopWork, *, running_epoch: int | None
+    state: CommandState, command_id: str, cmd: StartWork | StopWork, *, here: StartWork | None
 ) -> Admission:
     """Whether to act on a start or stop command: ``run``, ``duplicate`` (its id was handled before)
-    or ``stale`` (an older epoch than one seen for its work). Records it as handled (and its epoch)
-    in ``state``, saved, before returning ``run`` or ``stale``.
+    or ``stale`` (an older epoch than one seen for its work, :func:`work_of`). Records it as handled
+    (and its epoch) in ``state``, saved, before returning ``run`` or ``stale``.
 
-    A stop of an assignment running here at that very epoch (``running_epoch``: the epoch of the
-    assignment it names, ``None`` when not here) is never stale: one slot of a job may be re-placed
-    at a newer epoch while another keeps its older one (both on this agent), and stopping the older
-    one must still work.
+    A stop of an assignment running here at that very epoch (``here``: the start of the assignment
+    it names, ``None`` when not here) is never stale: one slot of a job may be re-placed at a newer
+    epoch while another keeps its older one (both on this agent), and stopping the older one must
+    still work.
     """
     if state.handled(command_id):
         return "duplicate"
-    fresh = state.observe(cmd.work_id, cmd.epoch) or (
-        isinstance(cmd, StopWork) and running_epoch == cmd.epoch
+    fresh = state.observe(work_of(cmd, here), cmd.epoch) or (
+        isinstance(cmd, StopWork) and here is not None and stops(cmd, here)
     )
     state.mark_handled(command_id)
     state.save()

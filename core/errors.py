@@ -69,3 +69,9 @@ class InvalidInput(ResontechError):
     """Input was rejected; the message says what to fix."""
 
     code = "invalid_input"
+
+
+class EnrollmentRefused(ResontechError):
+    """A worker id may not be enrolled: the kernel keeps it for itself, or another provider holds it."""
+
+    code = "enrollment_refused"

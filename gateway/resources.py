@@ -30,6 +30,7 @@ from projections import Projection
 from schemas._base import Event
 from schemas.commands import StopWork
 from schemas.envelope import Recorded
+from schemas.values import WorkKind
 
 
 class Record(Protocol):
@@ -224,12 +225,25 @@ class Resource(Generic[R]):
 
 
 async def stop_work(
-    call: Call[Any, Any], work_id: str, assigned: Iterable[Assigned], reason: str, command: str
+    call: Call[Any, Any],
+    work: tuple[str, WorkKind, str],
+    assigned: Iterable[Assigned],
+    reason: str,
+    command: str,
 ) -> None:
-    """Tell each agent holding one of the ``assigned`` of ``work_id`` to stop it; the command id
-    (``<command>-<assignment id>``) makes a retry store nothing twice."""
+    """Tell each agent holding one of the ``assigned`` of ``work`` (``(tenant, kind, work_id)``) to
+    stop it; the command id (``<command>-<assignment id>``) makes a retry store nothing twice, and
+    the stop names its tenant and kind (the agent stops only that tenant's work)."""
+    tenant, kind, work_id = work
     for a in assigned:
-        stop = StopWork(work_id=work_id, assignment_id=a.assignment_id, epoch=a.epoch, reason=reason)
+        stop = StopWork(
+            work_id=work_id,
+            assignment_id=a.assignment_id,
+            epoch=a.epoch,
+            reason=reason,
+            tenant=tenant,
+            work_kind=kind,
+        )
         await call.kernel.event_log.append(
             command_subject(a.worker_id), stop, event_id=f"{command}-{a.assignment_id}"
         )

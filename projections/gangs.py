@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from core.clock import LOST_AFTER_INTERVALS, seconds_ns
+from core.clock import LOST_AFTER_INTERVALS, believed_interval_s, seconds_ns
 from projections.liveness import LastBeat
 from projections.recovery import Revocation, revoked, stop
 from projections.registry import WorkerRecord
@@ -72,7 +72,11 @@ def grace_ns(job: JobRecord, beats: Mapping[str, LastBeat], tick_s: float) -> in
     the slowest peer's loss deadline (its latest beat's interval, 1 s when unknown), plus two
     decision ticks of ``tick_s`` seconds."""
     interval = max(
-        (beats[a.worker_id].interval_s for a in job.assignments.values() if a.worker_id in beats),
+        (
+            believed_interval_s(beats[a.worker_id].interval_s)
+            for a in job.assignments.values()
+            if a.worker_id in beats
+        ),
         default=1.0,
     )
     return seconds_ns((LOST_AFTER_INTERVALS + 1) * interval + 2 * tick_s)
@@ -88,7 +92,7 @@ def restart(job: JobRecord, reason: str, workers: Mapping[str, WorkerRecord]) ->
         alive = record is not None and record.state not in ("lost", "deregistered")
         halt = None
         if alive and str(assignment.slot) not in job.done:
-            halt = stop(job.job_id, assignment, reason, command_id=f"gang-stop-{assignment.assignment_id}")
+            halt = stop(job, assignment, reason, command_id=f"gang-stop-{assignment.assignment_id}")
         out.append(Revocation(job, revoked(assignment, reason), halt))
     return out
 

@@ -83,7 +83,7 @@ def preemptions(victims: Sequence[Victim], schedule: ScheduleState, *, by: str) 
         if job is None:
             continue
         command_id = f"preempt-{victim.assignment.assignment_id}"
-        halt = stop(job.job_id, victim.assignment, reason, command_id=command_id, checkpoint=True)
+        halt = stop(job, victim.assignment, reason, command_id=command_id, checkpoint=True)
         out.append(Revocation(job, revoked(victim.assignment, reason), halt))
     return out
 

@@ -5,6 +5,16 @@ their API keys (hashes only), enrollment tokens (hashes only, with their approva
 A worker's identity is fixed when it enrolls: :func:`enrollment_of` gives the provider, pool, region
 and owner tenant of the token it enrolled with (and, for a managed or private pool, that somebody
 entitled approved), the kernel's facts that an agent's later claims are checked against.
+
+Worker ids are chosen by agents (``w-<hex>``) and by the kernel (the Kubernetes dispatcher's nodes),
+so two parties may name the same one. Rules (:func:`enrollment_refusal`, and the fold itself):
+
+* ids beginning with :data:`KERNEL_WORKER_PREFIX` (any case) are the kernel's: only the kernel's own
+  enrollment takes one, a provider's agent never does;
+* an id one provider holds live (enrolled, not revoked) is never enrolled by another: the gateway and
+  the kernel refuse it, and a second provider's ``agent_enrolled`` stored anyway (two gateways racing,
+  an old log) changes nothing here: the first holder keeps the id, and the second gets no agent (no
+  NATS user) and no identity.
 """
 
 from __future__ import annotations
@@ -35,6 +45,10 @@ class ProviderKey(msgspec.Struct, frozen=True, kw_only=True):
     issued_ns: int = 0
     revoked: bool = False
 
+
+KERNEL_WORKER_PREFIX = "kernel-"
+"""Worker ids the kernel enrolls itself (:func:`ops.dispatcher.fleet.worker_id_for`) begin with this;
+no provider's agent may enroll one."""
 
 TokenStatus = Literal["active", "pending_approval", "used", "revoked", "expired"]
 """What :func:`token_status` says of a token."""
@@ -157,6 +171,8 @@ def evolve(state: ProvidersState, recorded: Recorded[Any]) -> ProvidersState:
     state.seq = recorded.seq
     provider = recorded.token(1)
     event = recorded.event
+    if isinstance(event, AgentEnrolled) and state.enrolled.get(event.worker_id, provider) != provider:
+        return state  # another provider holds the id: first come keeps it (module docstring)
     old = state.providers.get(provider)
     if isinstance(event, ProviderCreated):
         new = old or ProviderRecord(provider=provider, created_ns=recorded.time_ns)
@@ -183,6 +199,37 @@ def _live_holder(state: ProvidersState, worker_id: str) -> str | None:
         agent = record.agents.get(worker_id)
         if agent is not None and not agent.revoked:
             return record.provider
+    return None
+
+
+def is_kernel_worker_id(worker_id: str) -> bool:
+    """Whether ``worker_id`` is in the kernel's namespace (:data:`KERNEL_WORKER_PREFIX`, any case)."""
+    return worker_id[: len(KERNEL_WORKER_PREFIX)].lower() == KERNEL_WORKER_PREFIX
+
+
+def enrollment_refusal(
+    state: ProvidersState, provider: str, worker_id: str, *, by_kernel: bool
+) -> tuple[str, str] | None:
+    """Why ``provider`` may not enroll ``worker_id`` now, as ``(code, message)``; ``None`` if it may.
+
+    Rules, in order: an id in the kernel's namespace is the kernel's alone (``worker_reserved``,
+    unless ``by_kernel``); an id another provider holds live is refused (``worker_enrolled``; the
+    holder is not named: the asker may be anyone). The same provider enrolling an id it holds again is
+    the caller's to judge (the gateway refuses it, the kernel's own enrollment is idempotent).
+    """
+    if not by_kernel and is_kernel_worker_id(worker_id):
+        return (
+            "worker_reserved",
+            f"worker ids beginning with {KERNEL_WORKER_PREFIX!r} are the kernel's own (its Kubernetes "
+            "nodes): enroll from a new state dir (a new worker id)",
+        )
+    holder = state.enrolled.get(worker_id)
+    if holder is not None and holder != provider:
+        return (
+            "worker_enrolled",
+            f"worker {worker_id} is already enrolled by another provider; it keeps it until its "
+            "credentials are revoked",
+        )
     return None
 
 
@@ -245,5 +292,5 @@ def active_agents(state: ProvidersState) -> list[EnrolledAgent]:
 
 
 PROVIDERS: Projection[ProvidersState] = Projection(
-    name="providers", stream="PROVIDERS", version=3, state_type=ProvidersState, evolve=evolve
+    name="providers", stream="PROVIDERS", version=4, state_type=ProvidersState, evolve=evolve
 )

@@ -56,15 +56,18 @@ class Revocation(NamedTuple):
 
 
 def stop(
-    work_id: str, assignment: Assignment, reason: str, *, command_id: str, checkpoint: bool = False
+    job: JobRecord, assignment: Assignment, reason: str, *, command_id: str, checkpoint: bool = False
 ) -> Stop:
-    """The stop of ``assignment``'s workload (``checkpoint``: checkpoint first, then stop)."""
+    """The stop of ``assignment`` of ``job`` (``checkpoint``: checkpoint first, then stop); it names
+    the job's tenant, so that the agent stops only the workload of that tenant's job."""
     command = StopWork(
-        work_id=work_id,
+        work_id=job.job_id,
         assignment_id=assignment.assignment_id,
         epoch=assignment.epoch,
         reason=reason,
         checkpoint=checkpoint,
+        tenant=job.tenant,
+        work_kind="job",
     )
     return Stop(assignment.worker_id, command, command_id)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from core.placement.placing import parse_assignment_id
+from core.placement.placing import is_work_ref, parse_assignment_id, work_ref
 from core.placement.values import Placed
 from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord, replica_assignment
 from projections.liveness import LastBeat
@@ -137,16 +137,36 @@ def stray_stops(
     current: Collection[str],
 ) -> list[Stop]:
     """The stop of every endpoint replica a worker runs by its latest beat that is not ``current``
-    (:func:`current_replicas`), command id ``stop-<assignment>`` (step 4). A running assignment of an
-    id that is also a job's is never stopped here (``job_ids``): it may be that job's shard."""
-    endpoint_ids = {e.endpoint_id for e in endpoints.endpoints.values()}
+    (:func:`current_replicas`), command id ``stop-<assignment>`` (step 4), naming the replica's
+    endpoint, tenant and kind. An assignment id names its tenant and kind
+    (:func:`core.placement.placing.work_ref`), so only an endpoint's replica is ever stopped here.
+    An id stored before ids did (``<work_id>-s<slot>-e<epoch>``) is an endpoint's when its work id
+    is an endpoint's and no job's (``job_ids``: else it may be that job's shard)."""
+    refs = {work_ref(e.tenant, "endpoint", e.endpoint_id): e for e in endpoints.endpoints.values()}
+    legacy: dict[str, list[EndpointRecord]] = {}
+    for e in endpoints.endpoints.values():
+        legacy.setdefault(e.endpoint_id, []).append(e)
     out = []
     for worker_id, beat in beats.items():
         for running in beat.running:
             parsed = parse_assignment_id(running) if running not in current else None
-            if parsed is None or parsed[0] not in endpoint_ids or parsed[0] in job_ids:
+            if parsed is None:
                 continue
-            work_id, _, epoch = parsed
-            command = StopWork(work_id=work_id, assignment_id=running, epoch=epoch, reason=STRAY_REASON)
+            head, _, epoch = parsed
+            if (endpoint := refs.get(head)) is not None:
+                tenant, work_id = endpoint.tenant, endpoint.endpoint_id
+            elif is_work_ref(head) or head not in legacy or head in job_ids:
+                continue
+            else:  # an id of before: its tenant only when one tenant has an endpoint of that id
+                owners = legacy[head]
+                tenant, work_id = owners[0].tenant if len(owners) == 1 else "", head
+            command = StopWork(
+                work_id=work_id,
+                assignment_id=running,
+                epoch=epoch,
+                reason=STRAY_REASON,
+                tenant=tenant,
+                work_kind="endpoint",
+            )
             out.append(Stop(worker_id, command, f"stop-{running}"))
     return out

@@ -7,6 +7,8 @@ drops a command whose epoch is older than the newest it has seen for that work.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from schemas._base import Event, Value
 from schemas.values import WorkKind
 
@@ -89,13 +91,22 @@ class StartWork(Event, tag="cmd.start_work", frozen=True, kw_only=True):
 
 
 class StopWork(Event, tag="cmd.stop_work", frozen=True, kw_only=True):
-    """Stop an assignment. With ``checkpoint`` the workload checkpoints first (preemption)."""
+    """Stop an assignment. With ``checkpoint`` the workload checkpoints first (preemption).
+
+    Attributes:
+        tenant / work_kind: whose work it stops: the agent stops the assignment only when they are
+            those of the ``start_work`` it runs (a tenant may choose another tenant's job id, and a
+            job and an endpoint may share one). Empty in stops sent before stops named them: the
+            agent then takes them from the assignment it runs.
+    """
 
     work_id: str
     assignment_id: str
     epoch: int
     reason: str
     checkpoint: bool = False
+    tenant: str = ""
+    work_kind: WorkKind | Literal[""] = ""
 
 
 class VerifyWorker(Event, tag="cmd.verify", frozen=True, kw_only=True):

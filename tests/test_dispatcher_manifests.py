@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from core.placement.placing import work_ref
 from core.workenv import workload_env
 from ops.dispatcher import names
 from ops.dispatcher.context import RenderContext
@@ -162,7 +163,8 @@ def test_a_process_job_is_one_pinned_indexed_job_per_shard_with_the_agents_envir
         assert main["command"] == ["python3", "run.py"] and "args" not in main
         expected = workload_env(d.command, "/work", gpu_indices=[])
         assert env_of(main) == expected
-        assert env_of(main)["RESONTECH_ASSIGNMENT_ID"] == f"{d.command.work_id}-s{d.command.slot}-e1"
+        ref = work_ref(d.command.tenant, "job", d.command.work_id)
+        assert env_of(main)["RESONTECH_ASSIGNMENT_ID"] == f"{ref}-s{d.command.slot}-e1"
     assert not [s for s in of_kind(objects, "Service")], "no rendezvous for a process job"
 
 

@@ -23,7 +23,7 @@ def node(name: str, *, ready: str = "True", ip: str = "10.0.0.1", **labels: str)
 
 
 def test_worker_ids_are_stable_subject_tokens_and_two_nodes_never_share_one() -> None:
-    assert worker_id_for("kc", "gpu-a") == "kc-gpu-a"
+    assert worker_id_for("kc", "gpu-a") == "kernel-kc-gpu-a"  # the kernel's namespace: no provider's
     dotted, dashed = worker_id_for("kc", "gpu.a"), worker_id_for("kc", "gpu-a")
     assert dotted != dashed and token(dotted) == dotted  # a dot is not a token character
     long = worker_id_for("kc", "n" * 253)
@@ -34,7 +34,7 @@ def test_worker_ids_are_stable_subject_tokens_and_two_nodes_never_share_one() ->
 def test_the_region_is_the_dispatchers_and_not_a_nodes_label() -> None:
     fleet = Fleet(Identity(cluster="kc", provider="p", region="eu-west"))
     [(worker_id, event)] = fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})])
-    assert worker_id == "kc-a" and event.region == "eu-west" and event.address == "10.0.0.1"
+    assert worker_id == "kernel-kc-a" and event.region == "eu-west" and event.address == "10.0.0.1"
     assert fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})]) != []  # not claimed yet
     fleet.registered[worker_id] = event
     assert fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})]) == []  # unchanged
@@ -43,11 +43,11 @@ def test_the_region_is_the_dispatchers_and_not_a_nodes_label() -> None:
 def test_only_ready_listed_unrefused_nodes_are_alive() -> None:
     fleet = Fleet(Identity(cluster="kc", provider="p"))
     fleet.update([node("a"), node("b", ready="False"), node("c", ready="Unknown"), node("d", ip="10.0.0.4")])
-    assert fleet.alive() == ["kc-a", "kc-d"]
-    fleet.refused["kc-d"] = "not enrolled"
-    assert fleet.alive() == ["kc-a"]
+    assert fleet.alive() == ["kernel-kc-a", "kernel-kc-d"]
+    fleet.refused["kernel-kc-d"] = "not enrolled"
+    assert fleet.alive() == ["kernel-kc-a"]
     fleet.update([node("b")])  # a and d vanished
-    assert fleet.alive() == ["kc-b"] and fleet.node_of("kc-a") is None
+    assert fleet.alive() == ["kernel-kc-b"] and fleet.node_of("kernel-kc-a") is None
 
 
 def test_a_node_address_that_is_not_an_ip_is_left_out() -> None:

@@ -66,7 +66,14 @@ def _settle(log: Log, workers: dict[str, WorkerRecord], since_s: int = 0, now_s:
 
 
 def _stop(a: Assignment, reason: str) -> Stop:
-    command = StopWork(work_id="j1", assignment_id=a.assignment_id, epoch=a.epoch, reason=reason)
+    command = StopWork(
+        work_id="j1",
+        assignment_id=a.assignment_id,
+        epoch=a.epoch,
+        reason=reason,
+        tenant="acme",
+        work_kind="job",
+    )
     return Stop(a.worker_id, command, f"gang-stop-{a.assignment_id}")
 
 

@@ -115,6 +115,8 @@ def test_preemption_revokes_each_job_victim_and_checkpoints_and_stops_it() -> No
         epoch=1,
         reason="preempted by acme/urgent",
         checkpoint=True,
+        tenant="acme",
+        work_kind="job",
     )
     revocation = recovery.revoked(held, "preempted by acme/urgent")
     sent = Stop("w1", stop, f"preempt-{held.assignment_id}")

@@ -12,7 +12,7 @@ import pytest
 
 from core.candidate_index import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
 from core.placement.explaining import explain
-from core.placement.placing import place
+from core.placement.placing import place, work_ref
 from core.placement.rules import FILTERS, in_maintenance
 from core.placement.values import Candidate, Placed, PlacementRequest, RankWeights, Unplaceable
 from core.pricing import list_price_micros
@@ -254,7 +254,8 @@ def test_assignments_are_deterministic_and_idempotent() -> None:
     fleet = [host(f"w{i}", uptime=0.9 + i / 100, util=(i % 3) / 10) for i in range(10)]
     req = request(work_id="job-7", slots=[2, 5], epoch=4)
     first = placed(place(req, fleet, now_ns=NOW))
-    assert [a.assignment_id for a in first.assignments] == ["job-7-s2-e4", "job-7-s5-e4"]
+    ref = work_ref("acme", "job", "job-7")
+    assert [a.assignment_id for a in first.assignments] == [f"{ref}-s2-e4", f"{ref}-s5-e4"]
     assert [(a.slot, a.epoch, a.gpus) for a in first.assignments] == [(2, 4, 1), (5, 4, 1)]
     for seed in range(5):
         shuffled = fleet[:]

@@ -30,7 +30,11 @@ PROV = Provenance(candidates=1)
 
 def _replica(slot: int, epoch: int, worker: str = "w1", endpoint: str = "e1") -> Assignment:
     return Assignment(
-        assignment_id=assignment_id(endpoint, slot, epoch), worker_id=worker, slot=slot, epoch=epoch, gpus=1
+        assignment_id=assignment_id(endpoint, slot, epoch, tenant="acme", kind="endpoint"),
+        worker_id=worker,
+        slot=slot,
+        epoch=epoch,
+        gpus=1,
     )
 
 
@@ -132,18 +136,31 @@ def test_replicas_a_worker_still_runs_but_are_no_longer_current_are_stopped() ->
         stale.assignment_id,
         current.assignment_id,
         deleted.assignment_id,  # its endpoint was deleted: stopped too
-        assignment_id("job7", 0, 1),  # no endpoint's: not ours to stop
-        assignment_id("e1", 3, 9),  # a slot e1 never had at this epoch
+        assignment_id("job7", 0, 1, tenant="acme", kind="job"),  # no endpoint's: not ours to stop
+        assignment_id("e1", 0, 1, tenant="acme", kind="job"),  # a job of the same id: not ours either
+        assignment_id("e1", 0, 1, tenant="other", kind="endpoint"),  # another tenant's: not one we know
+        assignment_id("e1", 3, 9, tenant="acme", kind="endpoint"),  # a slot e1 never had at this epoch
+        "e1-s4-e9",  # an id stored before ids named their tenant: e1's as long as no job is e1
         "not-an-assignment",
     ]
     beats = {"w1": LastBeat(seq=1, time_ns=0, interval_s=1.0, running=running)}
     stops = replica_upkeep.stray_stops(beats, state, job_ids=set(), current=live)
-    expected = [stale.assignment_id, deleted.assignment_id, assignment_id("e1", 3, 9)]
+    e1_s3 = assignment_id("e1", 3, 9, tenant="acme", kind="endpoint")
+    expected = [stale.assignment_id, deleted.assignment_id, e1_s3, "e1-s4-e9"]
     assert [s.command.assignment_id for s in stops] == expected
     assert stops[0] == Stop(
         "w1",
-        StopWork(work_id="e1", assignment_id=stale.assignment_id, epoch=1, reason="replica retired"),
+        StopWork(
+            work_id="e1",
+            assignment_id=stale.assignment_id,
+            epoch=1,
+            reason="replica retired",
+            tenant="acme",
+            work_kind="endpoint",
+        ),
         f"stop-{stale.assignment_id}",
     )
+    assert stops[3].command.tenant == "acme"  # the only tenant with an endpoint e1
     spared = replica_upkeep.stray_stops(beats, state, job_ids={"e1"}, current=live)
-    assert [s.command.work_id for s in spared] == ["e2"]  # a job e1 may run e1-s3-e9: never stopped here
+    # a job e1 may run e1-s4-e9 (an id of before): never stopped here; ids of now say their kind
+    assert [s.command.assignment_id for s in spared] == [stale.assignment_id, deleted.assignment_id, e1_s3]

@@ -1,8 +1,22 @@
 """The decision: filter and rank every candidate, then choose the gang (every slot or none), with
-the assignment ids it gives."""
+the assignment ids it gives.
+
+Assignment ids are the kernel's own, never a tenant's choice: tenants choose their job and endpoint
+ids, and two tenants (or a job and an endpoint of one tenant) may choose the same one. Every key the
+kernel and the agents act on (commands and their dedupe ids, starts remembered, the agent's epochs
+and work directories, meter subjects, rate buckets) derives from the assignment id, so the id names
+its tenant and kind too: ``<k><digest>-s<slot>-e<epoch>``, where ``k`` is ``j`` (job) or ``e``
+(endpoint) and ``digest`` is 128 bits of BLAKE2b over ``(kind, tenant, work_id)``
+(:func:`work_ref`). It is deterministic (a retried decision appends the same ids), 1-57 characters
+of ``[a-z0-9-]`` (a subject token, a file name and a Kubernetes label value as it is). Ids stored
+before (``<work_id>-s<slot>-e<epoch>``) keep their shape in the log; :func:`parse_assignment_id`
+reads both.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -20,7 +34,7 @@ from core.placement.values import (
     RankWeights,
     Unplaceable,
 )
-from schemas.values import Assignment, Provenance
+from schemas.values import Assignment, Provenance, WorkKind
 
 if TYPE_CHECKING:
     from core.candidate_index import CandidateIndex
@@ -46,8 +60,8 @@ def place(
             ``filtered`` counts are coarser (see the class).
 
     Returns:
-        :class:`Placed` with one assignment per slot, ids ``f"{work_id}-s{slot}-e{epoch}"`` (a
-        retried decision appends the same ids), or :class:`Unplaceable`.
+        :class:`Placed` with one assignment per slot, ids :func:`assignment_id` (a retried decision
+        appends the same ids), or :class:`Unplaceable`.
     """
     if index is not None:
         return index.place(request, weights, now_ns=now_ns)
@@ -87,7 +101,9 @@ def gang(
         rnd += 1
     assignments = [
         Assignment(
-            assignment_id=assignment_id(request.work_id, slot, request.epoch),
+            assignment_id=assignment_id(
+                request.work_id, slot, request.epoch, tenant=request.tenant, kind=request.kind
+            ),
             worker_id=worker_id,
             slot=slot,
             epoch=request.epoch,
@@ -102,14 +118,38 @@ def gang(
 
 
 _ASSIGNMENT_ID = re.compile(r"^(.+)-s([0-9]+)-e([0-9]+)$")
+_KIND_LETTER: dict[WorkKind, str] = {"job": "j", "endpoint": "e"}
+_REF_DIGEST_BYTES = 16
+"""128 bits: no two (tenant, kind, work id) share a reference, even when one party picks ids to try."""
+_REF = re.compile(r"^[je][0-9a-f]{32}$")
 
 
-def assignment_id(work_id: str, slot: int, epoch: int) -> str:
-    """The id of the assignment of ``slot`` of ``work_id`` at ``epoch``: ``<work_id>-s<slot>-e<epoch>``."""
-    return f"{work_id}-s{slot}-e{epoch}"
+@functools.lru_cache(maxsize=65_536)  # the coordinator asks about every live endpoint each step
+def work_ref(tenant: str, kind: WorkKind, work_id: str) -> str:
+    """The kernel's name of one job or endpoint, unique across tenants and kinds: ``j`` or ``e`` and
+    32 hex digits of BLAKE2b-128 over the three parts, each length-prefixed (so no two different
+    triples join to the same bytes)."""
+    h = hashlib.blake2b(digest_size=_REF_DIGEST_BYTES, person=b"resontech-work")
+    for part in (kind, tenant, work_id):
+        raw = part.encode()
+        h.update(len(raw).to_bytes(4, "big") + raw)
+    return f"{_KIND_LETTER[kind]}{h.hexdigest()}"
+
+
+def assignment_id(work_id: str, slot: int, epoch: int, *, tenant: str, kind: WorkKind) -> str:
+    """The id of the assignment of ``slot`` of ``tenant``'s ``kind`` ``work_id`` at ``epoch``:
+    ``<work_ref>-s<slot>-e<epoch>`` (:func:`work_ref`)."""
+    return f"{work_ref(tenant, kind, work_id)}-s{slot}-e{epoch}"
 
 
 def parse_assignment_id(value: str) -> tuple[str, int, int] | None:
-    """``(work_id, slot, epoch)`` of an :func:`assignment_id`, or ``None`` for another shape."""
+    """``(head, slot, epoch)`` of an assignment id, or ``None`` for another shape. ``head`` is the
+    :func:`work_ref` of an :func:`assignment_id`, or the work id itself in an id stored before
+    assignment ids were scoped (``<work_id>-s<slot>-e<epoch>``): :func:`is_work_ref` tells which."""
     match = _ASSIGNMENT_ID.match(value)
     return None if match is None else (match[1], int(match[2]), int(match[3]))
+
+
+def is_work_ref(head: str) -> bool:
+    """Whether ``head`` (of :func:`parse_assignment_id`) has the shape of a :func:`work_ref`."""
+    return bool(_REF.match(head))

@@ -52,6 +52,7 @@ from schemas.api.endpoints import (
 )
 from schemas.api.jobs import TenantQuery
 from schemas.endpoints import EndpointDeleted, EndpointDeployed, EndpointScaled
+from schemas.values import WorkKind
 
 router = Router("endpoints")
 CHANGE_ATTEMPTS = 5
@@ -305,5 +306,6 @@ async def delete_endpoint(call: Call[None, TenantQuery]) -> Response:
     endpoint, status = await _change(call, endpoint, decide)
     live = [replica for replica in endpoint.replicas.values() if replica.state != "lost"]
     reason = f"endpoint deleted by {endpoint.deleted_by}"
-    await stop_work(call, endpoint.endpoint_id, live, reason, "delete")
+    work: tuple[str, WorkKind, str] = (endpoint.tenant, "endpoint", endpoint.endpoint_id)
+    await stop_work(call, work, live, reason, "delete")
     return respond(None, 204 if status == 200 else status)

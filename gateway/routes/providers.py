@@ -39,6 +39,7 @@ from projections.providers import (
     ProviderRecord,
     ProvidersState,
     enrolled_provider,
+    enrollment_refusal,
     find_token,
     token_status,
 )
@@ -379,8 +380,12 @@ def usable_token(state: ProvidersState, presented: str) -> tuple[ProviderRecord,
 
 
 def check_worker(call: Call[Enroll, None], provider: str) -> None:
-    """409 unless ``worker_id`` is free for ``provider``: not enrolled, not registered by another."""
+    """409 unless ``worker_id`` is free for ``provider``: not the kernel's own, not enrolled, not
+    registered by another (:func:`projections.providers.enrollment_refusal`)."""
     worker_id = call.body.worker_id
+    refusal = enrollment_refusal(providers(call), provider, worker_id, by_kernel=False)
+    if refusal is not None:
+        raise ApiError(409, *refusal)
     if enrolled_provider(providers(call), worker_id) is not None:
         raise ApiError(
             409,
@@ -404,7 +409,7 @@ def check_worker(call: Call[Enroll, None], provider: str) -> None:
     errors={
         401: "malformed, unknown, revoked or expired enrollment token",
         403: "the token (a managed or private pool's) is not approved yet (token_not_approved)",
-        409: "the token was already used, or the worker id is taken",
+        409: "the token was already used, or the worker id is taken or the kernel's own",
     },
 )
 async def enroll_agent(call: Call[Enroll, None]) -> Enrolled:

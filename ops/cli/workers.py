@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.identity import worker_id
-from core.errors import ConcurrencyConflict, NotFound
+from core.errors import ConcurrencyConflict, EnrollmentRefused, NotFound
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import provider_subject, token, worker_subject
 from ops.process import run_async
+from projections import PROVIDERS
+from projections.providers import enrollment_refusal
+from projections.runner import rebuild
 from schemas._base import Event
 from schemas.providers import AgentEnrolled, EnrollmentTokenApproved, EnrollmentTokenIssued, ProviderCreated
 from schemas.workers import WorkerCordoned, WorkerUncordoned
@@ -51,8 +54,18 @@ async def enroll_kernel_agent(
 ) -> None:
     """Record the enrollment of ``worker_id`` as the operator: the provider (created if missing), a
     token naming the pool, region and owner tenant (approved at once: the operator vouches), and the
-    agent enrolled with it, without NATS credentials (it uses the kernel's). Idempotent by worker."""
+    agent enrolled with it, without NATS credentials (it uses the kernel's). Idempotent by worker.
+
+    Raises:
+        EnrollmentRefused: another provider holds ``worker_id`` live (a provider's agent enrolled it
+            first): never taken over silently (:func:`projections.providers.enrollment_refusal`;
+            the fold ignores a second holder's enrollment all the same).
+    """
     token(worker_id, "worker id")
+    state, _ = await rebuild(event_log, PROVIDERS)
+    refusal = enrollment_refusal(state, provider, worker_id, by_kernel=True)
+    if refusal is not None:
+        raise EnrollmentRefused(refusal[1])
     created = ProviderCreated(display_name=provider, created_by=by)
     with contextlib.suppress(ConcurrencyConflict):  # it exists
         await event_log.append(

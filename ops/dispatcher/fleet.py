@@ -1,8 +1,10 @@
 """A cluster's nodes as the kernel's workers: who they are, which are alive, and their registration.
 
-Each node becomes one worker whose id is :func:`worker_id_for` (the cluster's name and the node's,
-stable across restarts, one subject token). The dispatcher enrolls it as the operator's own (the
-dispatcher is the operator's component: :func:`ops.cli.workers.enroll_kernel_agent`, with the
+Each node becomes one worker whose id is :func:`worker_id_for` (``kernel-``, the cluster's name and
+the node's, stable across restarts, one subject token: in the kernel's namespace, which no provider's
+agent may enroll, :data:`projections.providers.KERNEL_WORKER_PREFIX`). The dispatcher enrolls it as
+the operator's own (the dispatcher is the operator's component:
+:func:`ops.cli.workers.enroll_kernel_agent`, refused when another provider holds the id, with the
 provider, pool, region and owner tenant of the dispatcher's configuration) and then claims its
 registration on the intake, as an agent does: the intake checks the claim against that enrollment
 and stores the kernel's ``worker.registered``. A node whose facts change (GPUs added, a new label)
@@ -24,6 +26,7 @@ from typing import Any
 from core.errors import InvalidInput
 from ops.dispatcher.names import digest
 from ops.dispatcher.nodes import NodeWorker, node_worker, registration
+from projections.providers import KERNEL_WORKER_PREFIX
 from schemas.values import Pool
 from schemas.workers import WorkerRegistered
 
@@ -51,10 +54,10 @@ class Identity:
 
 
 def worker_id_for(cluster: str, node: str) -> str:
-    """The worker id of ``node``: ``<cluster>-<node>`` with every character a subject token may not
-    hold as ``-``, and a digest of the exact name when anything was changed or cut (two nodes never
-    share an id)."""
-    plain = f"{cluster}-{node}"
+    """The worker id of ``node``: ``kernel-<cluster>-<node>`` with every character a subject token may
+    not hold as ``-``, and a digest of the exact name when anything was changed or cut (two nodes
+    never share an id). The prefix puts it where no provider can enroll it first."""
+    plain = f"{KERNEL_WORKER_PREFIX}{cluster}-{node}"
     safe = _UNSAFE.sub("-", plain)
     if safe == plain and len(safe) <= MAX_ID:
         return safe

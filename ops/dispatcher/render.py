@@ -114,8 +114,8 @@ def job_commands(
     workers = {f"w-{n}": _worker(n) for n in placed}
     assignments = {
         str(slot): Assignment(
-            assignment_id=assignment_id(job_id, slot, 1), worker_id=f"w-{node}", slot=slot, epoch=1,
-            gpus=spec.resources.gpus,
+            assignment_id=assignment_id(job_id, slot, 1, tenant=tenant, kind="job"), worker_id=f"w-{node}",
+            slot=slot, epoch=1, gpus=spec.resources.gpus,
         )
         for slot, node in enumerate(placed)
     }  # fmt: skip
@@ -175,8 +175,8 @@ def endpoint_commands(
     for slot in range(count):
         node = nodes[slot % len(nodes)]
         replica = ReplicaRecord(
-            assignment_id=assignment_id(endpoint_id, slot, 1), worker_id=f"w-{node}", slot=slot, epoch=1,
-            gpus=gpus,
+            assignment_id=assignment_id(endpoint_id, slot, 1, tenant=tenant, kind="endpoint"),
+            worker_id=f"w-{node}", slot=slot, epoch=1, gpus=gpus,
         )  # fmt: skip
         dispatches.append(Dispatch(start_command(endpoint, replica, "unverified", downloads), node))
     return dispatches

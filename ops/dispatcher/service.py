@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.commands import admit, command_id, take_commands
+from agent.commands import admit, command_id, stops, take_commands
 from agent.heartbeat import append_reliably
 from agent.state import CommandState
-from core.errors import ResontechError
+from core.errors import EnrollmentRefused, ResontechError
 from core.log import EventLog
 from core.reports import Append, rejected, start_failed
 from core.streams import heartbeat_subject, intake_subject, worker_subject
@@ -172,10 +172,15 @@ class Dispatcher:
     async def _register(self, worker_id: str, event: WorkerRegistered) -> None:
         i = self.fleet.identity
         if worker_id not in self.fleet.registered:
-            await enroll_kernel_agent(
-                self.log, worker_id, provider=i.provider, pool=i.pool, region=i.region,
-                owner_tenant=i.owner_tenant, by=f"dispatcher {i.cluster}",
-            )  # fmt: skip
+            try:
+                await enroll_kernel_agent(
+                    self.log, worker_id, provider=i.provider, pool=i.pool, region=i.region,
+                    owner_tenant=i.owner_tenant, by=f"dispatcher {i.cluster}",
+                )  # fmt: skip
+            except EnrollmentRefused as exc:  # another holds the id: the node takes no work as it
+                self.fleet.refused[worker_id] = exc.message
+                log.error("node worker %s not enrolled: %s", worker_id, exc.message)
+                return
         await self.log.append(intake_subject(worker_id, worker_subject(worker_id, event)), event)
         self.fleet.registered[worker_id] = event
         log.info("node %s registered as worker %s", event.labels.get("kubernetes_node"), worker_id)
@@ -214,12 +219,12 @@ class Dispatcher:
 
     async def _work(self, worker_id: str, cmd: StartWork | StopWork, cmd_id: str) -> None:
         here = self.held.get(cmd.assignment_id)
-        admission = admit(self.commands, cmd_id, cmd, running_epoch=here.cmd.epoch if here else None)
+        admission = admit(self.commands, cmd_id, cmd, here=here.cmd if here else None)
         if admission != "run":
             log.info("command %s for %s: %s, skipped", cmd_id, cmd.assignment_id, admission)
         elif isinstance(cmd, StartWork):
             await self.start(worker_id, cmd)
-        elif here is not None and here.cmd.epoch == cmd.epoch:
+        elif here is not None and stops(cmd, here.cmd):  # another tenant's work is never stopped
             log.info("stopping %s (%s)", cmd.assignment_id, cmd.reason)
             await self.rounds.forget(here, final=[])
         else:
