@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metering", dest="metering_interval_s", type=float, metavar="S", help="seconds (10.0)")
     p.add_argument("--stop-grace", dest="stop_grace_s", type=float, metavar="S", help="SIGTERM->SIGKILL (10)")
     p.add_argument("--state-dir", help="state directory (default <data dir>/agents/<name>)")
-    p.add_argument("--work-dir", help="per-assignment working dirs (default <state dir>/work)")
+    p.add_argument("--work-dir", help="per-assignment working dirs (default <state dir>.work, beside it)")
     p.add_argument(
         "--devices", dest="device_source", choices=("nvml", "simulated"), help="GPU source (default nvml)"
     )

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import msgspec
 
@@ -22,6 +21,7 @@ from agent import reports
 from agent.checkpoints import CheckpointUploads
 from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, ReadyLine, parse_line
 from agent.reports import Append
+from core.files import TenantTree
 from schemas.commands import StartWork
 
 log = logging.getLogger("resontech.agent")
@@ -31,14 +31,15 @@ Report = ProgressLine | CheckpointLine | ReadyLine
 async def forward_reports(
     cmd: StartWork,
     lines: AsyncIterator[str],
-    checkpoint_folder: Path,
+    checkpoint_folder: TenantTree | None,
     emit: Callable[[list[Append]], Awaitable[bool]],
     gpu_util: Callable[[], float | None],
 ) -> None:
     """Turn the workload's ``lines`` into reports for ``cmd`` and ``emit`` them, until the lines end.
 
     Args:
-        checkpoint_folder: the workload's ``$RESONTECH_CHECKPOINT_DIR``.
+        checkpoint_folder: the workload's ``$RESONTECH_CHECKPOINT_DIR``, held by an fd taken before
+            the workload started (``None``: file checkpoints are refused).
         gpu_util: the assignment's GPU utilisation now, for progress that does not say it.
     """
     uploads = CheckpointUploads(checkpoint_folder, cmd.spec.checkpoint_urls, cmd.assignment_id)

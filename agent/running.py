@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from agent.reports import EndCause, Meter
 from agent.runtimes.base import Workload
+from core.files import TenantTree
 from schemas.commands import StartWork
 from schemas.values import Gpu
 
@@ -23,6 +24,8 @@ class Running:
         vram_mb: the VRAM it claims, for the policy's VRAM fraction.
         cause: why it ends; ``exited`` unless the agent stops it (see :mod:`agent.reports`).
         task: the task that supervises it.
+        checkpoints: its checkpoint folder, held since before it started (its files are read only
+            beneath this fd: :class:`core.files.TenantTree`).
     """
 
     cmd: StartWork
@@ -32,6 +35,7 @@ class Running:
     vram_mb: int
     cause: EndCause = "exited"
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    checkpoints: TenantTree | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -98,9 +102,11 @@ class Assignments:
         return by_index.get(indices[0], "") if indices else ""
 
     def superseded_by(self, cmd: StartWork) -> list[Running | Preparing]:
-        """Assignments of the same work and slot with an older epoch than ``cmd``."""
+        """Assignments of the same work (tenant, kind and id: two tenants may share a work id) and
+        slot with an older epoch than ``cmd``."""
+        work = (cmd.tenant, cmd.work_kind, cmd.work_id, cmd.slot)
         return [
             r
             for r in self._all()
-            if r.cmd.work_id == cmd.work_id and r.cmd.slot == cmd.slot and r.cmd.epoch < cmd.epoch
+            if (r.cmd.tenant, r.cmd.work_kind, r.cmd.work_id, r.cmd.slot) == work and r.cmd.epoch < cmd.epoch
         ]

@@ -49,7 +49,8 @@ from typing import Any
 import msgspec
 
 from agent import host, reports
-from agent.commands import admit, admit_once, command_id, take_commands
+from agent.checkpoints import hold_checkpoints
+from agent.commands import admit, admit_once, command_id, stops, take_commands, work_of
 from agent.devices import DeviceSource
 from agent.downloads import fetch_all
 from agent.forwarding import forward_reports
@@ -59,8 +60,8 @@ from agent.identity import StateDirLock, owner_only, worker_id
 from agent.policy import decide, requested_vram_mb
 from agent.reports import Append, Meter
 from agent.running import Assignments, Preparing, Running
-from agent.runtimes import RUNTIMES, Runtime, StartFailed, checkpoint_dir, workload_env
-from agent.runtimes.process import cgroup_name, reap_orphans, started_dirs
+from agent.runtimes import RUNTIMES, Runtime, StartFailed, workload_env
+from agent.runtimes.process import cgroup_name, fresh_workdir, reap_orphans, started_dirs
 from agent.runtimes.vllm import VllmRuntime, engine_env
 from agent.runtimes.warm import WarmEngines, remove_leftovers
 from agent.settings import AgentSettings
@@ -270,13 +271,13 @@ class Agent:
     async def _handle_work(self, cmd: StartWork | StopWork, cmd_id: str) -> None:
         a = self._assignments
         here = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
-        admission = admit(self._state, cmd_id, cmd, running_epoch=here.cmd.epoch if here else None)
+        admission = admit(self._state, cmd_id, cmd, here=here.cmd if here else None)
         if admission == "duplicate":
             log.info("command %s already handled; skipped", cmd_id)
         elif admission == "stale":
             log.warning(
                 "dropped stale command %s for %s: epoch %d < %d",
-                cmd_id, cmd.work_id, cmd.epoch, self._state.epoch(cmd.work_id),
+                cmd_id, cmd.work_id, cmd.epoch, self._state.epoch(work_of(cmd, here.cmd if here else None)),
             )  # fmt: skip
         elif isinstance(cmd, StartWork):
             await self._start(cmd)
@@ -305,6 +306,7 @@ class Agent:
         cmd = prep.cmd
         workdir = self.work_dir / cmd.assignment_id
         try:
+            await asyncio.to_thread(fresh_workdir, workdir)  # nothing an earlier run left is written through
             prep.fetch = asyncio.create_task(fetch_all(cmd.spec.downloads, workdir))
             await asyncio.wait([prep.fetch])
             if prep.cause != "exited":  # dropped while fetching: it never starts
@@ -313,7 +315,12 @@ class Agent:
                 return
             prep.fetch.result()
             env = workload_env(cmd, workdir, gpu_indices=prep.gpu_indices)
-            workload = await self._runtime(cmd.spec.runtime).start(self._spec_here(cmd), workdir, env)
+            checkpoints = await asyncio.to_thread(hold_checkpoints, workdir)
+            try:
+                workload = await self._runtime(cmd.spec.runtime).start(self._spec_here(cmd), workdir, env)
+            except BaseException:
+                checkpoints.close()
+                raise
         except StartFailed as exc:
             self._forget(cmd)
             log.info("%s could not start: %s", cmd.assignment_id, exc.message)
@@ -321,7 +328,7 @@ class Agent:
             return
         meter = Meter(cmd, worker_id=self.worker_id, start_ms=now_ms())
         running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=prep.gpu_indices,
-                          vram_mb=prep.vram_mb, cause=prep.cause)  # fmt: skip
+                          vram_mb=prep.vram_mb, cause=prep.cause, checkpoints=checkpoints)  # fmt: skip
         self._assignments.preparing.pop(cmd.assignment_id, None)
         self._assignments.by_id[cmd.assignment_id] = running
         log.info("started %s (%s %s, pid %s)", cmd.assignment_id, cmd.work_kind, cmd.work_id, workload.pid)
@@ -397,8 +404,9 @@ class Agent:
     def _stop(self, cmd: StopWork) -> None:
         a = self._assignments
         running = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
-        if running is None or running.cmd.epoch != cmd.epoch:
-            log.info("stop for %s (epoch %d): not running here", cmd.assignment_id, cmd.epoch)
+        if running is None or not stops(cmd, running.cmd):  # another tenant's work is never stopped
+            log.info("stop for %s (epoch %d, %s %s/%s): not running here",
+                     cmd.assignment_id, cmd.epoch, cmd.work_kind, cmd.tenant, cmd.work_id)  # fmt: skip
             return
         grace = (
             self.settings.stop_grace_s if cmd.checkpoint else min(QUICK_STOP_S, self.settings.stop_grace_s)
@@ -432,7 +440,7 @@ class Agent:
         def gpu_util() -> float | None:
             return self._gpu_util(running.gpu_indices) if running.gpu_indices else None
 
-        folder = checkpoint_dir(self.work_dir / running.cmd.assignment_id)
+        folder = running.checkpoints
         await forward_reports(running.cmd, running.workload.lines(), folder, self._emit, gpu_util)
 
     async def _verify(self, cmd: VerifyWorker) -> None:
@@ -455,6 +463,8 @@ class Agent:
 
     async def _finish(self, running: Running, code: int) -> None:
         cmd = running.cmd
+        if running.checkpoints is not None:
+            running.checkpoints.close()
         self._assignments.by_id.pop(cmd.assignment_id, None)
         self._state.running.pop(cmd.assignment_id, None)
         self._state.save()

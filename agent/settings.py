@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from core.clock import MAX_BEAT_INTERVAL_S
 from core.errors import ConfigError
 
 PREFIX = "RESONTECH_AGENT_"
@@ -33,7 +34,8 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
         name: the agent's local name (default: the host name, made token-safe); names its state dir.
         state_dir: where the worker id, handled command ids and epochs live
             (default ``<data dir>/agents/<name>``).
-        work_dir: per-assignment working directories (default ``<state_dir>/work``).
+        work_dir: per-assignment working directories (default :func:`default_work_dir`: beside the
+            state dir, never in it; the two trees may not overlap).
         provider: the provider that owns the host and is paid for it (default ``local``).
         region: a free-form region label used for geo affinity (default empty).
         address: the address other hosts reach this one at, registered for the rendezvous of
@@ -88,6 +90,16 @@ def default_name() -> str:
     return cleaned or "agent"
 
 
+def default_work_dir(state_dir: Path) -> Path:
+    """The default root of the workloads' working directories: ``<state_dir>.work``, beside the
+    state dir. Never inside it: a workload's tree holds what tenant code wrote (and links it planted),
+    the state dir the agent's NATS credentials and its commands; ``..`` from one never reaches the
+    other, and neither is a sub-tree of the other (agent names hold no ``.``, so no agent's state dir
+    is called ``<name>.work``)."""
+    absolute = state_dir.absolute()
+    return absolute.parent / f"{absolute.name or 'agent'}.work"
+
+
 def load_agent_settings(
     data_dir: Path,
     overrides: Mapping[str, Any] | None = None,
@@ -114,10 +126,16 @@ def load_agent_settings(
             raw[name] = _convert(f"--{name.replace('_', '-')}", value, _FIELDS[name].type)
     raw.setdefault("name", default_name())
     raw.setdefault("state_dir", str(data_dir / "agents" / raw["name"]))
-    raw.setdefault("work_dir", str(Path(raw["state_dir"]) / "work"))
+    raw.setdefault("work_dir", str(default_work_dir(Path(raw["state_dir"]))))
     settings = msgspec.convert(raw, AgentSettings)
     _check(settings)
     return settings
+
+
+def overlap(a: Path, b: Path) -> bool:
+    """Whether one of two folders is the other or inside it (compared as absolute, resolved paths)."""
+    a, b = a.absolute().resolve(), b.absolute().resolve()
+    return a.is_relative_to(b) or b.is_relative_to(a)
 
 
 def _convert(key: str, value: Any, tp: Any) -> Any:
@@ -145,10 +163,14 @@ def _check(s: AgentSettings) -> None:
     if s.pool in ("managed", "private") and not s.owner_tenant:
         raise ConfigError(f"{PREFIX}OWNER_TENANT is required for a {s.pool} pool worker")
     for name in ("heartbeat_interval_s", "metering_interval_s"):
-        if not 0 < getattr(s, name) <= 3600:
-            raise ConfigError(f"{PREFIX}{name.upper()} must be between 0 and 3600 seconds")
+        if not 0 < getattr(s, name) <= MAX_BEAT_INTERVAL_S:  # a longer beat is refused by the kernel
+            raise ConfigError(f"{PREFIX}{name.upper()} must be between 0 and {MAX_BEAT_INTERVAL_S:g} seconds")
     if s.stop_grace_s < 0:
         raise ConfigError(f"{PREFIX}STOP_GRACE_S must not be negative")
+    if overlap(Path(s.state_dir), Path(s.work_dir)):  # workloads' trees never hold the agent's state
+        raise ConfigError(
+            f"{PREFIX}WORK_DIR {s.work_dir!r} and {PREFIX}STATE_DIR {s.state_dir!r} must be separate trees"
+        )
     if s.simulated_gpus < 0 or s.simulated_vram_mb <= 0:
         raise ConfigError(f"{PREFIX}SIMULATED_GPUS / SIMULATED_VRAM_MB must be positive")
     if s.unsandboxed and (s.pool == "shared" or not s.owner_tenant):

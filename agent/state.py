@@ -3,11 +3,20 @@
 * handled command ids (the newest :data:`MAX_HANDLED`): a command is executed at most once, even
   when the work queue delivers it again (a restart before its ack, a retry after the server's
   duplicate window);
-* the highest assignment epoch seen per work id (the newest :data:`MAX_EPOCHS` work ids): a command
-  of an older epoch is stale and dropped;
-* the assignments running now, so that after a crash the agent reports them failed (retryable).
+* the highest assignment epoch seen per work (the newest :data:`MAX_EPOCHS` works, each by its
+  tenant, kind and id: :func:`agent.commands.work_key`): a command of an older epoch is stale and
+  dropped;
+* the assignments running now, so that after a crash the agent reports them failed (retryable): only
+  what that report needs (:func:`recovery_record`), never a command's secrets. An entry goes the
+  moment its assignment ends (or never starts).
 
-The file is replaced atomically (write, fsync, rename) after every change.
+The file is replaced atomically (write, fsync, rename) after every change, owner-readable only.
+
+What it never holds: a ``StartWork``'s environment (a tenant's secrets), its presigned download,
+resume and checkpoint URLs, its command or rendezvous. An agent that restarts runs none of its
+interrupted assignments again: it reports them failed (retryable) and the kernel places them anew,
+with fresh URLs in a fresh command, so nothing of a command is needed across a restart. A file an
+older agent wrote with whole commands in it is cut down when read, and rewritten at the recovery.
 """
 
 from __future__ import annotations
@@ -19,11 +28,20 @@ import msgspec
 
 from core.errors import ConfigError
 from core.files import write_private
-from schemas.commands import StartWork
+from schemas.commands import StartWork, WorkSpec
 
 STATE_FILE = "commands.json"
 MAX_HANDLED = 4096
 MAX_EPOCHS = 4096
+
+
+def recovery_record(cmd: StartWork) -> StartWork:
+    """What the agent keeps of a running ``cmd`` across a crash: whose assignment it is (tenant,
+    work, kind, assignment id, slot, epoch) and its runtime, which is all its end report needs
+    (:func:`core.reports.ended`). The spec's environment, URLs, command and rendezvous are dropped:
+    they are another tenant's secrets as far as any other workload on this host is concerned."""
+    spec = WorkSpec(runtime=cmd.spec.runtime, gpus=cmd.spec.gpus, cpus=cmd.spec.cpus, shards=cmd.spec.shards)
+    return msgspec.structs.replace(cmd, spec=spec)
 
 
 class _Stored(msgspec.Struct, kw_only=True):
@@ -59,12 +77,13 @@ class CommandState:
             raise ConfigError(f"agent state file {state.path} is unreadable: {exc}") from None
         state._handled = OrderedDict.fromkeys(stored.handled[-state.max_handled :])
         state._epochs = OrderedDict(list(stored.epochs.items())[-state.max_epochs :])
-        state.running = dict(stored.running)
+        state.running = {k: recovery_record(cmd) for k, cmd in stored.running.items()}
         return state
 
     def save(self) -> None:
-        """Write the state to disk, atomically."""
-        stored = _Stored(handled=list(self._handled), epochs=dict(self._epochs), running=self.running)
+        """Write the state to disk, atomically (running assignments as :func:`recovery_record`)."""
+        running = {k: recovery_record(cmd) for k, cmd in self.running.items()}
+        stored = _Stored(handled=list(self._handled), epochs=dict(self._epochs), running=running)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_private(self.path, msgspec.json.encode(stored))
 
@@ -79,7 +98,7 @@ class CommandState:
             self._handled.popitem(last=False)
 
     def epoch(self, work_id: str) -> int:
-        """The highest epoch seen for ``work_id`` (0 if none)."""
+        """The highest epoch seen for ``work_id`` (a work key, 0 if none)."""
         return self._epochs.get(work_id, 0)
 
     def observe(self, work_id: str, epoch: int) -> bool:

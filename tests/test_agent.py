@@ -160,7 +160,7 @@ async def test_start_work_runs_reports_progress_completes_and_meters(
     assert all((t.tier, t.pool, t.provider, t.epoch) == ("unverified", "shared", "local", 1) for t in ticks)
     assert all(a.end_ms == b.start_ms for a, b in itertools.pairwise(ticks))  # contiguous
     assert 1200 <= ticks[-1].end_ms - ticks[0].start_ms <= 4000
-    log_txt = (agent.state_dir / "work" / "j1-s0-e1" / "log.txt").read_text()
+    log_txt = (agent.work_dir / "j1-s0-e1" / "log.txt").read_text()
     assert "hello from the workload" in log_txt
 
 
@@ -200,7 +200,7 @@ async def test_stale_epoch_and_duplicate_commands_are_not_run(
     )
     started = [e.assignment_id for e in of(jobs, JobStarted)]
     assert started == ["j1-e2", "j2-e1"]
-    work = agent.state_dir / "work"
+    work = agent.work_dir
     assert (work / "j1-e2" / "runs.txt").read_text() == "run\n" and not (work / "j1-e1").exists()
 
 
@@ -239,7 +239,7 @@ async def test_policy_rejects_a_tenant_with_the_reason(
 
 
 def pid_of(agent: AgentProcess, assignment_id: str) -> int:
-    return int((agent.state_dir / "work" / assignment_id / "pid").read_text())
+    return int((agent.work_dir / assignment_id / "pid").read_text())
 
 
 def alive(pid: int) -> bool:
@@ -255,9 +255,7 @@ async def test_stop_work_cancels_a_running_sleep(log: EventLog, agents: Callable
     worker_id = await registered(log, agent)
     await send(log, worker_id, start_work(["sleep", "60"]))
     await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
-    pid = await until(
-        lambda: (agent.state_dir / "work/j1-s0-e1/pid").exists() and pid_of(agent, "j1-s0-e1"), "pid"
-    )
+    pid = await until(lambda: (agent.work_dir / "j1-s0-e1/pid").exists() and pid_of(agent, "j1-s0-e1"), "pid")
     assert alive(pid)
     await wait_records(
         log, "HEARTBEATS", lambda rs: any(r.event.running == ["j1-s0-e1"] for r in rs), "a beat with it"
@@ -294,7 +292,7 @@ async def test_stop_with_checkpoint_lets_the_workload_checkpoint(
     agent = agents("preempt")
     worker_id = await registered(log, agent)
     await send(log, worker_id, start_work(py(CHECKPOINT_ON_SIGTERM)))
-    log_txt = agent.state_dir / "work" / "j1-s0-e1" / "log.txt"
+    log_txt = agent.work_dir / "j1-s0-e1" / "log.txt"
     await until(lambda: log_txt.exists() and "ready" in log_txt.read_text(), "the workload is ready")
     await send(
         log,
@@ -334,7 +332,7 @@ async def test_work_placed_in_place_of_a_preempted_assignment_waits_for_its_chec
     agent = agents("handover", "--devices", "simulated", env={"RESONTECH_AGENT_SIMULATED_GPUS": "1"})
     worker_id = await registered(log, agent)
     await send(log, worker_id, start_work(py(SLOW_CHECKPOINT_ON_SIGTERM), gpus=1))
-    log_txt = agent.state_dir / "work" / "j1-s0-e1" / "log.txt"
+    log_txt = agent.work_dir / "j1-s0-e1" / "log.txt"
     await until(lambda: log_txt.exists() and "ready" in log_txt.read_text(), "j1 is ready")
     stop = StopWork(work_id="j1", assignment_id="j1-s0-e1", epoch=1, reason="preempted", checkpoint=True)
     await send(log, worker_id, stop)
@@ -354,15 +352,13 @@ async def test_agent_stop_and_crash_report_running_work_failed_retryable(
     worker_id = await registered(log, agent)
     await send(log, worker_id, start_work(["sleep", "60"], work_id="j1", assignment_id="j1-a"))
     await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
-    pid = await until(lambda: (agent.state_dir / "work/j1-a/pid").exists() and pid_of(agent, "j1-a"), "pid")
+    pid = await until(lambda: (agent.work_dir / "j1-a/pid").exists() and pid_of(agent, "j1-a"), "pid")
 
     agent.kill()  # SIGKILL: the agent cannot clean up, but its workloads die with it (never unwatched)
     await until(lambda: not alive(pid), "the workload dies with its agent", timeout=5)
     cgroups = detect()
     left = (
-        [p / f"resontech-{cgroup_name(agent.state_dir / 'work' / 'j1-a')}" for p in cgroups.parents]
-        if cgroups
-        else []
+        [p / f"resontech-{cgroup_name(agent.work_dir / 'j1-a')}" for p in cgroups.parents] if cgroups else []
     )
     assert all(d.is_dir() for d in left)  # the dead agent's cgroup for it is still there
     agents("crash")
@@ -380,7 +376,7 @@ async def test_agent_sigterm_stops_workloads_and_reports_them_retryable(
     worker_id = await registered(log, agent)
     await send(log, worker_id, start_work(["sleep", "60"], work_id="j1", assignment_id="j1-b"))
     await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "job.started")
-    pid = await until(lambda: (agent.state_dir / "work/j1-b/pid").exists() and pid_of(agent, "j1-b"), "pid")
+    pid = await until(lambda: (agent.work_dir / "j1-b/pid").exists() and pid_of(agent, "j1-b"), "pid")
     assert agent.stop() == 0
     assert not alive(pid)
     [failed] = of(await records(log, "JOBS"), JobFailed)
@@ -505,7 +501,7 @@ async def test_a_newer_epoch_of_the_same_slot_supersedes_the_running_one(
     worker_id = await registered(log, agent)
     await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-e1", epoch=1))
     await wait_records(log, "JOBS", lambda rs: of(rs, JobStarted), "the first epoch started")
-    old = await until(lambda: (agent.state_dir / "work/j1-e1/pid").exists() and pid_of(agent, "j1-e1"), "pid")
+    old = await until(lambda: (agent.work_dir / "j1-e1/pid").exists() and pid_of(agent, "j1-e1"), "pid")
     await send(log, worker_id, start_work(py("pass"), assignment_id="j1-e2", epoch=2))
     jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobShardCompleted), "the second epoch completed")
     await until(lambda: not alive(old), "the superseded workload is gone", timeout=5)
@@ -524,7 +520,7 @@ async def test_a_stop_of_an_older_epoch_still_running_here_is_not_stale(
     await send(log, worker_id, start_work(["sleep", "60"], assignment_id="j1-s0-e2", slot=0, epoch=2))
     await wait_records(log, "JOBS", lambda rs: len(of(rs, JobStarted)) == 2, "both started")
     older = await until(
-        lambda: (agent.state_dir / "work/j1-s1-e1/pid").exists() and pid_of(agent, "j1-s1-e1"), "its pid"
+        lambda: (agent.work_dir / "j1-s1-e1/pid").exists() and pid_of(agent, "j1-s1-e1"), "its pid"
     )
     await send(log, worker_id, StopWork(work_id="j1", assignment_id="j1-s1-e1", epoch=1, reason="job ended"))
     await until(lambda: not alive(older), "slot 1 stopped", timeout=10)
@@ -589,4 +585,4 @@ async def test_a_slow_download_holds_up_no_other_command_and_a_stop_drops_it(
         )
     jobs = await records(log, "JOBS", "job.*.big.>")
     assert not of(jobs, JobStarted) and not of(jobs, JobFailed)  # dropped before it started: no events
-    assert not [p for p in (agent.state_dir / "work/big-s0-e1").rglob("*") if p.is_file()]  # no partial
+    assert not [p for p in (agent.work_dir / "big-s0-e1").rglob("*") if p.is_file()]  # no partial

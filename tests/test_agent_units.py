@@ -27,7 +27,7 @@ from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, ReadyLin
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.process import ProcessRuntime, reap_orphans
 from agent.settings import AgentSettings, load_agent_settings
-from agent.state import CommandState
+from agent.state import CommandState, recovery_record
 from core.cgroups import detect
 from core.errors import ConfigError
 from core.sandbox import Sandbox
@@ -364,7 +364,7 @@ def test_agent_settings_env_flags_and_defaults(tmp_path: Path) -> None:
         10.0,
     )
     assert s.state_dir == str(tmp_path / "agents" / "gpu-1")
-    assert s.work_dir == str(tmp_path / "agents" / "gpu-1" / "work")
+    assert s.work_dir == str(tmp_path / "agents" / "gpu-1.work")  # beside the state dir, not in it
     assert (s.pool, s.device_source, s.policy_file) == ("shared", "nvml", None)
 
 
@@ -560,7 +560,7 @@ def test_command_state_is_bounded_and_persisted(tmp_path: Path) -> None:
     again = CommandState.load(tmp_path, max_handled=3, max_epochs=2)
     assert again.handled("c4") and not again.handled("c1")
     assert (again.epoch("j1"), again.epoch("j3")) == (0, 1)
-    assert again.running == {"a1": cmd()}
+    assert again.running == {"a1": recovery_record(cmd())}  # what its end report needs, no command
     (tmp_path / "commands.json").write_text("{broken")
     with pytest.raises(ConfigError, match=r"commands\.json is unreadable"):
         CommandState.load(tmp_path)

@@ -165,7 +165,7 @@ async def test_a_lost_worker_restarts_the_gang_from_the_last_checkpoint_not_from
         victim = next(a for a in placed.assignments if a.slot == 0)  # the master's host dies
         killed_at = time.monotonic()
         nodes[victim.worker_id].kill()
-        kill_marked(nodes[victim.worker_id].state_dir / "work" / victim.assignment_id)  # the host goes down
+        kill_marked(nodes[victim.worker_id].work_dir / victim.assignment_id)  # the host goes down
         jobs = await job_until(log, lambda rs: len(of(rs, JobPlaced)) > 1, "the gang placed again")
         replaced_in = time.monotonic() - killed_at
         jobs = await job_until(log, ended, "the job ended")

@@ -19,6 +19,7 @@ from agent.checkpoints import CheckpointUploads
 from agent.protocol import CheckpointLine, ProtocolError, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
 from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, port_free, threads
+from core.files import TenantTree
 from core.rendezvous import PORT_RANGE, master_port, rendezvous
 from core.sandbox import Sandbox
 from core.settings import Settings
@@ -306,7 +307,7 @@ async def test_checkpoint_files_go_up_by_presigned_url_in_turn_and_leave_the_dis
     urls = {k: s3.generate_presigned_url("put_object", Params={"Bucket": name, "Key": k}) for k in keys}
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    uploads = CheckpointUploads(folder, urls, "a1")
+    uploads = CheckpointUploads(TenantTree.open(folder), urls, "a1")
     reported = []
     for epoch in (2, 4, 6):
         (folder / f"epoch-{epoch}.pt").write_bytes(f"weights {epoch}".encode())
@@ -323,6 +324,9 @@ async def test_checkpoint_files_go_up_by_presigned_url_in_turn_and_leave_the_dis
     (folder / "link.pt").symlink_to(tmp_path / "secret")
     for refused in ("../secret", "link.pt", "missing.pt", "/etc/passwd"):
         assert await uploads.resolve(CheckpointLine(path=refused)) is None
-    assert await CheckpointUploads(folder, {}, "a2").resolve(CheckpointLine(path="x.pt")) is None
+    assert (
+        await CheckpointUploads(TenantTree.open(folder), {}, "a2").resolve(CheckpointLine(path="x.pt"))
+        is None
+    )
     written = CheckpointLine(object_key="jobs/mlp/own.pt", step=1)
     assert await uploads.resolve(written) is written

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from agent import reports as agent_reports
+from agent.runtimes.process import LOG_FILE
 from agent.runtimes.process import log_tail as agent_log_tail
 from core import protocol, reports
+from core.files import TenantTree
 from core.protocol import CheckpointLine, ProgressLine, ReadyLine
 from core.reports import Append
 from ops.dispatcher.context import RenderContext
@@ -213,10 +215,10 @@ def test_a_failed_pod_fails_the_shard_with_its_exit_status_and_the_tail_the_agen
     tmp_path: Path,
 ) -> None:
     log = [f"line {i}" for i in range(100)] + ["x" * 40_000, "Traceback: boom"]
-    path = tmp_path / "log"
-    path.write_text("\n".join(log) + "\n")
+    (tmp_path / LOG_FILE).write_text("\n".join(log) + "\n")
     claims, done = say(JOB, pod(JOB, "Failed", exited(3)), log, Reported(started=True))
-    tail = agent_log_tail(path, agent_reports.LOG_TAIL_LINES)
+    with TenantTree.open(tmp_path) as workdir:
+        tail = agent_log_tail(workdir, agent_reports.LOG_TAIL_LINES)
     assert claims == reports.ended(JOB, "exited", 3, tail, worker_id=WORKER)
     event = claims[0][1]
     assert isinstance(event, JobFailed) and event.reason == "exit status 3" and not event.retryable

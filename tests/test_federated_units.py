@@ -107,9 +107,18 @@ def test_the_reason_of_a_client_error_log_is_its_exception() -> None:
 
 def test_provisioning_gives_each_job_its_own_ca_and_each_site_only_its_own_key(tmp_path: Path) -> None:
     one = provision(
-        tmp_path / "one", tenant="acme", job_id="j1", host="localhost", sites=["site-1", "site-2"]
+        tmp_path / "one",
+        tmp_path / "k1",
+        tenant="acme",
+        job_id="j1",
+        host="localhost",
+        sites=["site-1", "site-2"],
     )
-    two = provision(tmp_path / "two", tenant="acme", job_id="j2", host="localhost", sites=["site-1"])
+    two = provision(
+        tmp_path / "two", tmp_path / "k2", tenant="acme", job_id="j2", host="localhost", sites=["site-1"]
+    )
+    assert one.kit_zip("site-1").parent == tmp_path / "k1" / "kits"  # the kernel's, not the server's tree
+    assert (tmp_path / "k1" / "project.yml").is_file() and not (tmp_path / "one" / "project.yml").exists()
     ca_one = (one.server_dir / "startup" / "rootCA.pem").read_bytes()
     assert ca_one != (two.server_dir / "startup" / "rootCA.pem").read_bytes()
     with zipfile.ZipFile(one.kit_zip("site-1")) as kit:
@@ -126,7 +135,14 @@ def test_provisioning_gives_each_job_its_own_ca_and_each_site_only_its_own_key(t
     assert "/tmp/nvflare" not in (one.server_dir / "local" / "resources.json").read_text()
     # Provisioning again (a restarted kernel) keeps the certificates the clients hold.
     assert (
-        provision(tmp_path / "one", tenant="acme", job_id="j1", host="localhost", sites=["site-1", "site-2"])
+        provision(
+            tmp_path / "one",
+            tmp_path / "k1",
+            tenant="acme",
+            job_id="j1",
+            host="localhost",
+            sites=["site-1", "site-2"],
+        )
         == one
     )
     assert (one.server_dir / "startup" / "rootCA.pem").read_bytes() == ca_one

@@ -271,7 +271,7 @@ async def test_a_ready_line_the_engine_prints_cannot_set_the_replicas_address_or
         for line in lines:
             yield line
 
-    await forward_reports(cmd, output(), tmp_path / "checkpoints", emit, lambda: None)  # type: ignore[arg-type]
+    await forward_reports(cmd, output(), None, emit, lambda: None)  # type: ignore[arg-type]
     assert claims == [
         EndpointReplicaReady(
             assignment_id="ep1-s0-e1", epoch=1, address=f"http://127.0.0.1:{port}", api_key="the-runtimes-key"

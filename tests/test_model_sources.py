@@ -230,8 +230,8 @@ def test_sealing_takes_group_and_other_write_off(tmp_path: Path) -> None:
 
 def _settings(tmp_path: Path, *, unsandboxed: bool = True) -> AgentSettings:
     state = tmp_path / "agent"
-    return AgentSettings(name="a", state_dir=str(state), work_dir=str(state / "work"), pool="private",
-                         owner_tenant="t", unsandboxed=unsandboxed)  # fmt: skip
+    return AgentSettings(name="a", state_dir=str(state), work_dir=str(state.with_name("agent.work")),
+                         pool="private", owner_tenant="t", unsandboxed=unsandboxed)  # fmt: skip
 
 
 def test_the_sandbox_binds_the_hub_cache_never_hf_home_nor_the_agents_state(

@@ -23,7 +23,7 @@ from agent.identity import owner_only
 from agent.models import model_cache
 from agent.runtimes import ProcessRuntime, StartFailed, TorchrunRuntime, workload_env
 from agent.runtimes.vllm import VllmRuntime
-from agent.settings import AgentSettings, load_agent_settings
+from agent.settings import AgentSettings, default_work_dir, load_agent_settings
 from core.cgroups import Limits, detect
 from core.errors import ConfigError
 from core.files import write_private
@@ -70,7 +70,7 @@ class Host:
 
     def __init__(self, root: Path) -> None:
         self.state_dir = root / "agent"
-        self.work = self.state_dir / "work"
+        self.work = default_work_dir(self.state_dir)  # beside the state dir, as an agent lays it out
         owner_only(self.state_dir, self.work)
         self.password = secrets.token_urlsafe(24)
         write_private(self.state_dir / "enrollment.json", json.dumps({"nats_password": self.password}))
@@ -284,7 +284,7 @@ async def test_a_probe_job_through_a_real_agent_finds_nothing(
         log, "JOBS", lambda rs: of(rs, JobShardCompleted) or of(rs, JobFailed), "the probe's end"
     )
     assert of(jobs, JobShardCompleted), of(jobs, JobFailed)
-    log_txt = (agent.state_dir / "work" / "j1-s0-e1" / "log.txt").read_text()
+    log_txt = (agent.work_dir / "j1-s0-e1" / "log.txt").read_text()
     assert "PROBE_FINDINGS []" in log_txt, log_txt
 
 
@@ -462,7 +462,7 @@ async def test_probes_in_nvflare_clients_and_the_fl_server_find_nothing(
         await all_stopped(found, "np-probe")
     assert not of(found, JobFailed), of(found, JobFailed)
     for host in hosts:
-        logs = "".join(p.read_text() for p in (host.state_dir / "work").glob("*/log.txt"))
+        logs = "".join(p.read_text() for p in host.work_dir.glob("*/log.txt"))
         assert "PROBE_FINDINGS []" in logs, logs[-3000:]
     [noted] = job_dir.rglob("probe-findings.json")
     assert json.loads(noted.read_text()) == []

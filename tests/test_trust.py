@@ -195,7 +195,7 @@ async def test_an_agent_cannot_fail_complete_reject_checkpoint_or_bill_another_w
         )
         [held] = job.assignments.values()
         assert held.worker_id == honest
-        flag = agent.state_dir / "work" / held.assignment_id / "done"
+        flag = agent.work_dir / held.assignment_id / "done"
         await wait_for(
             stack.log,
             REGISTRY,

@@ -24,12 +24,15 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from agent.runtimes.base import StartFailed, checkpoint_dir
+from core.files import TenantTree, UnsafeFile
 from core.proctags import marked
 from core.protocol import LINE_LIMIT
 from core.reports import tail_of
@@ -43,6 +46,8 @@ MAX_LOG_BYTES = 64 * 1024 * 1024
 _EOF = None
 MARKER = "RESONTECH_ASSIGNMENT_ID"
 _POLL_S = 0.2
+_NAME = re.compile(r"^[A-Za-z0-9_-]{0,128}$")
+"""A name a pid file may give (a folder of the work dir: no ``/``, no ``..``)."""
 
 
 class ProcessRuntime:
@@ -60,6 +65,30 @@ class ProcessRuntime:
             raise StartFailed("empty command")
         prepare(workdir)
         return await spawn(spec.command, workdir, env, sandbox=self.sandbox, spec=spec, commands=commands)
+
+
+def fresh_workdir(workdir: Path) -> None:
+    """Give an assignment an empty working dir of its own before anything is written in it.
+
+    Whatever is at ``workdir`` already (an earlier run of the same assignment id, before an agent
+    restart, or a folder its workload left) was written by tenant code: the agent's downloads, the
+    resume checkpoint and an NVFlare kit's unpacking write by path before the workload starts, and a
+    link planted there would take those writes out of the tree. So it is removed first, never
+    followed: a link or file is unlinked, a folder removed by :func:`shutil.rmtree`, which walks by
+    directory fd and unlinks links without following them. The work root is the agent's own (no
+    workload writes it), so the new folder is the agent's until the workload starts in it.
+
+    Raises:
+        StartFailed: it cannot be removed or made (the message says why).
+    """
+    try:
+        if workdir.is_symlink() or (workdir.exists() and not workdir.is_dir()):
+            workdir.unlink()
+        elif workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(mode=0o700, parents=True)
+    except OSError as exc:
+        raise StartFailed(f"the working dir cannot be made fresh: {exc.strerror or exc}") from None
 
 
 def prepare(workdir: Path) -> None:
@@ -95,6 +124,12 @@ async def spawn(
     if not _runnable(argv[0], workdir, sandbox.search_path(env)):
         sandbox.release(name)
         raise StartFailed(f"cannot start {argv[0]!r}: No such file or directory")
+    try:  # before the workload runs: it may later put links in place of the folder's names
+        tree = TenantTree.open(workdir)
+        sink = tree.open_write(LOG_FILE, append=True)
+    except (UnsafeFile, OSError) as exc:
+        sandbox.release(name)
+        raise StartFailed(f"cannot use the working directory: {getattr(exc, 'message', exc)}") from None
     try:
         proc = await asyncio.create_subprocess_exec(
             *sandbox.command(argv, workdir, gpus=spec.gpus > 0),
@@ -109,9 +144,19 @@ async def spawn(
         )
     except OSError as exc:
         sandbox.release(name)
+        sink.close()
+        tree.close()
         raise StartFailed(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
-    (workdir / PID_FILE).write_text(str(proc.pid))
-    return (workload or ProcessWorkload)(proc, workdir, sandbox)
+    _write_pid(tree, str(proc.pid))
+    return (workload or ProcessWorkload)(proc, workdir, sandbox, tree, sink)
+
+
+def _write_pid(tree: TenantTree, text: str) -> None:
+    """Write the pid file beneath the held folder (a link the workload put there is refused)."""
+    try:
+        tree.write_bytes(PID_FILE, text.encode())
+    except (UnsafeFile, OSError) as exc:
+        log.warning("%s: no pid file: %s", tree.path.name, getattr(exc, "message", exc))
 
 
 def cgroup_name(workdir: Path) -> str:
@@ -133,12 +178,22 @@ def _runnable(program: str, workdir: Path, path: str) -> bool:
 class ProcessWorkload:
     """A running :class:`ProcessRuntime` workload (see :class:`agent.runtimes.base.Workload`)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, workdir: Path, sandbox: Sandbox) -> None:
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        workdir: Path,
+        sandbox: Sandbox,
+        tree: TenantTree,
+        sink: BinaryIO,
+    ) -> None:
         self._proc = proc
         self.workdir = workdir
         self.sandbox = sandbox
+        # the working dir, held since before the workload started, and its log, opened then: the
+        # workload writes the folder, so its names are read (and written) only beneath this fd
+        self.tree = tree
+        self._sink = sink
         self.log_path = workdir / LOG_FILE
-        self.pid_path = workdir / PID_FILE
         # Unbounded: the agent always drains it, and a slow server must never block the workload's
         # output (backpressure would stall training, not the agent).
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
@@ -162,7 +217,7 @@ class ProcessWorkload:
         assert stream is not None
         written = 0
         try:
-            with self.log_path.open("ab") as sink:
+            with self._sink as sink:
                 while True:
                     try:
                         chunk = await stream.readline()
@@ -198,8 +253,8 @@ class ProcessWorkload:
         await asyncio.wait([self._pump])
         if not self._pump.cancelled() and self._pump.exception() is not None:
             log.warning("output of pid %d not fully captured: %s", proc.pid, self._pump.exception())
-        with contextlib.suppress(OSError):
-            self.pid_path.unlink()
+        with contextlib.suppress(OSError, UnsafeFile):
+            self.tree.unlink(PID_FILE)
         assert proc.returncode is not None
         return self.sandbox.exit_status(proc.returncode)
 
@@ -227,9 +282,7 @@ class ProcessWorkload:
         there now. Its marks (:func:`kill_marked`) and cgroup keep the name it started with, which
         the pid file records for :func:`reap_orphans`."""
         self.log_path = workdir / LOG_FILE
-        self.pid_path = workdir / PID_FILE
-        with contextlib.suppress(OSError):
-            self.pid_path.write_text(f"{self._proc.pid} {self.workdir.name}")
+        _write_pid(self.tree, f"{self._proc.pid} {self.workdir.name}")  # the fd moved with the folder
 
     async def wait(self) -> int:
         return await asyncio.shield(self._reaper)
@@ -244,16 +297,16 @@ class ProcessWorkload:
         return await self.wait()
 
     def log_tail(self, n: int = 40) -> str:
-        return log_tail(self.log_path, n)
+        return log_tail(self.tree, n)
 
 
-def log_tail(path: Path, n: int = 40) -> str:
-    """The last ``n`` lines of a log file (empty if unreadable), from at most its last 64 KiB."""
+def log_tail(tree: TenantTree, n: int = 40) -> str:
+    """The last ``n`` lines of the workload's log (empty if unreadable), from at most its last 64 KiB.
+    Read beneath the held working dir and never through a link: the tail goes into the job's
+    failure, which the tenant reads."""
     try:
-        with path.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65_536))
-            text = f.read().decode(errors="replace")
-    except OSError:
+        text = tree.tail_bytes(LOG_FILE, 65_536).decode(errors="replace")
+    except (OSError, UnsafeFile):
         return ""
     return tail_of(text.splitlines(), n)
 
@@ -277,13 +330,36 @@ def kill_marked(workdir: Path) -> list[int]:
 def started_dirs(work_dir: Path) -> list[Path]:
     """Every workload folder in ``work_dir``, and the folder a warm engine started in before a replica
     took it (its cgroup is named after that one: :meth:`ProcessWorkload.moved_to`)."""
-    found = [d for d in work_dir.iterdir() if d.is_dir()] if work_dir.is_dir() else []
-    for pid_file in work_dir.glob(f"*/{PID_FILE}"):
-        with contextlib.suppress(OSError):
-            _, _, marked_as = pid_file.read_text().strip().partition(" ")
-            if marked_as and "/" not in marked_as:
-                found.append(work_dir / marked_as)
+    found = _folders(work_dir)
+    for folder in list(found):
+        _, marked_as = read_pid_file(folder)
+        if marked_as:
+            found.append(work_dir / marked_as)
     return found
+
+
+def _folders(work_dir: Path) -> list[Path]:
+    """The folders (not links) directly in ``work_dir``."""
+    if not work_dir.is_dir():
+        return []
+    return [d for d in work_dir.iterdir() if d.is_dir() and not d.is_symlink()]
+
+
+def read_pid_file(folder: Path) -> tuple[int | None, str]:
+    """The pid and the name it was marked with (``""``: the folder's own) that ``folder``'s pid file
+    gives, read beneath the folder without following links and bounded; ``(None, "")`` when there is
+    none or it is not one (the workload writes the folder: it is a claim, checked against the
+    process's environment before anything is killed)."""
+    try:
+        with TenantTree.open(folder) as tree:
+            text = tree.read_bytes(PID_FILE, 200).decode()
+        pid_text, _, marked_as = text.strip().partition(" ")
+        pid = int(pid_text)
+    except (OSError, UnsafeFile, ValueError):
+        return None, ""
+    if pid <= 0 or not _NAME.match(marked_as):
+        return None, ""
+    return pid, marked_as
 
 
 def reap_orphans(work_dir: Path) -> list[str]:
@@ -294,20 +370,21 @@ def reap_orphans(work_dir: Path) -> list[str]:
     started under its own name, :meth:`ProcessWorkload.moved_to`).
     """
     reaped = []
-    for pid_file in sorted(work_dir.glob(f"*/{PID_FILE}")):
-        assignment_id = pid_file.parent.name
+    for folder in sorted(_folders(work_dir)):
+        assignment_id = folder.name
+        pid, marked_as = read_pid_file(folder)
+        if pid is None:
+            continue
         try:
-            pid_text, _, marked_as = pid_file.read_text().strip().partition(" ")
-            pid = int(pid_text)
             environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except (OSError, ValueError):
-            environ, marked_as = b"", ""
+        except OSError:
+            environ = b""
         name = marked_as or assignment_id
         if f"{MARKER}={name}".encode() in environ.split(b"\0"):
             signal_workload(pid, signal.SIGKILL, sandboxed=False)
-            kill_marked(pid_file.parent.with_name(name))
+            kill_marked(folder.with_name(name))
             reaped.append(assignment_id)
             log.warning("killed workload %s left running by a previous agent (pid %d)", assignment_id, pid)
-        with contextlib.suppress(OSError):
-            pid_file.unlink()
+        with contextlib.suppress(OSError, UnsafeFile), TenantTree.open(folder) as tree:
+            tree.unlink(PID_FILE)
     return reaped

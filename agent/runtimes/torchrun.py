@@ -108,7 +108,7 @@ class TorchrunWorkload(ProcessWorkload):
     """A torchrun node: a process workload whose log tail stops at torchrun's failure report."""
 
     def log_tail(self, n: int = 40) -> str:
-        return before_report(log_tail(self.log_path, 400), n)
+        return before_report(log_tail(self.tree, 400), n)
 
 
 def before_report(text: str, n: int = 40) -> str:

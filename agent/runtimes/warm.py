@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import sys
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from agent.runtimes.base import RESERVED_PREFIX, StartFailed, host_base
 from agent.runtimes.process import MARKER, ProcessWorkload, prepare, spawn
+from core.files import TenantTree, UnsafeFile
 from core.sandbox import Sandbox
 from schemas.commands import WorkSpec
 
@@ -86,23 +88,56 @@ def start_env(
 def adopt(engine_dir: Path, workdir: Path) -> None:
     """Give ``engine_dir`` the name ``workdir`` with ``workdir``'s contents (the inputs fetched for
     the assignment) moved in: the engine's sandbox, bound to the directory itself, sees them at its own
-    path, while the agent keeps finding the assignment where it always does."""
-    if workdir.exists():
-        _merge(workdir, engine_dir)
-    engine_dir.rename(workdir)
+    path, while the agent keeps finding the assignment where it always does.
+
+    The engine's directory is written by a process in a sandbox, so the merge works beneath directory
+    fds taken with ``O_NOFOLLOW`` (:func:`_merge`): a link in it is replaced by what the assignment
+    fetched, never followed.
+
+    Raises:
+        StartFailed: either folder is a link or not a folder, or the move failed.
+    """
+    try:
+        if workdir.exists() or workdir.is_symlink():
+            with TenantTree.open(workdir) as source, TenantTree.open(engine_dir) as target:
+                _merge(source.fd, target.fd)
+            workdir.rmdir()
+        engine_dir.rename(workdir)
+    except (UnsafeFile, OSError) as exc:
+        why = exc.message if isinstance(exc, UnsafeFile) else exc.strerror or str(exc)
+        raise StartFailed(f"the warm engine cannot take the assignment's folder: {why}") from None
 
 
-def _merge(source: Path, target: Path) -> None:
-    """Move every entry of ``source`` into ``target`` (directories merged), then remove ``source``."""
-    for entry in list(source.iterdir()):
-        into = target / entry.name
-        if entry.is_dir() and not entry.is_symlink() and into.is_dir() and not into.is_symlink():
-            _merge(entry, into)
-        else:
-            if into.is_dir() and not into.is_symlink():
-                shutil.rmtree(into)
-            os.replace(entry, into)
-    source.rmdir()
+def _merge(source: int, target: int) -> None:
+    """Move every entry of the folder ``source`` into the folder ``target`` (both fds; folders
+    merged), each name beneath its folder's fd: a link in ``target`` (at any depth) is replaced, a
+    link never followed; ``source`` is left empty."""
+    for name in os.listdir(source):
+        here = os.stat(name, dir_fd=source, follow_symlinks=False)
+        try:
+            there: os.stat_result | None = os.stat(name, dir_fd=target, follow_symlinks=False)
+        except FileNotFoundError:
+            there = None
+        if there is not None and stat.S_ISDIR(here.st_mode) and stat.S_ISDIR(there.st_mode):
+            inner = os.open(name, _FOLDER, dir_fd=source)
+            try:
+                into = os.open(name, _FOLDER, dir_fd=target)
+                try:
+                    _merge(inner, into)
+                finally:
+                    os.close(into)
+            finally:
+                os.close(inner)
+            os.rmdir(name, dir_fd=source)
+            continue
+        if there is not None and stat.S_ISDIR(there.st_mode):
+            shutil.rmtree(name, dir_fd=target)  # by fd, links inside unlinked, never followed
+        elif there is not None and stat.S_ISDIR(here.st_mode):
+            os.unlink(name, dir_fd=target)  # a file or a link where the folder goes
+        os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)
+
+
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def seen_from(path_or_value: str, workdir: Path, engine_dir: Path) -> str:

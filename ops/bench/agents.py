@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.runtimes.process import reap_orphans
+from agent.settings import default_work_dir
 from core.settings import Settings
 from ops.bench.common import process_peak_rss_mb
 from ops.cli.workers import enroll_state_dir
@@ -73,6 +74,11 @@ class Agent:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=err, stderr=err)
         return self
 
+    @property
+    def work_dir(self) -> Path:
+        """Its workloads' working directories (beside its state dir)."""
+        return default_work_dir(self.state_dir)
+
     async def worker_id(self) -> str:
         path = self.state_dir / "worker_id"
         await until(path.exists, f"{self.name} wrote its worker id")
@@ -87,10 +93,10 @@ class Agent:
         self.note_rss()
         self.proc.kill()
         self.proc.wait()
-        reap_orphans(self.state_dir / "work")  # its workload outlived it: kill it
+        reap_orphans(self.work_dir)  # its workload outlived it: kill it
 
     def stop(self) -> None:
         self.note_rss()
         if self.proc is not None:
             stop_child(self.proc)
-        reap_orphans(self.state_dir / "work")
+        reap_orphans(self.work_dir)

@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from agent.settings import default_work_dir
 from core.log import EventLog
 from gateway.queueing import percentile
 from ops.bench import coldstart
@@ -65,7 +66,7 @@ class BenchAgent:
                         PYTHONPATH=str(REPO))  # fmt: skip
         self.proc: Any = None
         self.log_path = tmp / "agent.log"
-        self.work_dir = tmp / "agent" / "work"
+        self.work_dir = default_work_dir(tmp / "agent")
 
     def start(self, warm_engines: int) -> None:
         argv = [sys.executable, "-m", "ops.cli", "agent", "--name", "bench-1", "--state-dir",

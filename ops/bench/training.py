@@ -122,7 +122,7 @@ class Platform:
             server = sum(process_peak_rss_mb(pid) for pid in tagged_pids(TAG, f"{TENANT}/{job_dir.name}"))
             self.rss["fl_server"] = max(self.rss.get("fl_server", 0.0), server)
         for agent in self.agents.values():
-            for work in (agent.state_dir / "work").glob("*"):
+            for work in agent.work_dir.glob("*"):
                 client = sum(
                     process_peak_rss_mb(p) for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", work.name)
                 )

@@ -136,7 +136,7 @@ class FederationTask:
 
     def __post_init__(self) -> None:
         self.reports = JobReporter(
-            self.ctx.log, self.ctx.s3, self.tenant, self.job_id, self.dir / "rounds", current=self.job
+            self.ctx.log, self.ctx.s3, self.tenant, self.job_id, self.dir, current=self.job
         )
 
     @property
@@ -145,7 +145,14 @@ class FederationTask:
 
     @property
     def dir(self) -> Path:
+        """The federation's directory: the FL server's sandbox writes it (read it beneath an fd)."""
         return self.ctx.root / self.tenant / self.job_id
+
+    @property
+    def private(self) -> Path:
+        """The kernel's own files of this federation, where no sandbox reaches (see
+        :mod:`ops.federation.server`)."""
+        return self.ctx.root.with_name(f"{self.ctx.root.name}-kernel") / self.tenant / self.job_id
 
     def job(self) -> JobRecord | None:
         state: ScheduleState = self.ctx.schedule()
@@ -226,18 +233,26 @@ class FederationTask:
         sites = [flare.site_name(slot) for slot in range(shards)]
         self.shards = await asyncio.to_thread(ws.resolve_shards, s3, self.tenant, job.spec.name, shards)
         self.prov = await handover.federation(
-            self.ctx.claims, self.ctx.s3, self.dir, self.tenant, self.job_id, self.ctx.host, sites
+            self.ctx.claims,
+            self.ctx.s3,
+            self.dir,
+            self.private,
+            self.tenant,
+            self.job_id,
+            self.ctx.host,
+            sites,
         )
-        code = self.dir / "job"
+        code = self.private / "job"
         self.fljob = await asyncio.to_thread(jobfolder.prepare, s3, self.tenant, spec, sites, code)
         if spec.initial_model:
-            dest = self.dir / "initial" / Path(spec.initial_model).name
+            name = f"initial/{Path(spec.initial_model).name}"
             self.initial_model = await asyncio.to_thread(
-                ws.fetch_object, s3, bucket_for(self.tenant), spec.initial_model, dest, "the initial model"
-            )
+                ws.fetch_beneath, s3, bucket_for(self.tenant), spec.initial_model, self.dir, name,
+                "the initial model",
+            )  # fmt: skip
         kit_files = {site: self.prov.kit_zip(site) for site in sites}
         self.kits = await asyncio.to_thread(ws.upload_kits, s3, self.tenant, self.job_id, kit_files)
-        self.server = FlareServer(self.prov, f"{self.tenant}/{self.job_id}")
+        self.server = FlareServer(self.prov, f"{self.tenant}/{self.job_id}", self.private)
         self.admin = FlareAdmin(self.prov.admin_dir)
         if job.federation is not None:  # an earlier service served it: its server is gone or going
             self.pending_reason = "the federation service restarted"
@@ -258,6 +273,8 @@ class FederationTask:
                 assignment_id=assignment.assignment_id,
                 epoch=assignment.epoch,
                 reason="the federated job ended",
+                tenant=self.tenant,
+                work_kind="job",
             )
             with contextlib.suppress(ResontechError):
                 await self.ctx.log.append(
@@ -360,7 +377,7 @@ class FederationTask:
         first = self.reports.reported + 1
         rounds = (job.spec.rounds or 0) - self.reports.reported
         start_model, resume_key = await self._start_model(job, first)
-        folder = self.dir / "runs" / str(number) / f"{job.spec.name}-run{number}"
+        folder = self.private / "runs" / str(number) / f"{job.spec.name}-run{number}"
         await asyncio.to_thread(self._write_run, folder, job, first, rounds, start_model)
         run_id = await self.admin.call(lambda s: s.submit_job(str(folder)))
         self.runs = number
@@ -380,17 +397,18 @@ class FederationTask:
 
     async def _start_model(self, job: JobRecord, first: int) -> tuple[Path | None, str | None]:
         """The model round ``first`` starts from, and its workspace key: the previous round's global
-        model (downloaded again if this host lost it), else the tenant's initial model."""
+        model (downloaded again from the workspace), else the tenant's initial model."""
         if first == 1:
             spec = job.spec.federated
             return self.initial_model, spec.initial_model if spec else None
         root = ws.output_root(job.spec.name, job.spec.output_prefix)
         key = ws.checkpoint_key(root, first - 1)
-        local = self.dir / "rounds" / f"{flare.round_stem(first - 1)}.npz"
-        if not local.exists():
-            await asyncio.to_thread(
-                ws.fetch_object, self.ctx.s3, bucket_for(self.tenant), key, local, "the last global model"
-            )
+        # always the workspace's copy (the one checked and reported), written beneath the folder's
+        # fd: the server's own copy, or a link in its place, is the sandbox's to change
+        local = await asyncio.to_thread(
+            ws.fetch_beneath, self.ctx.s3, bucket_for(self.tenant), key, self.dir,
+            f"rounds/{flare.round_stem(first - 1)}.npz", "the last global model",
+        )  # fmt: skip
         return local, key
 
     def _write_run(self, folder: Path, job: JobRecord, first: int, rounds: int, model: Path | None) -> None:
@@ -403,7 +421,7 @@ class FederationTask:
             out_dir=str(self.dir / "rounds"),
             start_model=str(model) if model else None,
         )
-        jobfolder.write_run(folder, self.dir / "job", self.fljob, documents)
+        jobfolder.write_run(folder, self.private / "job", self.fljob, documents)
 
     async def _abort(self, why: str) -> None:
         assert self.run is not None and self.admin is not None

@@ -14,6 +14,13 @@ already holds each client's: the bucket is the kernel's alone (tenant buckets ar
 It is deleted with the kits when the job ends. The root CA's own key (``prov/<project>/state``) is not
 in it: serving needs none.
 
+The sandboxed FL server writes the federation's directory (``prov/`` among it), so ``prov/`` is read
+beneath the directory's fd, links left out and never followed (:class:`core.files.TenantTree`);
+``project.yml``, the client kits, the archive id and the archive itself while it is written or read
+are in the kernel's private directory, which no sandbox sees. An adopted archive is unpacked into a
+directory emptied first (removing never follows a link), its ``project.yml`` and kits into the
+private one: the archive's layout is unchanged.
+
 Every call but :func:`federation` blocks: callers run them in a thread.
 """
 
@@ -32,10 +39,13 @@ from ops.federation.claims import ClaimKeeper, ClaimLost
 from ops.federation.server import (
     FederationError,
     Provisioned,
+    clear_private,
     configure_server,
+    federation_tree,
     kill_federation,
     provision,
     provisioned_in,
+    zip_beneath,
 )
 from ops.federation.workspace import fetch_object, list_keys
 
@@ -45,16 +55,26 @@ ARCHIVE_PREFIX = "_servers/"
 """Where archives live in the kit bucket: tenant ids are bucket-name material (no ``_``), so no
 tenant's kits (``<tenant>/<job_id>/site-N.zip``) are under it."""
 ID_FILE = "federation.id"
-"""In a job's directory: the archive key its federation came from (or was published as)."""
+"""In a job's private directory: the archive key its federation came from (or was published as)."""
 PARTS = ("project.yml", "prov", "kits")
+PRIVATE_PARTS = ("project.yml", "kits")
+"""The parts of an archive that are the kernel's own: unpacked into the private directory."""
 
 
 async def federation(
-    claims: ClaimKeeper, s3: Any, root: Path, tenant: str, job_id: str, host: str, sites: list[str]
+    claims: ClaimKeeper,
+    s3: Any,
+    root: Path,
+    private: Path,
+    tenant: str,
+    job_id: str,
+    host: str,
+    sites: list[str],
 ) -> Provisioned:
-    """Job ``tenant/job_id``'s federation in ``root``: the one recorded on the log (adopted from its
-    archive unless it is there already), else provisioned there (its clients dialling ``host``) and
-    recorded before any client kit is handed out.
+    """Job ``tenant/job_id``'s federation in ``root`` (the kernel's own files of it in ``private``):
+    the one recorded on the log (adopted from its archive unless it is there already), else
+    provisioned there (its clients dialling ``host``) and recorded before any client kit is handed
+    out.
 
     Raises:
         ClaimLost: this instance does not hold the job (or could not record it yet).
@@ -62,12 +82,14 @@ async def federation(
     """
     key = f"{tenant}/{job_id}"
     recorded = claims.provisioning(key)
-    if recorded is not None and recorded.archive != local_id(root):
+    if recorded is not None and recorded.archive != local_id(private):
         kill_federation(root, key)
-        prov = await asyncio.to_thread(adopt, s3, recorded.archive, root, sites)
+        prov = await asyncio.to_thread(adopt, s3, recorded.archive, root, private, sites)
         log.info("%s: serving the federation stored as %s", key, recorded.archive)
     else:
-        prov = await asyncio.to_thread(provision, root, tenant=tenant, job_id=job_id, host=host, sites=sites)
+        prov = await asyncio.to_thread(
+            provision, root, private, tenant=tenant, job_id=job_id, host=host, sites=sites
+        )
     if prov.host != host:
         log.warning("%s: its clients dial %s, not %s: that name must reach this host", key, prov.host, host)
     if recorded is not None:
@@ -93,55 +115,73 @@ def archive_key(tenant: str, job_id: str, incarnation: str, term: int) -> str:
     return f"{ARCHIVE_PREFIX}{tenant}/{job_id}/{incarnation}-{term}.zip"
 
 
-def local_id(root: Path) -> str:
-    """The archive the federation in ``root`` came from or was published as (empty if none)."""
-    path = root / ID_FILE
+def local_id(private: Path) -> str:
+    """The archive the federation of the private directory ``private`` came from or was published
+    as (empty if none)."""
+    path = private / ID_FILE
     return path.read_text().strip() if path.exists() else ""
 
 
 def publish(s3: Any, prov: Provisioned, key: str) -> None:
-    """Upload the server side of the federation provisioned in ``prov.root`` as ``key``."""
-    root = prov.root
-    archive = root / "tmp" / "federation.zip"
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
-        for part in PARTS:
-            path = root / part
-            files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-            for file in files:
-                relative = file.relative_to(root)
-                if relative.parts[:1] == ("prov",) and "state" in relative.parts[2:3]:
-                    continue  # the root CA's key: not needed to serve
-                out.write(file, relative.as_posix())
-    provision_bucket(s3, flare.KIT_BUCKET)
-    s3.upload_file(str(archive), flare.KIT_BUCKET, key)
-    archive.unlink()
-    (root / ID_FILE).write_text(key)
+    """Upload the server side of the federation provisioned in ``prov.root`` as ``key``: the
+    kernel's ``project.yml`` and kits, and ``prov/`` read beneath the federation's fd.
+
+    Raises:
+        FederationError: a file of ``prov/`` is not a plain file of the tree (a hard link, huge).
+    """
+    private = prov.private
+    archive = private / "tmp" / "federation.zip"
+    archive.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server_side = archive.with_name("prov.zip")
+    with federation_tree(prov.root) as tree:
+        zip_beneath(tree, "prov", server_side, skip=lambda name: name.split("/")[1:2] == ["state"])
+    try:
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+            out.write(private / "project.yml", "project.yml")
+            for kit in sorted((private / "kits").iterdir()):
+                out.write(kit, f"kits/{kit.name}")
+            with zipfile.ZipFile(server_side) as inner:
+                for name in inner.namelist():  # the root CA's key (prov/<project>/state) was left out
+                    out.writestr(f"prov/{name}", inner.read(name))
+        provision_bucket(s3, flare.KIT_BUCKET)
+        s3.upload_file(str(archive), flare.KIT_BUCKET, key)
+    finally:
+        archive.unlink(missing_ok=True)
+        server_side.unlink(missing_ok=True)
+    (private / ID_FILE).write_text(key)
 
 
-def adopt(s3: Any, key: str, root: Path, sites: list[str]) -> Provisioned:
-    """Replace whatever is in ``root`` with the federation stored as ``key``.
+def adopt(s3: Any, key: str, root: Path, private: Path, sites: list[str]) -> Provisioned:
+    """Replace whatever is in ``root`` (and the kernel's files in ``private``) with the federation
+    stored as ``key``.
 
     Raises:
         FederationError: the archive is missing or unusable.
     """
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)  # never follows a link the previous server left
+    clear_private(private)
     (root / "tmp").mkdir(parents=True)
-    archive = fetch_object(s3, flare.KIT_BUCKET, key, root / "tmp" / "federation.zip", "the federation")
+    (private / "tmp").mkdir(mode=0o700, exist_ok=True)
+    archive = fetch_object(s3, flare.KIT_BUCKET, key, private / "tmp" / "federation.zip", "the federation")
     try:
         with zipfile.ZipFile(archive) as source:
-            for name in source.namelist():
+            members = source.infolist()
+            for member in members:
+                name = member.filename
                 if name.startswith("/") or ".." in Path(name).parts or name.split("/", 1)[0] not in PARTS:
                     raise FederationError(f"the federation archive {key} holds {name!r}")
-            source.extractall(root)
+            for member in members:
+                mine = member.filename.split("/", 1)[0] in PRIVATE_PARTS
+                source.extract(member, private if mine else root)
     except zipfile.BadZipFile:
         raise FederationError(f"the federation archive {key} is not a ZIP") from None
-    archive.unlink()
-    prov = provisioned_in(root, sites)
+    finally:
+        archive.unlink(missing_ok=True)
+    prov = provisioned_in(root, private, sites)
     if prov is None:
         raise FederationError(f"the federation archive {key} holds no provisioned federation")
     configure_server(prov)
-    (root / ID_FILE).write_text(key)
+    (private / ID_FILE).write_text(key)
     return prov
 
 

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import flare
+from core.files import TenantTree, UnsafeFile
 from ops.federation.server import FederationError, FlareAdmin, Provisioned
 from projections.schedule import JobRecord
 
+MAX_ERROR_LOG_BYTES = 256 * 1024
+"""How much of the end of an error log is read."""
 ERROR_LOG_WAIT_S = 8.0
 """After a failed run, how long to wait for the failing client's error log to reach the server."""
 
@@ -67,14 +70,15 @@ async def run_failure(prov: Provisioned, run_id: str, status: str) -> tuple[str,
     """Why a run failed: the first client error log the server received, else the server's own
     error log (the tenant's persistor or job folder failing there), else the status."""
     deadline = time.monotonic() + ERROR_LOG_WAIT_S
+    server_dir = prov.server_dir.relative_to(prov.root).as_posix()
     while True:
         for slot, site in enumerate(prov.sites):
-            text = _read(prov.jobs_dir / run_id / f"ERRORLOG_{site}")
+            text = _read(prov.root, f"jobs/{run_id}/ERRORLOG_{site}")
             if text.strip():
                 reason, tail = flare.error_excerpt(text)
                 return f"training failed on {site} (shard {slot}): {reason}", tail
         if time.monotonic() >= deadline:
-            text = _read(prov.server_dir / run_id / flare.SERVER_ERROR_LOG)
+            text = _read(prov.root, f"{server_dir}/{run_id}/{flare.SERVER_ERROR_LOG}")
             if text.strip():
                 reason, tail = flare.error_excerpt(text)
                 return f"the FL server's run failed: {reason}", tail
@@ -82,5 +86,12 @@ async def run_failure(prov: Provisioned, run_id: str, status: str) -> tuple[str,
         await asyncio.sleep(0.5)
 
 
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
+def _read(root: Path, relpath: str) -> str:
+    """The last :data:`MAX_ERROR_LOG_BYTES` of an error log the sandboxed server wrote (empty if it
+    is missing, or not a plain file: it is read beneath the federation's fd, never through a link,
+    since its text goes into the job's failure, which the tenant reads)."""
+    try:
+        with TenantTree.open(root) as tree:
+            return tree.tail_bytes(relpath, MAX_ERROR_LOG_BYTES).decode(errors="replace")
+    except UnsafeFile:
+        return ""

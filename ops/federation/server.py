@@ -3,14 +3,26 @@ session on it.
 
 Layout of ``<data dir>/federations/<tenant>/<job_id>/`` (everything NVFlare writes stays in it)::
 
-    project.yml          what was provisioned (its port is reused after a restart)
     prov/<project>/prod_00/<host>/                  the FL server's workspace (startup kit, logs)
     prov/<project>/prod_00/kernel@resontech.local/  the kernel's admin kit
-    prov/<project>/prod_00/site-N/                  each client's kit, zipped into kits/site-N.zip
+    prov/<project>/prod_00/site-N/                  each client's kit (zipped into the private kits/)
     jobs/                the FL server's job store (each run's status and its clients' error logs)
-    code/                the tenant's training code, fetched once
-    runs/<n>/            each run's generated NVFlare job folder and its starting model
+    initial/             the tenant's initial model (written beneath the folder's fd, no links)
     rounds/              the global model of every round, as the server writes it
+
+The sandboxed server writes all of it, so the kernel reads it only beneath a directory fd, without
+following links (:class:`core.files.TenantTree`), and keeps its own files in a private directory
+the sandbox never sees, ``<data dir>/federations-kernel/<tenant>/<job_id>/``::
+
+    project.yml          what was provisioned (its name, host and port: read once, reused after a
+                         restart; a server that rewrote a copy in its tree would move the kernel's
+                         admin kit path and its sandbox's hidden folder)
+    kits/site-N.zip      each client's kit, zipped once right after provisioning (re-uploaded after
+                         a service restart from here, never from the server's tree)
+    federation.id        the handover archive it came from or was published as
+    tmp/                 the handover archive while it is written or read
+    job/                 the tenant's training code, fetched once
+    runs/<n>/            each run's generated NVFlare job folder (the admin session uploads it)
     server.log           the FL server's output
     server.pid           its pid, for people (the kernel finds its processes by their tag)
 
@@ -53,6 +65,7 @@ import yaml
 
 from core import flare
 from core.errors import ResontechError
+from core.files import TenantTree, UnsafeFile
 from core.proctags import marked
 from core.sandbox import Sandbox
 from core.sandbox import problem as sandbox_problem
@@ -82,11 +95,19 @@ class Provisioned:
     host: str
     port: int
     sites: list[str]
+    private: Path
+    """The kernel's own directory of this federation (``project.yml``, the kits)."""
+    name: str
+    """The project's name, from the kernel's ``project.yml``."""
 
     @property
     def prod(self) -> Path:
-        name = str(yaml.safe_load((self.root / "project.yml").read_text())["name"])
-        return self.root / "prov" / name / "prod_00"
+        return self.root / self.relative_prod
+
+    @property
+    def relative_prod(self) -> str:
+        """:attr:`prod` relative to :attr:`root` (to read beneath the federation's fd)."""
+        return f"prov/{self.name}/prod_00"
 
     @property
     def server_dir(self) -> Path:
@@ -101,7 +122,7 @@ class Provisioned:
         return self.root / "jobs"
 
     def kit_zip(self, site: str) -> Path:
-        return self.root / "kits" / f"{site}.zip"
+        return self.private / "kits" / f"{site}.zip"
 
 
 def clean_env(root: Path, tag: str) -> dict[str, str]:
@@ -117,19 +138,23 @@ def clean_env(root: Path, tag: str) -> dict[str, str]:
     }
 
 
-def provision(root: Path, *, tenant: str, job_id: str, host: str, sites: list[str]) -> Provisioned:
-    """Provision the job's federation into ``root``, once: a second call returns the first result
-    (the clients' certificates must outlive a kernel restart).
+def provision(
+    root: Path, private: Path, *, tenant: str, job_id: str, host: str, sites: list[str]
+) -> Provisioned:
+    """Provision the job's federation into ``root`` (its ``project.yml`` and client kits into the
+    kernel's ``private`` directory), once: a second call returns the first result (the clients'
+    certificates must outlive a kernel restart).
 
     Raises:
         FederationError: ``nvflare provision`` failed (the message quotes its last lines).
     """
-    found = provisioned_in(root, sites)
+    found = provisioned_in(root, private, sites)
     if found is not None:
         return found
     shutil.rmtree(root, ignore_errors=True)
+    clear_private(private)
     (root / "tmp").mkdir(parents=True)
-    project_file = root / "project.yml"
+    project_file = private / "project.yml"
     port = free_port("127.0.0.1" if host == "localhost" else "0.0.0.0")
     name = flare.project_name(tenant, job_id)
     project_file.write_text(yaml.safe_dump(flare.project(name, host=host, port=port, sites=sites)))
@@ -154,40 +179,98 @@ def provision(root: Path, *, tenant: str, job_id: str, host: str, sites: list[st
         )
     except subprocess.TimeoutExpired:
         raise FederationError(f"nvflare provision did not finish in {PROVISION_TIMEOUT_S:.0f}s") from None
-    provisioned = Provisioned(root=root, host=host, port=port, sites=sites)
+    provisioned = Provisioned(root=root, host=host, port=port, sites=sites, private=private, name=name)
     if done.returncode != 0 or not provisioned.server_dir.is_dir():
         tail = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()[-5:]
         raise FederationError(f"nvflare provision failed: {' | '.join(tail)}")
     configure_server(provisioned)
-    (root / "kits").mkdir()
-    for site in sites:
-        _zip_dir(provisioned.prod / site, provisioned.kit_zip(site))
+    kits = private / "kits"
+    kits.mkdir(mode=0o700)
+    with federation_tree(root) as tree:
+        for site in sites:
+            zip_beneath(tree, f"{provisioned.relative_prod}/{site}", provisioned.kit_zip(site))
     return provisioned
 
 
-def provisioned_in(root: Path, sites: list[str]) -> Provisioned | None:
-    """The federation already provisioned in ``root`` (with its client kits), if there is one."""
-    project_file = root / "project.yml"
-    if not (project_file.exists() and (root / "kits").is_dir()):
+def clear_private(private: Path) -> None:
+    """Forget what the kernel kept of an earlier federation in ``private`` (its project, kits and
+    archive id); its job code and run folders are remade by their own steps."""
+    private.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in ("project.yml", "federation.id"):
+        (private / name).unlink(missing_ok=True)
+    shutil.rmtree(private / "kits", ignore_errors=True)
+
+
+def provisioned_in(root: Path, private: Path, sites: list[str]) -> Provisioned | None:
+    """The federation already provisioned in ``root`` (with its client kits), if there is one: as
+    the kernel's own ``project.yml`` says, never a file of the server's tree."""
+    project_file = private / "project.yml"
+    if not (project_file.exists() and (private / "kits").is_dir() and root.is_dir()):
         return None
-    server = yaml.safe_load(project_file.read_text())["participants"][0]
-    return Provisioned(root=root, host=server["name"], port=server["fed_learn_port"], sites=sites)
+    try:
+        project = yaml.safe_load(project_file.read_bytes()[:MAX_PROJECT_BYTES])
+        server = project["participants"][0]
+        return Provisioned(root=root, host=str(server["name"]), port=int(server["fed_learn_port"]),
+                           sites=sites, private=private, name=str(project["name"]))  # fmt: skip
+    except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError):
+        raise FederationError(f"{project_file} does not describe a federation") from None
+
+
+MAX_PROJECT_BYTES = 1 << 20
+MAX_KIT_FILE_BYTES = 64 << 20
+"""A startup kit's files are certificates and configurations: kilobytes."""
+
+
+def federation_tree(root: Path) -> TenantTree:
+    """The federation's directory, held by an fd (the sandboxed server writes it).
+
+    Raises:
+        FederationError: it is a link or not a folder.
+    """
+    try:
+        return TenantTree.open(root)
+    except UnsafeFile as exc:
+        raise FederationError(f"the federation's directory: {exc.message}") from None
 
 
 def configure_server(p: Provisioned) -> None:
     """Write the FL server's ``local/resources.json`` for where the federation lives now (its job
-    store is an absolute path inside ``p.root``)."""
-    local = p.server_dir / "local"
-    default = json.loads((local / "resources.json.default").read_text())
-    resources = flare.server_resources(default, jobs_dir=str(p.jobs_dir))
-    (local / "resources.json").write_text(json.dumps(resources, indent=2))
+    store is an absolute path inside ``p.root``), beneath the federation's fd (the server's
+    workspace is the server's to write: a link there is refused, never followed).
+
+    Raises:
+        FederationError: the workspace holds a link or an unreadable default.
+    """
+    local = f"{p.relative_prod}/{p.host}/local"
+    try:
+        with federation_tree(p.root) as tree:
+            default = json.loads(tree.read_bytes(f"{local}/resources.json.default", MAX_PROJECT_BYTES))
+            resources = flare.server_resources(default, jobs_dir=str(p.jobs_dir))
+            tree.write_bytes(f"{local}/resources.json", json.dumps(resources, indent=2).encode())
+    except UnsafeFile as exc:
+        raise FederationError(f"the FL server's workspace: {exc.message}") from None
+    except ValueError:
+        raise FederationError("the FL server's resources.json.default is not JSON") from None
 
 
-def _zip_dir(source: Path, dest: Path) -> None:
-    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(source.rglob("*")):
-            if path.is_file():
-                archive.write(path, path.relative_to(source).as_posix())
+def zip_beneath(
+    tree: TenantTree, folder: str, dest: Path, *, skip: Callable[[str], bool] | None = None
+) -> None:
+    """Zip the regular files beneath ``folder`` of ``tree`` into ``dest`` (a kernel path), each read
+    beneath the tree's fd (links left out, never followed; hard links and huge files refused).
+
+    Raises:
+        FederationError: a file is not a plain file of the tree.
+    """
+    try:
+        with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name in tree.files(folder):
+                if skip is not None and skip(name):
+                    continue
+                archive.writestr(name, tree.read_bytes(f"{folder}/{name}", MAX_KIT_FILE_BYTES))
+    except UnsafeFile as exc:
+        dest.unlink(missing_ok=True)
+        raise FederationError(f"the federation's {folder}: {exc.message}") from None
 
 
 class FlareServer:
@@ -198,10 +281,13 @@ class FlareServer:
         tag: the value of the ``RESONTECH_FEDERATION`` tag on its processes.
     """
 
-    def __init__(self, provisioned: Provisioned, tag: str) -> None:
+    def __init__(self, provisioned: Provisioned, tag: str, private: Path) -> None:
         self.p = provisioned
         self.tag = tag
-        self.log_file = provisioned.root / "server.log"
+        # outside the federation's directory, which the sandboxed server writes: a link it left in
+        # place of its log would make the kernel append the server's output to a file of its own
+        self.log_file = private / "server.log"
+        self.pid_file = private / "server.pid"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -221,7 +307,7 @@ class FlareServer:
         env = clean_env(self.p.root, self.tag)
         Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
         self.proc = spawn(sandboxed(argv, self.p), self.log_file, env, cwd=ws)
-        (self.p.root / "server.pid").write_text(str(self.proc.pid))
+        self.pid_file.write_text(str(self.proc.pid))
         log.info(
             "FL server of %s started on %s:%d (pid %d)", self.tag, self.p.host, self.p.port, self.proc.pid
         )

@@ -13,15 +13,24 @@ A later job of the same name writes over them. Every call blocks (boto3): caller
 
 from __future__ import annotations
 
+import io
 import json
+import tempfile
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from botocore.exceptions import ClientError
 
 from core import flare, flarejob
+from core.files import TenantTree, UnsafeFile
 from core.objects import bucket_for, provision
 from ops.federation.server import FederationError
+
+MAX_MODEL_BYTES = 64 << 30
+"""The largest global model a federation uploads (64 GiB)."""
+MAX_SUMMARY_BYTES = 1 << 20
+"""The largest round summary (its metrics) a federation reads."""
 
 
 def output_root(name: str, output_prefix: str) -> str:
@@ -97,6 +106,26 @@ def fetch_object(s3: Any, bucket: str, key: str, dest: Path, what: str) -> Path:
     return dest
 
 
+def fetch_beneath(s3: Any, bucket: str, key: str, folder: Path, relpath: str, what: str) -> Path:
+    """Download one object to ``relpath`` of ``folder``, a folder the FL server's sandbox writes:
+    the file is created beneath the folder's fd, never through a link (:class:`core.files.TenantTree`);
+    its path.
+
+    Raises:
+        FederationError: it is missing, or a link (or something else) stands where it goes.
+    """
+    try:
+        with TenantTree.open(folder) as tree:
+            parent, _, _ = relpath.rpartition("/")
+            if parent:
+                tree.makedirs(parent)
+            with tree.open_write(relpath) as sink:
+                _download(s3, bucket, key, sink, MAX_MODEL_BYTES, what)
+    except UnsafeFile as exc:
+        raise FederationError(f"cannot write {what} into the federation: {exc.message}") from None
+    return folder / relpath
+
+
 def upload_kits(s3: Any, tenant: str, job_id: str, kits: dict[str, Path]) -> list[str]:
     """Upload each site's kit ZIP to the kernel's kit bucket; their keys, in the given order."""
     provision(s3, flare.KIT_BUCKET)
@@ -114,37 +143,82 @@ def delete_kits(s3: Any, keys: list[str]) -> None:
         s3.delete_object(Bucket=flare.KIT_BUCKET, Key=key)
 
 
-def upload_round(s3: Any, tenant: str, root: str, round_number: int, npz: Path, summary: Path) -> str:
-    """Upload one round's global model and metrics; the model's key."""
+def upload_round(s3: Any, tenant: str, root: str, round_number: int, npz: BinaryIO, summary: BinaryIO) -> str:
+    """Upload one round's global model and metrics, from files the caller opened (beneath the
+    federation's directory: :class:`core.files.TenantTree`); the model's key."""
     bucket = bucket_for(tenant)
     key = checkpoint_key(root, round_number)
-    s3.upload_file(str(npz), bucket, key)
-    s3.upload_file(str(summary), bucket, metrics_key(root, round_number))
+    s3.upload_fileobj(npz, bucket, key)
+    s3.upload_fileobj(summary, bucket, metrics_key(root, round_number))
     return key
 
 
-def upload_final(
-    s3: Any, tenant: str, root: str, final_npz: Path, summaries: list[Path], framework: str
-) -> list[str]:
-    """Upload the final model (``.npz``, and ``.pt`` for a pytorch job) and every round's metrics;
-    the keys written."""
+def upload_final(s3: Any, tenant: str, root: str, last: int, framework: str) -> list[str]:
+    """Upload the final model (round ``last``'s, ``.npz``, and ``.pt`` for a pytorch job) and every
+    round's metrics; the keys written. Everything is read from the workspace, where each round was
+    uploaded as it was reported, through anonymous temporary files of the kernel's own: nothing is
+    read from, or written to, the federation's directory (tenant code writes it).
+
+    Raises:
+        FederationError: a round's model or metrics are missing from the workspace, or the model is
+            not a plain ``.npz`` of at most :data:`MAX_MODEL_BYTES` (decompressed).
+    """
+    if last < 1:
+        raise FederationError("no round finished: there is no final model")
     bucket = bucket_for(tenant)
     outputs = [f"{root}model_out/model.npz"]
-    s3.upload_file(str(final_npz), bucket, outputs[0])
-    if framework == "pytorch":
-        pt = final_npz.with_suffix(".pt")
-        _npz_to_state_dict(final_npz, pt)
-        outputs.append(f"{root}model_out/model.pt")
-        s3.upload_file(str(pt), bucket, outputs[-1])
-    rounds = [json.loads(path.read_text()) for path in summaries]
+    with tempfile.TemporaryFile() as npz, tempfile.TemporaryFile() as pt:
+        _download(s3, bucket, checkpoint_key(root, last), npz, MAX_MODEL_BYTES, "the last global model")
+        if framework == "pytorch":  # before the upload: boto3 closes what it uploads
+            npz.seek(0)
+            _npz_to_state_dict(npz, pt)
+            pt.seek(0)
+            outputs.append(f"{root}model_out/model.pt")
+            s3.upload_fileobj(pt, bucket, outputs[-1])
+        npz.seek(0)
+        s3.upload_fileobj(npz, bucket, outputs[0])
+    rounds = []
+    for number in range(1, last + 1):
+        body = io.BytesIO()
+        _download(s3, bucket, metrics_key(root, number), body, MAX_SUMMARY_BYTES, "a round's metrics")
+        try:
+            rounds.append(json.loads(body.getvalue()))
+        except ValueError:
+            raise FederationError(f"round {number}'s metrics are not JSON") from None
     outputs.append(f"{root}files_out/metrics.json")
     s3.put_object(Bucket=bucket, Key=outputs[-1], Body=json.dumps({"rounds": rounds}, indent=2).encode())
     return outputs
 
 
-def _npz_to_state_dict(npz: Path, dest: Path) -> None:
+def _download(s3: Any, bucket: str, key: str, sink: BinaryIO, max_bytes: int, what: str) -> None:
+    """Download one object of at most ``max_bytes`` into ``sink``.
+
+    Raises:
+        FederationError: it is missing or larger.
+    """
+    try:
+        size = int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        if size > max_bytes:
+            raise FederationError(f"{what} {key} holds {size} bytes, more than {max_bytes}")
+        s3.download_fileobj(bucket, key, sink)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        raise FederationError(f"cannot read {what} {key}: {code}") from None
+
+
+def _npz_to_state_dict(npz: BinaryIO, dest: BinaryIO) -> None:
+    """Write the arrays of ``npz`` as a torch state dict; no pickles, and at most
+    :data:`MAX_MODEL_BYTES` once decompressed (a small ZIP may inflate to anything)."""
     import numpy as np
     import torch
 
-    with np.load(npz, allow_pickle=False) as archive:
-        torch.save({name: torch.from_numpy(archive[name]) for name in archive.files}, dest)
+    try:
+        with np.load(npz, allow_pickle=False) as archive:
+            inflated = sum(info.file_size for info in archive.zip.infolist())
+            if inflated > MAX_MODEL_BYTES:
+                raise FederationError(
+                    f"the final model inflates to {inflated} bytes, more than {MAX_MODEL_BYTES}"
+                )
+            torch.save({name: torch.from_numpy(archive[name]) for name in archive.files}, dest)
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise FederationError(f"the final model is not a plain .npz: {exc}") from None

@@ -280,7 +280,7 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
         # a replica became the warm engine (a later one may take its successor); the others started
         # cold, through the same program
         assert 1 <= agent.stderr().count("starts from a warm engine") <= 3
-        logs = [p.read_text() for p in (agent.state_dir / "work").glob("*/log.txt")]
+        logs = [p.read_text() for p in agent.work_dir.glob("*/log.txt")]
         assert not any("cannot replace" in text for text in logs)  # vLLM's internals are as pinned
         # vLLM's development routes (sleep, RPC into the workers) are not there, even with the key
         ready = of(
@@ -298,7 +298,7 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
 
 async def _warm_engine(agent: AgentProcess) -> list[int]:
     """The processes of a warm engine of ``agent`` that imported torch and vLLM (none: empty)."""
-    for folder in (agent.state_dir / "work").glob("warm-*"):
+    for folder in agent.work_dir.glob("warm-*"):
         log_text = (folder / "log.txt").read_text() if (folder / "log.txt").exists() else ""
         if "warm engine: imported" in log_text and "command taken" not in log_text:
             return _marked(f"RESONTECH_ASSIGNMENT_ID={folder.name}".encode())
