@@ -13,11 +13,15 @@ utilisation where NVML reports it) and how long the endpoint has been idle. Rule
    replica serves at its ``max_concurrency``: as many more replicas as the line would fill
    (``ceil(depth / max_concurrency)``), even under the RPS target (long requests are few per second
    and still queue). Not while a replica is still starting: it is the capacity already asked for.
-5. GPUs busy (mean utilisation at or above :data:`GPU_BUSY_PCT`) while every wanted replica serves:
-   one more replica.
+5. GPUs busy (mean utilisation at or above :data:`GPU_BUSY_PCT`) while every wanted replica serves
+   and holds a request the caller sent it (``in_flight >= desired``): one more replica.
 6. A scale-in keeps :data:`SCALE_IN_HEADROOM` of spare capacity, so a load hovering at a boundary
-   does not flap, and never happens while requests wait or the GPUs are busy
-   (:data:`GPU_IDLE_PCT` or more).
+   does not flap, and never happens while requests wait, or while the GPUs are busy
+   (:data:`GPU_IDLE_PCT` or more) and the caller sees traffic (requests per second or in flight).
+
+A GPU reading is its provider's word (a heartbeat): it never adds a replica, nor keeps one, the
+tenant pays for without load the caller measured itself (rules 5 and 6); rules 3 and 4 rest on the
+caller's measures alone.
 """
 
 from __future__ import annotations
@@ -97,9 +101,13 @@ def decide(
         each = bounds.max_concurrency
         reason = f"{load.queued:.1f} requests wait in line on {desired} replica(s) at {each} each"
         return Scale(more, reason, inputs)
-    if serving and busy and desired < bounds.max_replicas:
+    # rule 5: busy GPUs count only while the caller sees every wanted replica holding a request
+    if serving and busy and load.in_flight >= desired and desired < bounds.max_replicas:
         return Scale(desired + 1, f"GPUs {load.gpu_util_pct:.0f}% busy on {desired} replica(s)", inputs)
-    calm = load.queued == 0 and (load.gpu_util_pct is None or load.gpu_util_pct < GPU_IDLE_PCT)
+    # rule 6: GPUs said busy hold a scale-in back only while the caller sees traffic
+    seen = rps > 0 or load.in_flight > 0
+    gpus_idle = load.gpu_util_pct is None or load.gpu_util_pct < GPU_IDLE_PCT or not seen
+    calm = load.queued == 0 and gpus_idle
     if want < desired and calm and rps <= SCALE_IN_HEADROOM * target * want:
         return Scale(want, f"{rps:.2f} rps fits {want} replica(s) at {target:g} each", inputs)
     return None

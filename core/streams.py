@@ -14,6 +14,12 @@ from core.errors import InvalidInput
 from schemas._base import Event
 
 DAY_S = 86_400
+BEATS_KEPT_PER_WORKER = 7 * DAY_S
+"""Heartbeats HEARTBEATS keeps of one worker (``hb.<worker_id>``): a week at one a second. Each agent
+writes only its own subject, so a flood of one agent evicts only its own oldest beats."""
+MAX_BEAT_BYTES = 1 << 20
+"""The largest heartbeat the server stores, bytes: twice the largest one that decodes
+(:class:`schemas.workers.Heartbeat`: 1,024 running ids of 512 characters, 64 GPU readings)."""
 FEDERATION_HISTORY = 16
 """Messages kept per FEDERATION subject: an instance's latest beats, a job's latest claims."""
 
@@ -30,6 +36,8 @@ class StreamSpec:
         retention: ``limits`` (keep by limits) or ``workqueue`` (a message leaves once acknowledged).
         max_age_s: drop messages older than this (0: never).
         max_msgs_per_subject: keep at most this many messages per subject (-1: unlimited).
+        max_msg_bytes: the server refuses a message larger than this (-1: the server's
+            ``max_payload``).
         sources: streams this one copies from (server side).
         persist_async: acknowledge before the write reaches the disk (JetStream's ``persist_mode:
             async``, R1 streams only; a replicated stream is made durable by its quorum instead).
@@ -52,6 +60,7 @@ class StreamSpec:
     retention: Literal["limits", "workqueue"] = "limits"
     max_age_s: int = 0
     max_msgs_per_subject: int = -1
+    max_msg_bytes: int = -1
     sources: tuple[str, ...] = field(default=())
     persist_async: bool = False
     named: bool = False
@@ -83,6 +92,8 @@ STREAMS: tuple[StreamSpec, ...] = (
         "hb.<worker_id>",
         "heartbeats with telemetry, kept 7 days",
         max_age_s=7 * DAY_S,
+        max_msgs_per_subject=BEATS_KEPT_PER_WORKER,
+        max_msg_bytes=MAX_BEAT_BYTES,
         persist_async=True,
         atomic=False,
     ),

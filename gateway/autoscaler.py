@@ -3,8 +3,9 @@
 It runs in the gateway because the gateway is where the load is seen: every :data:`TICK_S` it reads
 each endpoint's requests per second (the proxy's window), the mean depth of its line (sampled every
 tick, over :data:`QUEUE_WINDOW_S`), the requests its replicas hold, how many replicas serve, the
-utilisation of their workers' GPUs (the latest heartbeats, where NVML reports it) and how long it
-has been idle, asks the pure decision, and appends ``endpoint.scaled`` (or
+utilisation of their workers' GPUs (the latest heartbeats, where NVML reports it, of the GPUs each
+worker registered: a provider's word, which :func:`core.autoscale.decide` acts on only beside the
+load measured here) and how long it has been idle, asks the pure decision, and appends ``endpoint.scaled`` (or
 ``endpoint.scaled_to_zero``) with the inputs it saw, at the endpoint's expected sequence (a
 conflict: decided again next tick). The coordinator does
 the rest (:mod:`ops.coordinator.replicas`: places, or stops, replicas). A request at zero replicas calls
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from core import autoscale
@@ -27,9 +29,10 @@ from core.errors import ConcurrencyConflict, ResontechError
 from core.streams import endpoint_filter, endpoint_subject
 from gateway.inference import InferenceProxy
 from gateway.kernel import Kernel
-from projections import ENDPOINTS, LIVENESS
+from projections import ENDPOINTS, LIVENESS, REGISTRY
 from projections.endpoints import EndpointRecord, ready_replicas
-from projections.liveness import LivenessState, util_reading
+from projections.liveness import LivenessState, registered_readings, util_reading
+from projections.registry import RegistryState
 from schemas.endpoints import EndpointScaled, EndpointScaledToZero
 
 log = logging.getLogger("resontech.gateway")
@@ -102,7 +105,7 @@ class Autoscaler:
         return now - max(since, last)
 
     async def tick(self, now: float) -> None:
-        beats = self.kernel.state(LIVENESS)
+        beats = Readings(self.kernel.state(LIVENESS), self.kernel.state(REGISTRY))
         for key, endpoint in list(self.kernel.state(ENDPOINTS).endpoints.items()):
             if endpoint.state in ("deleted", "failed"):
                 continue
@@ -114,7 +117,7 @@ class Autoscaler:
             if scale is not None:
                 await append_scale(self.kernel, endpoint, scale)
 
-    def load(self, key: str, endpoint: EndpointRecord, beats: LivenessState, now: float) -> autoscale.Load:
+    def load(self, key: str, endpoint: EndpointRecord, beats: Readings, now: float) -> autoscale.Load:
         """The endpoint's line (sampled now) and replicas, as the decision reads them."""
         line = self.proxy.lines.get(key)
         if line is not None:
@@ -129,14 +132,29 @@ class Autoscaler:
         )
 
 
-def gpu_util(beats: LivenessState, workers: set[str]) -> float | None:
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """The latest beats, and the registry that says which GPUs each worker has (``None``: every
+    reading counts, for a caller without a registry)."""
+
+    liveness: LivenessState
+    registry: RegistryState | None = None
+
+
+def gpu_util(beats: LivenessState | Readings, workers: set[str]) -> float | None:
     """Mean utilisation of the GPUs of ``workers`` in their latest heartbeats; ``None`` when none
-    reports one (CPU hosts, no NVML). A worker's GPUs are all counted: a replica shares its host's."""
-    readings = [
-        util
-        for w in sorted(workers)
-        if (beat := beats.beats.get(w)) is not None
-        for g in beat.gpus
-        if (util := util_reading(g)) is not None
-    ]
-    return sum(readings) / len(readings) if readings else None
+    reports one (CPU hosts, no NVML). A worker's GPUs are all counted: a replica shares its host's.
+    With a registry, only readings of GPUs the worker registered count
+    (:func:`projections.liveness.registered_readings`): a CPU host's "100% busy" is no reading."""
+    readings = beats if isinstance(beats, Readings) else Readings(beats)
+    utils = []
+    for w in sorted(workers):
+        beat = readings.liveness.beats.get(w)
+        if beat is None:
+            continue
+        gpus = beat.gpus
+        if readings.registry is not None:
+            record = readings.registry.workers.get(w)
+            gpus = registered_readings(gpus, record.registration.gpus if record is not None else [])
+        utils += [util for g in gpus if (util := util_reading(g)) is not None]
+    return sum(utils) / len(utils) if utils else None

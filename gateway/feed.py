@@ -17,23 +17,25 @@ import asyncio
 import datetime as dt
 import math
 import time
-import typing
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
 
-from core.errors import InvalidInput
-from core.streams import token
-from projections import ENDPOINTS, LIVENESS, SCHEDULE
+from gateway.feed_filter import (
+    TELEMETRY,
+    FeedFilter,
+    format_cursor,
+)
+from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE
 from projections.endpoints import endpoint_key
+from projections.liveness import registered_readings
 from projections.runner import ProjectionRunner
 from projections.schedule import TERMINAL, job_key
 from schemas.api.feed import FeedError, FeedMessage, FeedTelemetry
 from schemas.endpoints import (
     EndpointDeleted,
-    EndpointEvent,
     EndpointReplicaPlaced,
     EndpointReplicaReady,
     EndpointReplicaRevoked,
@@ -44,11 +46,11 @@ from schemas.jobs import (
     JobAssignmentRevoked,
     JobCancelled,
     JobCompleted,
-    JobEvent,
     JobFailed,
     JobPlaced,
     JobSubmitted,
 )
+from schemas.values import GpuTelemetry
 from schemas.workers import Heartbeat
 
 PROTOCOL = """\
@@ -70,7 +72,8 @@ family (`job`, `endpoint`) or `telemetry`.
   "tenant", "job"|"endpoint", "event": {...}}`; `seq` is the stream sequence. Events of one stream
   arrive in sequence order; JOBS and ENDPOINTS events interleave in no guaranteed order.
 - `telemetry`: a worker running your work, at most once per worker every few seconds, live only:
-  `{"seq", "stream": "HEARTBEATS", "worker", "jobs", "endpoints", "event": {"gpus": [...]}}`.
+  `{"seq", "stream": "HEARTBEATS", "worker", "jobs", "endpoints", "event": {"gpus": [...]}}`; only
+  from the worker the kernel placed the work on, and only readings of the GPUs it registered.
 - `feed.ready`: replay is over, live events follow; `cursor` is the position reached.
 - `feed.ping`: after 20 s without a message; `cursor` is the position reached. A client that hears
   nothing for a minute should assume the connection is dead and reconnect.
@@ -92,13 +95,6 @@ log is unreachable; 1006 (no close frame) the connection dropped, e.g. the gatew
 succeeds.
 """
 
-CURSOR_NAMES: dict[str, str] = {"JOBS": "jobs", "ENDPOINTS": "endpoints"}
-"""Resumable streams and their names in a cursor."""
-TELEMETRY = "telemetry"
-EVENT_KINDS: frozenset[str] = frozenset(
-    t.event_tag() for t in (*typing.get_args(JobEvent), *typing.get_args(EndpointEvent))
-)
-FAMILIES: frozenset[str] = frozenset({"job", "endpoint", TELEMETRY})
 TOO_SLOW = 4008
 KEY_REVOKED = 4401
 _JOB_PLACEMENT = (JobPlaced, JobAssignmentRevoked, JobCompleted, JobFailed, JobCancelled)
@@ -106,133 +102,15 @@ _ENDPOINT_PLACEMENT = (EndpointReplicaPlaced, EndpointReplicaRevoked, EndpointSc
 _ENCODE = msgspec.json.Encoder().encode
 
 Owner = tuple[str, str, str]
-"""(tenant, ``job`` or ``endpoint``, id): whose work an assignment is."""
-
-
-class FeedClose(Exception):
-    """End a feed session with a close code, after a ``feed.error`` message saying why."""
-
-    def __init__(self, code: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.error = error
-        self.message = message
+"""(tenant, ``job`` or ``endpoint``, id): whose work an assignment is, as the schedule names it."""
+Held = tuple[str, str]
+"""(worker id, assignment id): an assignment the schedule says a worker holds."""
 
 
 def iso(ns: int) -> str:
     """Unix nanoseconds as ISO 8601 UTC with milliseconds."""
     moment = dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_cursor(text: str) -> dict[str, int]:
-    """``jobs:120,endpoints:7`` -> ``{"JOBS": 120, "ENDPOINTS": 7}``; 4400 when malformed."""
-    by_name = {name: stream for stream, name in CURSOR_NAMES.items()}
-    out: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, seq = part.partition(":")
-        stream = by_name.get(name)
-        if stream is None or not seq.isdigit() or stream in out:
-            raise FeedClose(
-                4400,
-                "invalid_query",
-                f"after must read jobs:<seq>,endpoints:<seq> (each at most once), got {text!r}",
-            )
-        out[stream] = int(seq)
-    return out
-
-
-def format_cursor(positions: Mapping[str, int]) -> str:
-    """``{"JOBS": 120, "ENDPOINTS": 7}`` -> ``jobs:120,endpoints:7``."""
-    return ",".join(f"{name}:{positions.get(stream, 0)}" for stream, name in CURSOR_NAMES.items())
-
-
-def _token(value: str, what: str) -> str:
-    try:
-        return token(value, what)
-    except InvalidInput as exc:
-        raise FeedClose(4400, "invalid_query", str(exc)) from None
-
-
-def _ids(text: str | None, what: str) -> frozenset[str] | None:
-    if text is None:
-        return None
-    ids = frozenset(_token(part.strip(), what) for part in text.split(",") if part.strip())
-    if not ids:
-        raise FeedClose(4400, "invalid_query", f"{what} is empty: name at least one id or leave it out")
-    return ids
-
-
-def _kinds(text: str | None) -> frozenset[str] | None:
-    if text is None:
-        return None
-    kinds = frozenset(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(kinds - EVENT_KINDS - FAMILIES)
-    if unknown or not kinds:
-        raise FeedClose(
-            4400,
-            "invalid_query",
-            f"unknown kind {', '.join(unknown) or '(empty)'}: use job, endpoint, telemetry or an event tag "
-            "such as job.progress",
-        )
-    return kinds
-
-
-class FeedFilter:
-    """What one client asked for: its tenant, and optionally jobs, endpoints and kinds."""
-
-    __slots__ = ("endpoints", "jobs", "kinds", "tenant")
-
-    def __init__(
-        self,
-        tenant: str,
-        *,
-        jobs: str | None = None,
-        endpoints: str | None = None,
-        kinds: str | None = None,
-    ) -> None:
-        self.tenant = _token(tenant, "tenant")  # a subject token, never a wildcard
-        self.jobs = _ids(jobs, "job id")
-        self.endpoints = _ids(endpoints, "endpoint id")
-        self.kinds = _kinds(kinds)
-
-    def wants_kind(self, kind: str) -> bool:
-        return self.kinds is None or kind in self.kinds or kind.split(".", 1)[0] in self.kinds
-
-    def wants_event(self, stream: str, kind: str, ident: str) -> bool:
-        """Whether the event ``kind`` about job or endpoint ``ident`` on ``stream`` matches."""
-        if not self.wants_kind(kind):
-            return False
-        if self.jobs is None and self.endpoints is None:
-            return True
-        wanted = self.jobs if stream == "JOBS" else self.endpoints
-        return wanted is not None and ident in wanted
-
-    def wants_telemetry(self, jobs: Iterable[str], endpoints: Iterable[str]) -> bool:
-        if not self.wants_kind(TELEMETRY):
-            return False
-        if self.jobs is None and self.endpoints is None:
-            return True
-        return bool(self.jobs and self.jobs.intersection(jobs)) or bool(
-            self.endpoints and self.endpoints.intersection(endpoints)
-        )
-
-    def replays(self, stream: str) -> bool:
-        """Whether ``stream`` can hold a matching event at all (else its replay is skipped)."""
-        family = "job" if stream == "JOBS" else "endpoint"
-        if self.kinds is not None and not any(k == family or k.startswith(family + ".") for k in self.kinds):
-            return False
-        if self.jobs is None and self.endpoints is None:
-            return True
-        return (self.jobs if stream == "JOBS" else self.endpoints) is not None
-
-    def subjects(self, stream: str) -> str:
-        """The narrowest subject filter a replay of ``stream`` can use."""
-        family = "job" if stream == "JOBS" else "endpoint"
-        ids = self.jobs if stream == "JOBS" else self.endpoints
-        if ids is not None and len(ids) == 1:
-            return f"{family}.{self.tenant}.{next(iter(ids))}.>"
-        return f"{family}.{self.tenant}.>"
 
 
 class Subscriber:
@@ -341,8 +219,9 @@ class FeedHub:
         self._by_tenant: dict[str, set[Subscriber]] = {}
         self._by_key: dict[str, set[Subscriber]] = {}
         self._runners: dict[str, ProjectionRunner[Any]] = {}
-        self._owners: dict[str, Owner] = {}
-        self._work: dict[Owner, frozenset[str]] = {}
+        self._registry: ProjectionRunner[Any] | None = None
+        self._held: dict[str, dict[str, set[Owner]]] = {}  # worker -> assignment id -> owners
+        self._work: dict[Owner, frozenset[Held]] = {}
         self._beat_sent: dict[str, float] = {}
 
     # -- wiring -----------------------------------------------------------------------------------
@@ -351,6 +230,7 @@ class FeedHub:
         """Listen to the kernel's live runners; the assignment index starts from their current state."""
         jobs, endpoints = runners[SCHEDULE.name], runners[ENDPOINTS.name]
         self._runners = {"JOBS": jobs, "ENDPOINTS": endpoints}
+        self._registry = runners.get(REGISTRY.name)
         for job in jobs.state.jobs.values():
             self._index_job(job.tenant, job.job_id)
         for endpoint in endpoints.state.endpoints.values():
@@ -431,10 +311,10 @@ class FeedHub:
         beat = record.event
         if not self._by_tenant or not isinstance(beat, Heartbeat):
             return
-        owners = [self._owners[a] for a in beat.running if a in self._owners]
+        worker = record.token(1)
+        owners = self.owners(worker, beat.running)
         if not any(tenant in self._by_tenant for tenant, _, _ in owners):
             return
-        worker = record.token(1)
         now = time.monotonic()
         if now - self._beat_sent.get(worker, -math.inf) < self.telemetry_s:
             return
@@ -443,7 +323,9 @@ class FeedHub:
         for tenant, what, ident in sorted(set(owners)):
             jobs, endpoints = work.setdefault(tenant, ([], []))
             (jobs if what == "job" else endpoints).append(ident)
-        readings = FeedTelemetry(gpus=beat.gpus, cpu_pct=beat.cpu_pct, memory_used_mb=beat.memory_used_mb)
+        readings = FeedTelemetry(
+            gpus=self._believed_gpus(worker, beat), cpu_pct=beat.cpu_pct, memory_used_mb=beat.memory_used_mb
+        )
         for tenant, (jobs, endpoints) in work.items():
             text = None
             for subscriber in list(self._by_tenant.get(tenant, ())):
@@ -451,29 +333,58 @@ class FeedHub:
                     text = text or _telemetry_text(record, tenant, worker, jobs, endpoints, readings)
                     self._offer(subscriber, record.stream, record.seq, text)
 
-    # -- which tenant's work each assignment is (for telemetry) ---------------------------------
+    # -- whose work each worker holds (for telemetry) ------------------------------------------
+    #
+    # A beat's ``running`` is its agent's word: it names assignment ids, and an agent may name any.
+    # Telemetry goes to an owner only for an assignment the schedule (or the endpoint table) says
+    # this very worker holds now; the owner is the (tenant, job or endpoint) the schedule itself
+    # files the assignment under, never read off the id, so it is right whatever an id looks like.
 
-    def _index(self, owner: Owner, current: frozenset[str]) -> None:
-        for assignment_id in self._work.pop(owner, frozenset()) - current:
-            self._owners.pop(assignment_id, None)
-        for assignment_id in current:
-            self._owners[assignment_id] = owner
+    def owners(self, worker_id: str, running: Iterable[str]) -> set[Owner]:
+        """The owners of the assignments of ``running`` that the schedule says ``worker_id`` holds.
+        An id two owners' assignments share on one worker names neither (the beat cannot say whose
+        work it ran)."""
+        held = self._held.get(worker_id)
+        if not held:
+            return set()
+        found: set[Owner] = set()
+        for assignment_id in running:
+            owners = held.get(assignment_id)
+            if owners is not None and len(owners) == 1:
+                found |= owners
+        return found
+
+    def _believed_gpus(self, worker_id: str, beat: Heartbeat) -> list[GpuTelemetry]:
+        """The beat's GPU readings of the GPUs the worker registered (none without a registry)."""
+        record = None if self._registry is None else self._registry.state.workers.get(worker_id)
+        return registered_readings(beat.gpus, record.registration.gpus if record is not None else [])
+
+    def _index(self, owner: Owner, current: frozenset[Held]) -> None:
+        for worker_id, assignment_id in self._work.pop(owner, frozenset()) - current:
+            held = self._held.get(worker_id, {})
+            owners = held.get(assignment_id, set())
+            owners.discard(owner)
+            if not owners:
+                held.pop(assignment_id, None)
+            if not held:
+                self._held.pop(worker_id, None)
+        for worker_id, assignment_id in current:
+            self._held.setdefault(worker_id, {}).setdefault(assignment_id, set()).add(owner)
         if current:
             self._work[owner] = current
 
     def _index_job(self, tenant: str, job_id: str) -> None:
         job = self._runners["JOBS"].state.jobs.get(job_key(tenant, job_id))
         live = job is not None and job.state not in TERMINAL
-        current = (
-            frozenset(a.assignment_id for a in job.assignments.values()) if live and job else frozenset()
-        )
-        self._index((tenant, "job", job_id), current)
+        assignments = job.assignments.values() if live and job else ()
+        self._index((tenant, "job", job_id), frozenset((a.worker_id, a.assignment_id) for a in assignments))
 
     def _index_endpoint(self, tenant: str, endpoint_id: str) -> None:
         endpoint = self._runners["ENDPOINTS"].state.endpoints.get(endpoint_key(tenant, endpoint_id))
         live = endpoint is not None and endpoint.state != "deleted"
         replicas = endpoint.replicas.values() if live and endpoint else ()
-        self._index((tenant, "endpoint", endpoint_id), frozenset(r.assignment_id for r in replicas))
+        held = frozenset((r.worker_id, r.assignment_id) for r in replicas)
+        self._index((tenant, "endpoint", endpoint_id), held)
 
 
 def _telemetry_text(

@@ -10,14 +10,17 @@ readings from before or after it ran the tenant's work.
 A heartbeat carries the readings of the worker's whole host, so a beat counts for the job only when
 everything the worker ran then was this job's (its ``running`` list names only assignments of the
 job, or nothing): a beat from a host shared with other work, another tenant's or another job's,
-would show figures that are not this job's, and is left out (counted in ``withheld``).
+would show figures that are not this job's, and is left out (counted in ``withheld``). A beat is its
+agent's word: only the beats of the worker the schedule placed the work on are read (another
+agent naming the job's assignment in its ``running`` is never read), and only the readings of the
+GPUs that worker registered are shown.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +29,13 @@ import msgspec
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_filter
 from gateway.scope import iso
-from projections.liveness import util_reading
+from projections.liveness import registered_readings, util_reading
+from projections.registry import RegistryState
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, evolve
 from projections.tenure import Tenure, tenure
 from schemas.api.jobs import GpuSample, JobTelemetry, TelemetrySpan, WorkerTelemetry
 from schemas.envelope import Recorded
+from schemas.values import Gpu
 from schemas.workers import Heartbeat
 
 Span = tuple[int, int | None]
@@ -88,11 +93,13 @@ def merged(spans: Iterable[Span]) -> list[Span]:
     return out
 
 
-def readings(beat: Heartbeat) -> tuple[float | None, float | None]:
+def readings(beat: Heartbeat, registered: Sequence[Gpu] | None = None) -> tuple[float | None, float | None]:
     """A heartbeat's mean GPU utilisation (percent) and total GPU memory used (MiB), ``None`` where
-    no GPU reported the value."""
-    utils = [util for g in beat.gpus if (util := util_reading(g)) is not None]
-    mems = [g.mem_used_mb for g in beat.gpus if g.mem_used_mb is not None]
+    no GPU reported the value; with ``registered`` (the GPUs the worker registered), only the
+    readings of those GPUs (:func:`projections.liveness.registered_readings`)."""
+    gpus = beat.gpus if registered is None else registered_readings(beat.gpus, registered)
+    utils = [util for g in gpus if (util := util_reading(g)) is not None]
+    mems = [g.mem_used_mb for g in gpus if g.mem_used_mb is not None]
     return (sum(utils) / len(utils) if utils else None, float(sum(mems)) if mems else None)
 
 
@@ -157,9 +164,16 @@ async def _beats(log: EventLog, worker_id: str, spans: list[Span]) -> AsyncItera
 
 
 async def worker_telemetry(
-    log: EventLog, worker_id: str, held: list[Tenure], job_assignments: set[str], points: int, now_ns: int
+    log: EventLog,
+    worker_id: str,
+    held: list[Tenure],
+    job_assignments: set[str],
+    points: int,
+    now_ns: int,
+    registered: Sequence[Gpu] | None = None,
 ) -> WorkerTelemetry:
-    """The readings of ``worker_id`` while it held the tenures ``held`` of one job."""
+    """The readings of ``worker_id`` while it held the tenures ``held`` of one job (of the GPUs
+    ``registered``, when given)."""
     spans = merged((t.placed_ns, t.ended_ns) for t in held)
     last = spans[-1][1]
     series = Downsampled(spans[0][0], now_ns if last is None else last, points)
@@ -172,7 +186,7 @@ async def worker_telemetry(
         if not set(beat.running) <= job_assignments:
             withheld += 1
             continue
-        series.add(record.time_ns, *readings(beat))
+        series.add(record.time_ns, *readings(beat, registered))
     shown = [
         TelemetrySpan(
             assignment_id=t.assignment_id,
@@ -188,9 +202,13 @@ async def worker_telemetry(
     )
 
 
-async def job_telemetry(log: EventLog, job: JobRecord, points: int, now_ns: int) -> JobTelemetry:
+async def job_telemetry(
+    log: EventLog, job: JobRecord, points: int, now_ns: int, registry: RegistryState | None = None
+) -> JobTelemetry:
     """GPU utilisation and memory of every worker that held an assignment of ``job``, while it did,
-    at most ``points`` samples per worker (workers in the order they were first placed)."""
+    at most ``points`` samples per worker (workers in the order they were first placed); with
+    ``registry``, only readings of the GPUs each worker registered (a worker it does not know, or one
+    registered without GPUs, shows none)."""
     replay = log.replay("JOBS", start_seq=job.submitted_seq, subjects=job_filter(job.tenant, job.job_id))
     fold = Tenures()
     async with contextlib.aclosing(replay) as records:
@@ -202,7 +220,16 @@ async def job_telemetry(log: EventLog, job: JobRecord, points: int, now_ns: int)
         by_worker.setdefault(t.worker_id, []).append(t)
     ids = {t.assignment_id for t in held}
     workers = [
-        await worker_telemetry(log, worker_id, tenures_of, ids, points, now_ns)
+        await worker_telemetry(
+            log, worker_id, tenures_of, ids, points, now_ns, _registered_gpus(registry, worker_id)
+        )
         for worker_id, tenures_of in by_worker.items()
     ]
     return JobTelemetry(job_id=job.job_id, points=points, workers=workers)
+
+
+def _registered_gpus(registry: RegistryState | None, worker_id: str) -> Sequence[Gpu] | None:
+    if registry is None:
+        return None
+    record = registry.workers.get(worker_id)
+    return record.registration.gpus if record is not None else []

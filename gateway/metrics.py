@@ -14,9 +14,10 @@ scrapes. Each granian worker process has its own figures (the dev stack runs one
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from gateway.inference import InferenceProxy
     from gateway.kernel import Kernel
 
+log = logging.getLogger("resontech.gateway")
 router = Router("metrics")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -84,6 +86,16 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+def _each_or_none(families: Callable[[Kernel], Iterator[Metric]], kernel: Kernel) -> list[Metric]:
+    """The metric families ``families`` reads off the kernel, or none (logged) when one value cannot be
+    read: a scrape answers with the rest, never a 500 for one worker's or one endpoint's bad figure."""
+    try:
+        return list(families(kernel))
+    except Exception:
+        log.exception("metrics: %s left out of this scrape", getattr(families, "__name__", families))
+        return []
+
+
 class KernelCollector(Collector):
     """Projection lag, queues, workers and feed figures, computed from the kernel at each scrape."""
 
@@ -97,9 +109,8 @@ class KernelCollector(Collector):
         kernel = self.metrics.kernel
         if kernel is None:
             return
-        yield from self._projections(kernel)
-        yield from self._work(kernel)
-        yield from self._inference(kernel)
+        for families in (self._projections, self._work, self._inference):
+            yield from _each_or_none(families, kernel)
         feed = kernel.feed
         yield GaugeMetricFamily(
             "resontech_feed_subscribers", "Connected feed clients", value=feed.subscribers

@@ -37,6 +37,11 @@ class Projection(Generic[S]):
             arguments it gives the empty state (:meth:`initial`).
         evolve: the reducer.
         subjects: an optional subject filter inside the stream.
+        admit: an optional budget, ``admit(state, subject, seq, time_ns) -> bool``, asked of every
+            stored message before it is decoded: a message it refuses is never decoded (nor
+            quarantined) and never reaches ``evolve``. It may record what it admitted in the state
+            (it is part of the fold: :meth:`fold` and every runner ask it the same way), so that one
+            sender's flood costs the fold a dictionary lookup per message (:mod:`projections.liveness`).
     """
 
     name: str
@@ -45,17 +50,20 @@ class Projection(Generic[S]):
     state_type: type[S]
     evolve: Callable[[S, Recorded[Any]], S]
     subjects: str | None = None
+    admit: Callable[[S, str, int, int], bool] | None = None
 
     def initial(self) -> S:
         """The empty state: the state type with every field at its default."""
         return self.state_type()
 
     def fold(self, records: Iterable[Recorded[Any]], state: S | None = None) -> S:
-        """Apply ``records`` in order to ``state`` (default: a new initial state)."""
+        """Apply ``records`` in order to ``state`` (default: a new initial state), each one the
+        projection's :attr:`admit` admits."""
         current = self.initial() if state is None else state
-        evolve = self.evolve
+        evolve, admit = self.evolve, self.admit
         for record in records:
-            current = evolve(current, record)
+            if admit is None or admit(current, record.subject, record.seq, record.time_ns):
+                current = evolve(current, record)
         return current
 
 

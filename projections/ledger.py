@@ -20,9 +20,10 @@ of four tokens not ending in ``tokens``, a ``TokensServed`` on a subject not end
 invalid.
 
 Pricing and keys. A tick is priced by the table in effect at its ``end_ms`` and billed in the UTC month
-of its ``end_ms`` (``YYYY-MM``). Invoice lines are keyed ``tenant/period/work_id/gpu_type/pool/v<price
-version>``, payout lines ``provider/period/tier``; each worker's earnings to date (the payouts of its
-usage ticks) are kept by worker id, for providers' per-node view.
+of its ``end_ms`` (``YYYY-MM``). Invoice lines are keyed ``tenant/period/work_kind/work_id/gpu_type/pool/
+v<price version>`` (a tenant's job ``x`` and its endpoint ``x`` are two lines), payout lines
+``provider/period/tier``; each worker's earnings to date (the payouts of its usage ticks) are kept
+by worker id, for providers' per-node view.
 
 Per day and over time (:mod:`projections.days`). Beside the lines, every counted usage tick adds its
 charge to its tenant's UTC day (of ``end_ms``, like its period: ``spend``), its payout to its
@@ -216,9 +217,13 @@ def period_of(ms: int) -> str:
     return _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, ms) - 1]
 
 
-def line_key(tenant: str, period: str, work_id: str, gpu_type: str, pool: str, version: int) -> str:
-    """The key of an invoice line in :attr:`LedgerState.lines`."""
-    return f"{tenant}/{period}/{work_id}/{gpu_type}/{pool}/v{version}"
+def line_key(
+    tenant: str, period: str, work_kind: str, work_id: str, gpu_type: str, pool: str, version: int
+) -> str:
+    """The key of an invoice line in :attr:`LedgerState.lines`: one per tenant, month, kind of work
+    (``job`` or ``endpoint``: a tenant chooses both ids, so a job and an endpoint may share one),
+    work id, GPU type, pool and price version."""
+    return f"{tenant}/{period}/{work_kind}/{work_id}/{gpu_type}/{pool}/v{version}"
 
 
 def payout_key(provider: str, period: str, tier: str) -> str:
@@ -360,7 +365,8 @@ def _line(
 ) -> InvoiceLine:
     """The tick's invoice line (created if new) with the tick counted and ``seq`` in its ranges; the
     caller adds the usage."""
-    key = f"{tenant}/{period}/{tick.work_id}/{tick.gpu_type}/{tick.pool}/v{version}"  # line_key
+    work = f"{tick.work_kind}/{tick.work_id}"
+    key = f"{tenant}/{period}/{work}/{tick.gpu_type}/{tick.pool}/v{version}"  # line_key
     line = state.lines.get(key)
     if line is None:
         line = state.lines[key] = InvoiceLine(
@@ -432,8 +438,10 @@ def _prune(state: LedgerState, seq: int, now_ns: int) -> None:
 
 
 LEDGER: Projection[LedgerState] = Projection(
-    name="ledger", stream="METERING", version=5, state_type=LedgerState, evolve=evolve
+    name="ledger", stream="METERING", version=6, state_type=LedgerState, evolve=evolve
 )
+"""Version 6: invoice lines are keyed by the kind of work too (:func:`line_key`); an older snapshot
+may hold one line for a tenant's job and endpoint of one id, and is rebuilt."""
 
 
 def _copy(line: InvoiceLine) -> InvoiceLine:

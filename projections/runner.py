@@ -128,6 +128,24 @@ class ProjectionRunner(Generic[S]):
         self.seq = record.seq
         for listener in self.listeners:
             listener(record)
+        self._wake()
+
+    def admits(self, subject: str, seq: int, time_ns: int) -> bool:
+        """Whether the stored message at ``seq`` is to be decoded and applied: the projection's
+        :attr:`~projections.base.Projection.admit` (if any) asked; a message it refuses is passed
+        over (:attr:`seq` moves past it, no listener hears of it)."""
+        admit = self.projection.admit
+        if admit is None:
+            return True
+        if seq <= self.seq:  # applied (or passed over) already
+            return False
+        if admit(self.state, subject, seq, time_ns):
+            return True
+        self.seq = seq
+        self._wake()
+        return False
+
+    def _wake(self) -> None:
         while self._waiters and self._waiters[0][0] <= self.seq:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
@@ -149,6 +167,8 @@ class ProjectionRunner(Generic[S]):
 
         def apply(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
             nonlocal applied
+            if not self.admits(subject, seq, time_ns):
+                return
             record = decode_record(subject, seq, time_ns, msg_id, data)
             if record is not None:
                 self.apply(record)
@@ -176,7 +196,11 @@ class ProjectionRunner(Generic[S]):
         catching_up.result()
         await self.snapshot_if_due(force=not loaded or self.seq > self.snapshot_seq)
         watch = await self.log.watch(
-            self.projection.stream, self.apply, after_seq=self.seq, subjects=self.projection.subjects
+            self.projection.stream,
+            self.apply,
+            after_seq=self.seq,
+            subjects=self.projection.subjects,
+            admit=None if self.projection.admit is None else self.admits,
         )
         self.caught_up.set()  # and following: nothing stored from now on is missed
         try:
@@ -228,16 +252,18 @@ async def rebuild(
     runs inside the log's delivery callback.
     """
     state = projection.initial()
-    evolve = projection.evolve
+    evolve, admit = projection.evolve, projection.admit
     last = 0
     decode_record = event_log.record_decoder(projection.stream)
 
     def apply(subject: str, seq: int, time_ns: int, msg_id: str, data: bytes) -> None:
         nonlocal state, last
+        last = seq
+        if admit is not None and not admit(state, subject, seq, time_ns):
+            return
         record = decode_record(subject, seq, time_ns, msg_id, data)
         if record is not None:
             state = evolve(state, record)
-        last = seq
 
     await event_log.scan(
         projection.stream, apply, until_seq=until_seq, until_time=until_time, subjects=projection.subjects

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from msgspec.structs import force_setattr
+
 from schemas._base import Fields, Value
 
 Pool = Literal["shared", "managed", "private"]
@@ -27,8 +29,30 @@ class Gpu(Value, frozen=True, kw_only=True):
     uuid: str = ""
 
 
+MAX_GPU_MEMORY_MB = 1 << 24
+"""16 TiB: more memory than any GPU has; a reading above it is no reading."""
+MAX_GPU_POWER_W = 10_000.0
+MIN_GPU_TEMP_C, MAX_GPU_TEMP_C = -50.0, 200.0
+MAX_ERROR_COUNT = 1_000_000_000
+"""Error counts above it are read as it: still errors (the health controller cordons on any), and a
+number every sum and chart can hold."""
+
+
 class GpuTelemetry(Value, frozen=True, kw_only=True):
-    """One GPU's readings in a heartbeat. ``None`` where NVML does not report a value."""
+    """One GPU's readings in a heartbeat. ``None`` where NVML does not report a value.
+
+    A heartbeat is its agent's word (agents publish their own beats, unjudged), so every reading is
+    bounded where it is decoded (and built): a reading outside its range (a utilisation outside 0 to
+    100, a negative or impossible size, power or temperature, NaN or an infinity) becomes ``None``,
+    as if NVML had not reported it; an error count above :data:`MAX_ERROR_COUNT` becomes that count.
+    Dropping one field keeps the rest of the beat, which is still a sign of life.
+
+    Attributes:
+        index: the GPU's NVML index (matched against the GPUs the worker registered).
+        util_pct: percent, 0 to 100. mem_used_mb: MiB, 0 to :data:`MAX_GPU_MEMORY_MB`.
+        temp_c: degrees Celsius, -50 to 200. power_w: watts, 0 to 10,000.
+        ecc_errors / xid_errors: counts, 0 to :data:`MAX_ERROR_COUNT`.
+    """
 
     index: int
     util_pct: float | None = None
@@ -37,6 +61,22 @@ class GpuTelemetry(Value, frozen=True, kw_only=True):
     power_w: float | None = None
     ecc_errors: int | None = None
     xid_errors: int | None = None
+
+    def __post_init__(self) -> None:
+        # the common case (every reading in range) costs a few comparisons; chained comparisons are
+        # False for NaN, so NaN is out of range too
+        if self.util_pct is not None and not 0.0 <= self.util_pct <= 100.0:
+            force_setattr(self, "util_pct", None)
+        if self.mem_used_mb is not None and not 0 <= self.mem_used_mb <= MAX_GPU_MEMORY_MB:
+            force_setattr(self, "mem_used_mb", None)
+        if self.temp_c is not None and not MIN_GPU_TEMP_C <= self.temp_c <= MAX_GPU_TEMP_C:
+            force_setattr(self, "temp_c", None)
+        if self.power_w is not None and not 0.0 <= self.power_w <= MAX_GPU_POWER_W:
+            force_setattr(self, "power_w", None)
+        for name in ("ecc_errors", "xid_errors"):
+            count = getattr(self, name)
+            if count is not None and not 0 <= count <= MAX_ERROR_COUNT:
+                force_setattr(self, name, None if count < 0 else MAX_ERROR_COUNT)
 
 
 class ScoreCard(Value, frozen=True, kw_only=True):

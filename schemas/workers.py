@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from msgspec import Meta
+from msgspec.structs import force_setattr
+
 from schemas._base import Event, Value
 from schemas.values import Gpu, GpuTelemetry, Pool, Sandboxing
 
@@ -179,21 +184,70 @@ WorkerEvent = (
 )
 
 
+MAX_BEAT_INTERVAL_S = 3600.0
+"""The longest heartbeat interval a beat may state, seconds (the bound of the agent's own setting,
+``RESONTECH_AGENT_HEARTBEAT_INTERVAL_S``); :data:`core.clock.MAX_BEAT_INTERVAL_S` is this."""
+MIN_BEAT_INTERVAL_S = 0.2
+"""The shortest heartbeat interval the kernel believes, seconds: a beat stating less (but more than
+zero) is read as stating this. An agent's interval is no budget: the kernel folds at most one beat
+of a worker per :data:`projections.liveness.MIN_BEAT_GAP_NS` (half of this), so a worker beating
+faster than this would otherwise be declared silent between the beats the kernel folds."""
+MAX_BEAT_GPUS = 64
+"""GPU readings one beat may carry: more GPUs than any host has."""
+MAX_BEAT_RUNNING = 1024
+"""Assignment ids one beat may name as running."""
+MAX_RUNNING_ID_CHARS = 512
+MAX_HOST_MEMORY_MB = 1 << 32
+"""4 PiB: more memory than any host has; a reading above it is no reading."""
+
+BeatInterval = Annotated[float, Meta(gt=0.0, le=MAX_BEAT_INTERVAL_S)]
+BeatGpus = Annotated[list[GpuTelemetry], Meta(max_length=MAX_BEAT_GPUS)]
+BeatRunning = Annotated[
+    list[Annotated[str, Meta(max_length=MAX_RUNNING_ID_CHARS)]], Meta(max_length=MAX_BEAT_RUNNING)
+]
+
+
 class Heartbeat(Event, tag="hb.beat", frozen=True, kw_only=True):
     """A worker is alive, with its telemetry.
 
+    Agents publish their beats on ``hb.<own id>`` directly (no intake: a beat is too frequent to
+    judge), so a beat is its agent's word and is bounded where it is decoded:
+
+    * its shape: an ``interval_s`` that is not a number in ``(0, MAX_BEAT_INTERVAL_S]``, more than
+      :data:`MAX_BEAT_GPUS` readings or :data:`MAX_BEAT_RUNNING` ids (or an id over
+      :data:`MAX_RUNNING_ID_CHARS`) fail to decode: the whole beat is quarantined and every reader
+      skips it (:mod:`core.log.decoding`), so the worker's previous beat stays its latest and the
+      kernel's own clock declares it lost (:mod:`core.clock`). No agent of ours sends such a beat.
+    * its interval: one below :data:`MIN_BEAT_INTERVAL_S` reads as that minimum (a worker cannot
+      pick a tiny interval to be folded more often: see :mod:`projections.liveness`).
+    * its readings: a host reading out of range (``cpu_pct`` outside 0 to 100, ``memory_used_mb``
+      negative or above :data:`MAX_HOST_MEMORY_MB`, NaN) reads 0, and each GPU reading is bounded by
+      :class:`~schemas.values.GpuTelemetry`: the beat is still a sign of life.
+
+    What a beat says about work (``running``) and GPUs is believed about nothing else: readers show
+    a beat's telemetry for the assignments the schedule says its worker holds, and GPU readings only
+    for GPUs the worker registered (:func:`projections.liveness.registered_readings`).
+
     Attributes:
-        interval_s: the agent's heartbeat interval; a worker silent for 3 intervals is lost.
+        interval_s: the agent's heartbeat interval, seconds; a worker silent for 3 intervals is lost.
         gpus: per-GPU readings (empty on a host without NVML).
-        cpu_pct / memory_used_mb: host load.
+        cpu_pct / memory_used_mb: host load: percent of the host's CPU time, MiB in use.
         running: assignment ids the agent is running.
     """
 
-    interval_s: float = 1.0
-    gpus: list[GpuTelemetry] = []
+    interval_s: BeatInterval = 1.0
+    gpus: BeatGpus = []
     cpu_pct: float = 0.0
     memory_used_mb: int = 0
-    running: list[str] = []
+    running: BeatRunning = []
+
+    def __post_init__(self) -> None:
+        if 0.0 < self.interval_s < MIN_BEAT_INTERVAL_S:  # the kernel folds no more than it believes
+            force_setattr(self, "interval_s", MIN_BEAT_INTERVAL_S)
+        if not 0.0 <= self.cpu_pct <= 100.0:  # False for NaN too
+            force_setattr(self, "cpu_pct", 0.0)
+        if not 0 <= self.memory_used_mb <= MAX_HOST_MEMORY_MB:
+            force_setattr(self, "memory_used_mb", 0)
 
 
 HeartbeatEvent = Heartbeat

@@ -804,17 +804,17 @@ def test_ledger_prices_ticks_into_lines_with_their_ranges() -> None:
         )
     state: LedgerState = log.state
     assert sorted(state.lines) == [
-        "acme/2026-03/j1/H100/shared/v1",
-        "acme/2026-04/j1/H100/shared/v1",
-        "globex/2026-03/j9/H100/shared/v1",
-        "globex/2026-04/j9/H100/shared/v1",
+        "acme/2026-03/job/j1/H100/shared/v1",
+        "acme/2026-04/job/j1/H100/shared/v1",
+        "globex/2026-03/job/j9/H100/shared/v1",
+        "globex/2026-04/job/j9/H100/shared/v1",
     ]
-    march = state.lines["acme/2026-03/j1/H100/shared/v1"]
+    march = state.lines["acme/2026-03/job/j1/H100/shared/v1"]
     # an agent's own count of tokens is not billed: tokens come from the gateways' counts
     assert (march.ticks, march.gpu_ms, march.tokens, march.source_ranges) == (2, 20_000, 0, [(1, 1), (3, 3)])
     assert march.charge_micros == 2 * 6_917  # 6_916.67 per tick, each rounded on its own
-    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_ranges == [(5, 5), (7, 7)]
-    assert state.lines["globex/2026-04/j9/H100/shared/v1"].charge_micros == 2 * 42
+    assert state.lines["acme/2026-04/job/j1/H100/shared/v1"].source_ranges == [(5, 5), (7, 7)]
+    assert state.lines["globex/2026-04/job/j9/H100/shared/v1"].charge_micros == 2 * 42
     assert charges(state, "acme") == 4 * 6_917
     assert charges(state, "acme", "2026-04") == 2 * 6_917
     assert charges(state, "globex") == 4 * 42
@@ -869,7 +869,9 @@ def test_ledger_takes_tokens_only_from_the_kernels_counts() -> None:
     _served(log, 40)
     log("meter.acme.w1.tokens", _tick(assignment_id="a3", gpu_ms=0, tokens=2, source="gateway-b"))
     state: LedgerState = log.state
-    assert state.lines["acme/2026-04/j1/H100/shared/v1"].tokens == 42
+    # the endpoint j1's count, and the legacy tick's (of the job j1): each on its own kind's line
+    assert state.lines["acme/2026-04/endpoint/j1/H100/shared/v1"].tokens == 40
+    assert state.lines["acme/2026-04/job/j1/H100/shared/v1"].tokens == 2
     assert state.invalid == 0
     # shapes the ledger does not bill: a tick on a 4-token subject that is not a gateway's, a count
     # of tokens on a usage subject, a negative count
@@ -879,7 +881,7 @@ def test_ledger_takes_tokens_only_from_the_kernels_counts() -> None:
     log("meter.acme.w1.a5.tick", served)
     log("meter.acme.w1", served)
     _served(log, -1, assignment_id="a6")
-    assert (state.invalid, state.lines["acme/2026-04/j1/H100/shared/v1"].tokens) == (4, 42)
+    assert (state.invalid, state.lines["acme/2026-04/endpoint/j1/H100/shared/v1"].tokens) == (4, 40)
     assert state.seq == 8 and len(state.marks) == 4
 
 
@@ -893,7 +895,7 @@ def test_ledger_counts_a_retried_tick_once() -> None:
     _meter(log, start_ms=APRIL_MS + 10_000, end_ms=APRIL_MS + 20_000, gpu_ms=10_000)  # the next interval
     _meter(log, "globex", start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000, gpu_ms=10_000)  # another tenant's a1
     state: LedgerState = log.state
-    line = state.lines["acme/2026-04/j1/H100/shared/v1"]
+    line = state.lines["acme/2026-04/job/j1/H100/shared/v1"]
     assert (line.ticks, line.gpu_ms, line.source_ranges) == (3, 30_000, [(1, 1), (5, 6)])
     assert state.duplicates == 3
     assert state.marks == {
@@ -907,7 +909,7 @@ def test_ledger_counts_a_retried_tick_once() -> None:
     _served(log, 40)
     _served(log, 2, source="gateway-b")
     _served(log, 40)  # gateway-a's retry
-    assert (state.lines["acme/2026-04/j1/H100/shared/v1"].tokens, state.duplicates) == (42, 4)
+    assert (state.lines["acme/2026-04/endpoint/j1/H100/shared/v1"].tokens, state.duplicates) == (42, 4)
 
 
 def test_ledger_tiers_pools_versions_and_invalid_ticks() -> None:
@@ -922,9 +924,9 @@ def test_ledger_tiers_pools_versions_and_invalid_ticks() -> None:
     state: LedgerState = log.state
     assert state.invalid == 4 and len(state.marks) == 3  # an invalid tick leaves no mark
     assert payouts(state, "p2")[0].payout_micros == 0
-    assert state.lines["acme/2026-04/j1/H100/private/v1"].charge_micros == 0
-    assert state.lines["acme/2026-04/j1/H100/private/v1"].gpu_ms == HOUR_MS  # metered all the same
-    assert state.lines["acme/2026-04/j1/H100/managed/v1"].charge_micros == 3_112_500
+    assert state.lines["acme/2026-04/job/j1/H100/private/v1"].charge_micros == 0
+    assert state.lines["acme/2026-04/job/j1/H100/private/v1"].gpu_ms == HOUR_MS  # metered all the same
+    assert state.lines["acme/2026-04/job/j1/H100/managed/v1"].charge_micros == 3_112_500
     assert charges(state, "acme") == 2_490_000 + 3_112_500
 
 
@@ -935,7 +937,7 @@ def test_ledger_invoice_returns_copies() -> None:
     (line,) = invoice(state, "acme", "2026-04")
     line.source_ranges.append((99, 99))
     line.charge_micros = 0
-    assert state.lines["acme/2026-04/j1/H100/shared/v1"].source_ranges == [(1, 1)]
+    assert state.lines["acme/2026-04/job/j1/H100/shared/v1"].source_ranges == [(1, 1)]
     assert invoice(state, "acme", "2026-04")[0].charge_micros == 2_490_000
     assert invoice(state, "acme", "2026-03") == [] and invoice(state, "globex", "2026-04") == []
 
@@ -953,9 +955,9 @@ def test_ledger_ranges_are_exact_runs_of_a_lines_ticks() -> None:
     _meter(log, work_id="j1", assignment_id="j1-s0", start_ms=APRIL_MS, end_ms=APRIL_MS + 1)  # a retry
     usage("j1")
     lines = log.state.lines
-    assert lines["acme/2026-04/j1/H100/shared/v1"].source_ranges == [(1, 3), (5, 5), (8, 9), (11, 11)]
-    assert lines["acme/2026-04/j2/H100/shared/v1"].source_ranges == [(4, 4), (6, 7)]
-    assert lines["acme/2026-04/j1/H100/shared/v1"].ticks == 7
+    assert lines["acme/2026-04/job/j1/H100/shared/v1"].source_ranges == [(1, 3), (5, 5), (8, 9), (11, 11)]
+    assert lines["acme/2026-04/job/j2/H100/shared/v1"].source_ranges == [(4, 4), (6, 7)]
+    assert lines["acme/2026-04/job/j1/H100/shared/v1"].ticks == 7
 
 
 def _nearest_first(ranges: list[tuple[int, int]], seq: int) -> list[tuple[int, int]]:
@@ -988,7 +990,7 @@ def test_ledger_caps_a_lines_ranges_by_merging_the_nearest() -> None:
         record = _meter(log, start_ms=start, end_ms=start + 10_000)
         mine.append(record.seq)
         expected = _nearest_first(expected, record.seq)
-        line = log.state.lines["acme/2026-04/j1/H100/shared/v1"]
+        line = log.state.lines["acme/2026-04/job/j1/H100/shared/v1"]
         assert line.source_ranges == expected
     assert len(expected) <= RANGE_CAP
     # the rule an auditor checks: the line's ticks are the ticks of its key within its ranges
@@ -1026,7 +1028,7 @@ def test_ledger_marks_are_dropped_after_their_retention(monkeypatch: pytest.Monk
                                    "acme.w1.c3"]  # fmt: skip
     # a retry later than the retention is counted again: the intake's sequence check is what stops it
     _meter(log, t_s=2 * day + 9, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000)
-    assert state.lines["acme/2026-04/j1/H100/shared/v1"].ticks == 9 and state.duplicates == 1
+    assert state.lines["acme/2026-04/job/j1/H100/shared/v1"].ticks == 9 and state.duplicates == 1
 
 
 def _churn(ticks: int, start_s: float = 0.0) -> list[tuple[str, Event, float]]:

@@ -135,16 +135,20 @@ class Reading(Scanning, Decoding):
         *,
         after_seq: int = 0,
         subjects: str | None = None,
+        admit: Callable[[str, int, int], bool] | None = None,
     ) -> Watch:
         """Call ``on_record`` for every event above ``after_seq``, stored ones first, then live ones.
 
         Returns a handle; ``await handle.stop()`` ends the watch. ``on_record`` runs on the event
-        loop and must not block.
+        loop and must not block. ``admit(subject, seq, time_ns)``, when given, is asked first: a
+        message it refuses is not decoded (a projection's budget, :mod:`projections.base`).
         """
         decode_record = self.record_decoder(stream)
 
         async def deliver(msg: Msg) -> None:
             seq, time_ns, _ = parse_reply(msg.reply)
+            if admit is not None and not admit(msg.subject, seq, time_ns):
+                return
             headers = msg.headers
             msg_id = headers.get(MSG_ID, "") if headers else ""
             record = decode_record(msg.subject, seq, time_ns, msg_id, msg.data)

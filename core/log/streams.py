@@ -78,6 +78,7 @@ def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
         num_replicas=replicas,
         max_age=float(spec.max_age_s),
         max_msgs_per_subject=spec.max_msgs_per_subject,
+        max_msg_size=spec.max_msg_bytes,
         duplicate_window=float(DUPLICATE_WINDOW_S),
         sources=[api.StreamSource(name=s) for s in spec.sources] or None,
         allow_direct=True,

@@ -171,7 +171,7 @@ async def get_job(call: Call[None, TenantQuery]) -> Job:
 async def _stop_work(call: Call[Any, Any], job: JobRecord) -> None:
     """Tell each agent running a shard of the cancelled job to stop it (idempotent by command id)."""
     reason = f"job cancelled by {job.cancelled_by or call.principal.label}"
-    await stop_work(call, job.job_id, job.assignments.values(), reason, "cancel")
+    await stop_work(call, (job.tenant, "job", job.job_id), job.assignments.values(), reason, "cancel")
 
 
 @router.post(
@@ -254,4 +254,5 @@ async def job_telemetry(call: Call[None, TelemetryQuery]) -> JobTelemetry:
     assignments, at most ``points`` samples per worker (a heartbeat of a host that also ran other work
     is left out: its readings are the whole host's)."""
     job = JOB.visible(call)
-    return await read_telemetry(call.kernel.event_log, job, call.query.points, time.time_ns())
+    registry = call.kernel.state(REGISTRY)  # readings only of the GPUs each worker registered
+    return await read_telemetry(call.kernel.event_log, job, call.query.points, time.time_ns(), registry)

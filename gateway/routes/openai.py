@@ -8,7 +8,8 @@ included) passed through, never re-encoded. They are also not in the OpenAPI doc
 own specification describes them).
 
 Tokens are metered here (:mod:`gateway.token_counts`, :mod:`gateway.token_meter`): the ``usage`` of every
-response is counted for the replica that served it. A streaming request is sent with
+response is counted for the replica that served it, bounded by the request's bytes and ``max_tokens``
+and by the answer's bytes (a replica's count is its provider's word). A streaming request is sent with
 ``stream_options.include_usage`` (its only change), and the usage chunk that asks for is not passed
 on unless the client asked for it too.
 
@@ -61,7 +62,7 @@ from gateway.inference import InferenceProxy, NoReplica, Upstream, UpstreamError
 from gateway.kernel import Kernel
 from gateway.queueing import Line, LineFull, Waiter
 from gateway.routing import RoutedBody, route_key
-from gateway.token_counts import SseUsage, ask_for_usage, tokens_of
+from gateway.token_counts import SseUsage, ask_for_usage, bound_of, tokens_of
 from gateway.token_meter import TokenMeter
 from projections import ENDPOINTS
 from projections.endpoints import EndpointRecord, ReplicaRecord, endpoint_key, ready_replicas
@@ -292,6 +293,7 @@ async def answer(
     strip_usage = False
     if parsed.stream:
         body, strip_usage = ask_for_usage(body)
+    bound = bound_of(body)  # the replica's usage is billed within what the gateway saw
     proxy = proxy_of(request)
     headers = {h: v for h in _FORWARD_HEADERS if (v := request.headers.get(h))}
     headers["accept-encoding"] = "identity"  # usage is read off the bytes passed through
@@ -320,9 +322,9 @@ async def answer(
         except UpstreamError as exc:
             served.done(ok=False, tokens=0)
             return error_response(OpenAIError(502, "replica_failed", f"the replica failed mid-answer: {exc}"))
-        served.done(ok=upstream.status < 500, tokens=tokens_of(content) or 0)
+        served.done(ok=upstream.status < 500, tokens=tokens_of(content, bound, len(content)) or 0)
         return Response(content, status_code=upstream.status, headers=headers)
-    return streamed(upstream, served, strip_usage, headers)
+    return streamed(upstream, served, SseUsage(strip=strip_usage, bound=bound), headers)
 
 
 @dataclass(slots=True)
@@ -345,10 +347,9 @@ class Served:
             self.meter.add(self.endpoint, self.replica, tokens)
 
 
-def streamed(upstream: Upstream, served: Served, strip_usage: bool, headers: dict[str, str]) -> Response:
-    """A streamed answer passed through as it comes, its usage counted (and stripped when only the
-    gateway asked for it); the slot is released when the stream ends, however it ends."""
-    usage = SseUsage(strip=strip_usage)
+def streamed(upstream: Upstream, served: Served, usage: SseUsage, headers: dict[str, str]) -> Response:
+    """A streamed answer passed through as it comes, its usage counted by ``usage`` (and stripped
+    when only the gateway asked for it); the slot is released when the stream ends, however it ends."""
     completed = False
 
     async def passed_through() -> AsyncIterator[bytes]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from core.clock import LOST_AFTER_INTERVALS
+from core.clock import lost_after_s
 from gateway.api import Call, Router
 from gateway.bodies import carried
 from gateway.errors import not_found
@@ -83,7 +83,7 @@ def worker_view(
         registered,
         worker_id=record.worker_id,
         state=record.state,
-        online=beat is not None and silent is not None and silent <= LOST_AFTER_INTERVALS * beat.interval_s,
+        online=beat is not None and silent is not None and silent <= lost_after_s(beat.interval_s),
         cordon_reason=record.cordon_reason,
         gpus=[carried(GpuView, g) for g in registered.gpus],
         tier=tier_of(record, now_ns),

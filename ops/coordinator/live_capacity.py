@@ -17,6 +17,7 @@ A unit test drives random event sequences through it and compares with a rebuild
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -33,6 +34,8 @@ from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState
 from schemas.values import Assignment, GpuTelemetry
+
+log = logging.getLogger("resontech.coordinator")
 
 
 class _Hold(NamedTuple):
@@ -148,7 +151,11 @@ class LiveCapacity:
             self.index.remove(worker_id)
             self._telemetry.pop(worker_id, None)
             return
-        new = candidate_of(record, beat, self._use.get(worker_id, _IDLE), now_ns)
+        new = _candidate(record, beat, self._use.get(worker_id, _IDLE), now_ns)
+        if new is None:
+            self.index.remove(worker_id)
+            self._telemetry.pop(worker_id, None)
+            return
         self.index.upsert(new)
         self._telemetry[worker_id] = None if beat is None else (beat.gpus, beat.cpu_pct)
         if old is None or _roomier(old, new, now_ns):
@@ -166,13 +173,9 @@ class LiveCapacity:
         """A fresh index of every worker: for uptime and tiers, which change with the clock alone (and
         because an index never drops a shelf once emptied)."""
         workers, beats = registry.workers, liveness.beats
-        self.index = CandidateIndex(
-            (
-                candidate_of(workers[w], beats.get(w), self._use.get(w, _IDLE), now_ns)
-                for w in sorted(workers)
-            ),
-            self.weights,
-        )
+        use = self._use
+        read = (_candidate(workers[w], beats.get(w), use.get(w, _IDLE), now_ns) for w in sorted(workers))
+        self.index = CandidateIndex((c for c in read if c is not None), self.weights)
         self._telemetry = {w: (b.gpus, b.cpu_pct) if (b := beats.get(w)) else None for w in workers}
         self.freed = True
 
@@ -237,6 +240,16 @@ def _roomier(old: Candidate, new: Candidate, now_ns: int) -> bool:
     if any(n > o for n, o in zip(new.vram_usable_mb, old.vram_usable_mb, strict=False)):
         return True
     return silent(old, now_ns) and not silent(new, now_ns)
+
+
+def _candidate(record: WorkerRecord, beat: LastBeat | None, use: Any, now_ns: int) -> Candidate | None:
+    """The worker's candidate, or ``None`` (logged) when its facts cannot be read: one worker's bad
+    value leaves that worker out of placement, never stops placement for the others."""
+    try:
+        return candidate_of(record, beat, use, now_ns)
+    except (ArithmeticError, ValueError, TypeError):
+        log.exception("worker %s left out of placement: its candidate cannot be read", record.worker_id)
+        return None
 
 
 def _job_hold(job: JobRecord, a: Assignment) -> _Hold:

@@ -143,11 +143,6 @@ class Coordinator:
     def runners(self) -> tuple[ProjectionRunner[Any], ...]:
         return (self.registry, self.liveness, self.schedule, self.endpoints, self.tenants)
 
-    @property
-    def _commanded(self) -> set[str]:
-        """The assignments whose start command this process sent (read by ``ops/bench/placement.py``)."""
-        return self.starts.commanded
-
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the projections and decide until ``stop`` is set."""
         tasks = [asyncio.create_task(runner.run(stop)) for runner in self.runners]
@@ -160,10 +155,15 @@ class Coordinator:
                 self._changed.clear()
                 try:
                     await self.step(time.time_ns())
-                except (AppendTimeout, AppendRejected, LogUnavailable) as exc:
-                    # A stream without a leader for seconds (a node died) must not end the coordinator;
-                    # the step's changes were taken off the lists, so everything is decided again.
-                    log.warning("%s: step interrupted (%s); deciding all again", self.name, exc.message)
+                except Exception as exc:
+                    # A stream without a leader for seconds (a node died) must not end the coordinator,
+                    # nor may one bad value (a worker's, a tenant's: values are bounded where decoded,
+                    # and live_capacity leaves out a worker it cannot read): the step's changes were
+                    # taken off the lists, so everything is decided again.
+                    if isinstance(exc, AppendTimeout | AppendRejected | LogUnavailable):
+                        log.warning("%s: step interrupted (%s); deciding all again", self.name, exc.message)
+                    else:
+                        log.exception("%s: step failed; deciding all again", self.name)
                     self.capacity = None
                     await asyncio.sleep(self.tick_s)
         finally:

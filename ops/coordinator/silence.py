@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from core.clock import LOST_AFTER_INTERVALS
+from core.clock import lost_after_s, seconds_ns
 from core.errors import ResontechError
 from core.log import EventLog
 
@@ -71,7 +71,7 @@ class SilenceJudge:
         return True
 
     def _postpone(self, now_ns: int, silent: set[str], interval_s: float, why: str) -> bool:
-        allowance_ns = int(LOST_AFTER_INTERVALS * interval_s * 1e9)
+        allowance_ns = seconds_ns(lost_after_s(interval_s))  # bounded: never an overflow
         self._judge_from_ns = max(self._judge_from_ns, now_ns + allowance_ns)
         if not self.postponed >= silent:
             log.warning("%d silent workers not declared lost: %s", len(silent), why)

@@ -138,6 +138,14 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
     job = await submit(server, key, "mnist")  # no agent runs it: it stays queued until we say
     await expect(dashboard.job(job, "state")).to_have_text("queued")
     await expect(page.locator("#jobs-empty")).to_be_hidden()
+    # w-1 registered the GPU it will report: readings of GPUs a worker never registered are shown to nobody
+    gpu = Gpu(index=0, model="NVIDIA H100 80GB HBM3", vram_total_mb=81_559, vram_free_mb=81_000)
+    registration = WorkerRegistered(provider="p1", hostname="h1", gpus=[gpu])
+    await log.append(worker_subject("w-1", registration), registration)
+    for _ in range(100):  # the gateway's registry has it
+        if (await server.request("GET", "/v1/workers/w-1", server.operator_key)).status_code == 200:
+            break
+        await asyncio.sleep(0.05)
     assignment = Assignment(assignment_id="a-1", worker_id="w-1", slot=0, epoch=1, gpus=1)
     await append_job_events(
         log,

@@ -16,6 +16,7 @@ from playwright.async_api import Browser, Page, expect
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_subject, metering_subject, worker_subject
 from projections.days import MS_PER_DAY
+from projections.liveness import MIN_BEAT_GAP_NS
 from schemas.jobs import JobPlaced, JobSubmitted
 from schemas.metering import UsageTick
 from schemas.values import Assignment, GpuTelemetry, Provenance
@@ -180,6 +181,7 @@ async def test_the_operator_sees_the_fleets_gpu_utilisation(
     tenant, _ = await server.tenant()
     await register(log, "w-f1", "prov-f", gpus=4, util=87.5)
     await register(log, "w-f2", "prov-f", gpus=1, util=40.0)
+    await asyncio.sleep(2 * MIN_BEAT_GAP_NS / 1e9)  # a worker's beats count one per gap: after its first
     for worker, util in (("w-f1", 62.5), ("w-f2", 20.0)):
         beat = Heartbeat(interval_s=30.0, gpus=[GpuTelemetry(index=0, util_pct=util)])
         await log.append(heartbeat_subject(worker), beat)

@@ -12,6 +12,7 @@ coordinator."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import re
@@ -24,7 +25,7 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 
 from core.log import EventLog
-from core.streams import heartbeat_subject, job_subject
+from core.streams import heartbeat_subject, job_subject, worker_subject
 from projections.schedule import ScheduleState, evolve
 from schemas.envelope import Recorded
 from schemas.jobs import (
@@ -41,8 +42,8 @@ from schemas.jobs import (
     JobStarted,
     JobSubmitted,
 )
-from schemas.values import Assignment, GpuTelemetry, Provenance
-from schemas.workers import Heartbeat
+from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
+from schemas.workers import Heartbeat, WorkerRegistered
 from tests.gateway.conftest import GatewayServer
 from tests.gateway.pages import Dashboard, open_dashboard
 from tests.gateway.test_inference import SLOW_HOST
@@ -67,6 +68,20 @@ def loss(step: float, shard: int) -> float:
 def beat(a: Assignment, util: float, mem: int) -> tuple[str, Heartbeat]:
     gpus = [GpuTelemetry(index=0, util_pct=util, mem_used_mb=mem)]
     return heartbeat_subject(a.worker_id), Heartbeat(interval_s=1.0, gpus=gpus, running=[a.assignment_id])
+
+
+async def register_gpu_hosts(server: GatewayServer, log: EventLog, workers: list[str]) -> None:
+    """Register each worker with the one GPU its beats report (readings of GPUs a worker never
+    registered are charted for nobody), once the gateway's registry has them."""
+    gpu = Gpu(index=0, model="NVIDIA H100 80GB HBM3", vram_total_mb=81_559, vram_free_mb=81_000)
+    for worker in workers:
+        registration = WorkerRegistered(provider="p1", hostname=worker, gpus=[gpu])
+        await log.append(worker_subject(worker, registration), registration)
+    for worker in workers:
+        for _ in range(100):
+            if (await server.request("GET", f"/v1/workers/{worker}", server.operator_key)).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
 
 
 async def append(log: EventLog, tenant: str, job: str, events: list[Any]) -> None:
@@ -136,6 +151,7 @@ async def test_a_ddp_jobs_loss_per_shard_grows_live_and_a_stale_agent_is_never_d
         name="ddp-mlp", kind="ddp", shards=2, command=["train.py"], resources=JobResources(gpus=1),
         submitted_by=f"tenant:{tenant}",
     )  # fmt: skip
+    await register_gpu_hosts(server, log, [a.worker_id for a in shards])
     await append(log, tenant, job, [submitted, placed(*shards), *map(started, shards)])
     for step in range(0, 60, 10):
         await log.append_many(beat(a, 60 + step / 2 + 10 * a.slot, 30_000 + 100 * step) for a in shards)

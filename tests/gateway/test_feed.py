@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from core.log import EventLog
-from core.streams import endpoint_subject, heartbeat_subject, job_subject, provider_subject
+from core.streams import endpoint_subject, heartbeat_subject, job_subject, provider_subject, worker_subject
 from gateway.auth import new_key
-from gateway.feed import FeedClose, FeedFilter, format_cursor, parse_cursor
+from gateway.feed_filter import FeedClose, FeedFilter, format_cursor, parse_cursor
 from gateway.wsclient import ConnectionClosed, WebSocket, connect
 from schemas.endpoints import EndpointDeployed, EndpointScaled
 from schemas.jobs import JobCompleted, JobPlaced, JobProgress, JobSubmitted
 from schemas.providers import ProviderCreated, ProviderKeyIssued
-from schemas.values import Assignment, GpuTelemetry, Provenance
-from schemas.workers import Heartbeat
+from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
+from schemas.workers import Heartbeat, WorkerRegistered
 from tests.gateway.conftest import Api, GatewayServer, ServeGateway
 from tests.support import records
 
@@ -317,6 +317,14 @@ async def test_telemetry_of_workers_running_the_tenants_work(
     everything = await open_feed(server, key)
     telemetry_of_j2 = await open_feed(server, key, "?job=j2&kind=telemetry")
     theirs = await open_feed(server, other_key)
+    # w1 registered one GPU: readings of GPUs a worker did not register are shown to nobody
+    gpu = Gpu(index=0, model="NVIDIA H100 80GB HBM3", vram_total_mb=81_559, vram_free_mb=81_000)
+    registered = WorkerRegistered(provider="p1", hostname="h1", gpus=[gpu])
+    await log.append(worker_subject("w1", registered), registered)
+    for _ in range(100):  # shown by the gateway: its registry has it
+        if (await server.request("GET", "/v1/workers/w1", server.operator_key)).status_code == 200:
+            break
+        await asyncio.sleep(0.05)
     await submit(log, tenant, "j1")
     assignment = Assignment(assignment_id="a-1", worker_id="w1", slot=0, epoch=1, gpus=1)
     placed = JobPlaced(assignments=[assignment], provenance=Provenance(candidates=1))

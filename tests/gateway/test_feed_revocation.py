@@ -15,7 +15,8 @@ import time
 import pytest
 
 from core.log import EventLog
-from gateway.feed import FeedFilter, FeedHub, Subscriber
+from gateway.feed import FeedHub, Subscriber
+from gateway.feed_filter import FeedFilter
 from gateway.wsclient import ConnectionClosed
 from tests.gateway.conftest import ServeGateway
 from tests.gateway.test_feed import open_feed, progress, recv, submit

@@ -1,18 +1,19 @@
 """``GET /v1/jobs/{job_id}/telemetry``: a job's GPU readings over time, only from the workers that
 held its assignments and only while they held them (as the schedule reducer saw it: a stale
-placement gives no worker), never another tenant's, downsampled to the asked bound."""
+placement gives no worker), never another tenant's, only of the GPUs each worker registered,
+downsampled to the asked bound."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from core.log import EventLog
-from core.streams import heartbeat_subject, job_subject
+from core.streams import heartbeat_subject, job_subject, worker_subject
 from gateway.job_telemetry import Downsampled, merged
-from projections import SCHEDULE
+from projections import REGISTRY, SCHEDULE
 from schemas.jobs import JobAssignmentRevoked, JobCancelled, JobPlaced
-from schemas.values import Assignment, GpuTelemetry, Provenance
-from schemas.workers import Heartbeat
+from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
+from schemas.workers import Heartbeat, WorkerRegistered
 from tests.gateway.accounts import provider_key
 from tests.gateway.conftest import Api
 
@@ -27,6 +28,14 @@ async def submit(api: Api, key: str, shards: int = 1) -> str:
 
 async def append_job(api: Api, tenant: str, job_id: str, event: Any) -> None:
     await api.kernel.append(job_subject(tenant, job_id, event), event, visible_in=SCHEDULE)
+
+
+async def register(api: Api, worker_id: str, gpus: int) -> None:
+    """Register ``worker_id`` with ``gpus`` GPUs, as the kernel does: only their readings are shown."""
+    assert api.kernel is not None
+    models = [Gpu(index=i, model="NVIDIA L4", vram_total_mb=23_034, vram_free_mb=23_000) for i in range(gpus)]
+    event = WorkerRegistered(provider="p1", hostname=worker_id, gpus=models)
+    await api.kernel.append(worker_subject(worker_id, event), event, visible_in=REGISTRY)
 
 
 def beat(running: list[str], *utils: float, mem: int = 500) -> Heartbeat:
@@ -49,6 +58,8 @@ async def test_readings_come_only_from_the_jobs_workers_while_they_held_it(api: 
     job = await submit(api, key, shards=2)
     a1 = Assignment(assignment_id="a-1", worker_id="w-1", slot=0, epoch=1, gpus=2)
     a2 = Assignment(assignment_id="a-2", worker_id="w-2", slot=1, epoch=1, gpus=1)
+    for worker_id, gpus in (("w-1", 2), ("w-2", 1), ("w-3", 1), ("w-9", 1)):
+        await register(api, worker_id, gpus)
     await beats(log, "w-1", 2, beat([], 11.0, 11.0))  # before the job was placed there: never shown
     await append_job(api, tenant, job, placed(a1, a2))
     await beats(log, "w-1", 3, beat(["a-1"], 40.0, 60.0))  # two GPUs: mean 50 %, 1000 MiB together
@@ -109,6 +120,7 @@ async def test_a_job_no_worker_ever_held_has_no_telemetry(api: Api, log: EventLo
 async def test_readings_are_downsampled_to_at_most_the_asked_points(api: Api, log: EventLog) -> None:
     tenant, key = await api.tenant()
     job = await submit(api, key)
+    await register(api, "w-1", 1)
     await append_job(
         api, tenant, job, placed(Assignment(assignment_id="a-1", worker_id="w-1", slot=0, epoch=1))
     )

@@ -13,6 +13,7 @@ from core.pricing import price
 from core.streams import heartbeat_subject, job_subject, metering_subject, worker_subject
 from projections import LEDGER, LIVENESS, REGISTRY, SCHEDULE
 from projections.days import BUCKET_MS, MS_PER_DAY
+from projections.liveness import MIN_BEAT_GAP_NS
 from schemas.jobs import JobPlaced, JobSubmitted
 from schemas.metering import UsageTick
 from schemas.values import Assignment, GpuTelemetry, Provenance
@@ -169,6 +170,7 @@ async def test_the_fleet_is_the_operators_only(api: Api) -> None:
     provider = await provider_key(api, "prov-f")
     await register_worker(api, "w-f1", provider="prov-f", gpus=2)
     await register_worker(api, "w-f2", provider="prov-f", gpus=2)
+    await asyncio.sleep(2 * MIN_BEAT_GAP_NS / 1e9)  # a worker's beats count one per gap: after its first
     for worker, util in (("w-f1", 50.0), ("w-f2", 100.0)):
         beat = Heartbeat(interval_s=30.0, gpus=[GpuTelemetry(index=i, util_pct=util) for i in range(2)])
         await api.kernel.append(heartbeat_subject(worker), beat, visible_in=LIVENESS)
