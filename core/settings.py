@@ -13,7 +13,8 @@ from pathlib import Path
 
 import msgspec
 
-from core.errors import ConfigError
+from core.addresses import parse_networks
+from core.errors import ConfigError, InvalidInput
 
 PREFIX = "RESONTECH_"
 
@@ -40,6 +41,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         group_commit: appends to one stream waiting at the same moment go out as one atomic batch,
             stored with one write (default on; :mod:`core.log.group_commit`). Off only to measure
             the difference.
+        replica_networks: the networks a replica's address must resolve into, comma-separated
+            CIDRs (default empty: any address; loopback, unspecified, link-local and multicast
+            addresses and the kernel's own services are refused all the same, and loopback is
+            allowed only when a loopback network is listed: the dev stack sets
+            ``127.0.0.0/8,::1/128``; :mod:`core.addresses`).
     """
 
     nats_url: str = "nats://127.0.0.1:4222"
@@ -58,6 +64,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_interval_s: float = 30.0
     ack_timeout_s: float = 5.0
     group_commit: bool = True
+    replica_networks: str = ""
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -99,6 +106,10 @@ def load(env: Mapping[str, str] | None = None, env_file: Path | None = None) -> 
         raise ConfigError(f"{PREFIX}STREAM_REPLICAS must be 1, 3 or 5, got {settings.stream_replicas}")
     if not settings.nats_url.startswith(("nats://", "tls://", "ws://", "wss://")):
         raise ConfigError(f"{PREFIX}NATS_URL must start with nats://, tls://, ws:// or wss://")
+    try:
+        parse_networks(settings.replica_networks)
+    except InvalidInput as exc:
+        raise ConfigError(f"{PREFIX}REPLICA_NETWORKS: {exc.message}") from None
     return settings
 
 

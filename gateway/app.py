@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from core import settings as core_settings
+from core.addresses import kernel_services, parse_networks
 from gateway import dashboard
 from gateway.api import Operation, openapi, starlette_routes
 from gateway.autoscaler import Autoscaler
@@ -26,7 +27,9 @@ from gateway.errors import EXCEPTION_HANDLERS
 from gateway.feed import PROTOCOL
 from gateway.inference import InferenceProxy
 from gateway.kernel import Kernel
+from gateway.limits import Caps, ConnectionLimits, Holdings
 from gateway.metrics import GatewayMetrics, RequestMetrics
+from gateway.replica_guard import ReplicaGuard
 from gateway.routes import ROUTERS, openai
 from gateway.routes.feed import websocket_routes
 from gateway.scale_history import ScaleHistory
@@ -69,12 +72,7 @@ def create_app(
     document = openapi(ops, title="resontech", version=VERSION, server_url=gateway.url)
     document["info"]["description"] = PROTOCOL  # OpenAPI has no WebSockets: the feed is described here
     metrics = GatewayMetrics()
-
-    async def openapi_json(request: Request) -> Response:
-        return JSONResponse(document)
-
-    async def docs(request: Request) -> Response:
-        return HTMLResponse(DOCS_HTML)
+    holdings = holdings_for(gateway)
 
     own_kernel = kernel is None
 
@@ -97,7 +95,37 @@ def create_app(
             if own_kernel:
                 await app.state.kernel.stop()
 
-    routes: list[BaseRoute] = [
+    app = Starlette(
+        routes=all_routes(ops, document),
+        lifespan=lifespan,
+        middleware=[
+            Middleware(ConnectionLimits, holdings=holdings),  # outermost: refused before any work
+            Middleware(RequestMetrics, metrics=metrics),
+        ],
+        exception_handlers=dict(EXCEPTION_HANDLERS),
+    )
+    if kernel is not None:
+        app.state.kernel = kernel
+    app.state.openapi = document
+    app.state.metrics = metrics
+    app.state.holdings = holdings
+    app.state.inference = metrics.inference = InferenceProxy(replica_guard(settings, gateway))
+    app.state.scale_history = ScaleHistory()
+    app.state.tokens = TokenMeter(gateway.token_tick_s)
+    return app
+
+
+def all_routes(ops: list[Operation], document: dict[str, Any]) -> list[BaseRoute]:
+    """The gateway's routes: its OpenAPI document and docs page, the OpenAI-compatible routes, the
+    API, the feed and the dashboard."""
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(document)
+
+    async def docs(request: Request) -> Response:
+        return HTMLResponse(DOCS_HTML)
+
+    return [
         Route("/openapi.json", openapi_json, include_in_schema=False),
         Route("/docs", docs, include_in_schema=False),
         *openai.routes(),  # before the API's: OpenAI's error shape, bodies passed through
@@ -105,20 +133,25 @@ def create_app(
         *websocket_routes(),
         *dashboard.routes(),
     ]
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        middleware=[Middleware(RequestMetrics, metrics=metrics)],
-        exception_handlers=dict(EXCEPTION_HANDLERS),
+
+
+def holdings_for(gateway: GatewaySettings) -> Holdings:
+    """What each client and key may hold at once, as this gateway's settings say."""
+    caps = Caps(
+        requests_per_client=gateway.max_requests_per_client,
+        requests_per_key=gateway.max_requests_per_key,
+        feeds_per_client=gateway.max_feeds_per_client,
+        feeds_per_key=gateway.max_feeds_per_key,
+        body_timeout_s=gateway.body_timeout_s,
     )
-    if kernel is not None:
-        app.state.kernel = kernel
-    app.state.openapi = document
-    app.state.metrics = metrics
-    app.state.inference = metrics.inference = InferenceProxy()
-    app.state.scale_history = ScaleHistory()
-    app.state.tokens = TokenMeter(gateway.token_tick_s)
-    return app
+    return Holdings(caps)
+
+
+def replica_guard(settings: core_settings.Settings, gateway: GatewaySettings) -> ReplicaGuard:
+    """Where this gateway may send requests to replicas: the deployment's replica networks, never
+    NATS, the object store or a gateway (resolved now)."""
+    urls = [*settings.nats_url.split(","), settings.s3_endpoint, f"http://{gateway.host}:{gateway.port}"]
+    return ReplicaGuard(parse_networks(settings.replica_networks), kernel_services(urls))
 
 
 def app_from_env() -> Any:

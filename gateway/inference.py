@@ -20,6 +20,10 @@ latency windows) and the part the benchmark measures.
   the caller's own (a replica of an older event, without a key, is called without one). A replica
   that answers 401 refused the key the kernel holds for it, not the caller's: it fails over like a
   502, so that no client is told its own key is wrong.
+* **Where.** A replica's address is checked again when the proxy connects to it
+  (:mod:`gateway.replica_guard`): a name resolves through a resolver that keeps only addresses a
+  replica may have, and an address that is an IP address is checked before the request; one that
+  fails is skipped (never ejected and probed), as if it were not ready.
 * **Figures.** Per endpoint, over a sliding :data:`WINDOW_S` window: requests per second, error rate
   and latency percentiles (P50/P95/P99, from the request's arrival to the last byte of its response),
   and the line's depth, slots held, time in line and refusals; and the same over the last hour in
@@ -41,8 +45,10 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
+from core.addresses import ANY_NETWORK
 from core.errors import ResontechError
 from gateway.queueing import Line, percentile
+from gateway.replica_guard import ReplicaGuard
 from gateway.routing import Picker
 from gateway.traffic_history import TrafficBuckets
 from schemas.endpoints import EndpointDeployed
@@ -158,9 +164,15 @@ UpstreamError = (aiohttp.ClientError, TimeoutError)
 
 
 class InferenceProxy:
-    """Forwards OpenAI-shaped requests to replicas (see the module docstring)."""
+    """Forwards OpenAI-shaped requests to replicas (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        guard: where replicas may be (default: any address but loopback and the others
+            :func:`core.addresses.ip_refusal` refuses).
+    """
+
+    def __init__(self, guard: ReplicaGuard | None = None) -> None:
+        self.guard = guard or ReplicaGuard(ANY_NETWORK, ())
         self._session: aiohttp.ClientSession | None = None
         self.traffic: dict[str, EndpointTraffic] = {}
         self.history = TrafficBuckets()
@@ -174,7 +186,9 @@ class InferenceProxy:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=UPSTREAM_TIMEOUT,
-                connector=aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=30.0),
+                connector=aiohttp.TCPConnector(
+                    limit=512, limit_per_host=0, keepalive_timeout=30.0, resolver=self.guard.resolver()
+                ),
                 auto_decompress=False,  # bytes pass through as the replica sent them
                 skip_auto_headers=("User-Agent",),
             )
@@ -219,7 +233,7 @@ class InferenceProxy:
 
     async def _probe(self, address: str) -> None:
         try:
-            while self.ejected.get(address, 0.0) > 0.0:
+            while self.ejected.get(address, 0.0) > 0.0 and self.guard.refusal(address) is None:
                 await asyncio.sleep(1.0)
                 with contextlib.suppress(*UpstreamError):
                     async with self.session.get(f"{address}/health", timeout=PROBE_TIMEOUT) as answer:
@@ -254,6 +268,10 @@ class InferenceProxy:
         attempts = 0
         common = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         for address in self.candidates(addresses):
+            refusal = self.guard.refusal(address)
+            if refusal is not None:  # not where a replica may be: skipped, never called nor probed
+                last = f"replica {address} refused: {refusal}"
+                continue
             attempts += 1
             sent = common
             if api_key := (api_keys or {}).get(address):

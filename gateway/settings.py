@@ -39,6 +39,16 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             ``RESONTECH_NATS_URL``; set it when agents reach NATS at another address).
         token_tick_s: how often the tokens counted per replica are appended as usage ticks
             (default 10 s; see :mod:`gateway.token_meter`).
+        header_timeout_s: a connection that has not sent a whole request head this long after it
+            opened, or after its last response (keep-alive), is closed (default 5, 1 to 60).
+        max_connections: connections one worker serves at once (granian's backpressure; default
+            8,192, at most what the open-file limit allows); more wait in the backlog.
+        backlog: connections the kernel holds waiting to be accepted (default 4,096).
+        body_timeout_s: a request whose next body chunk takes longer is ended (default 30).
+        max_requests_per_client / max_requests_per_key: HTTP requests in flight from one IP
+            address / for one API key; more are answered 429 at once (defaults 1,024 / 512).
+        max_feeds_per_client / max_feeds_per_key: open feed WebSockets from one IP address / for
+            one API key; more are refused (defaults 256 / 32). See :mod:`gateway.limits`.
     """
 
     host: str = "127.0.0.1"
@@ -53,6 +63,14 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     feed_telemetry_s: float = 5.0
     agent_nats_url: str = ""
     token_tick_s: float = 10.0
+    header_timeout_s: float = 5.0
+    max_connections: int = 8192
+    backlog: int = 4096
+    body_timeout_s: float = 30.0
+    max_requests_per_client: int = 1024
+    max_requests_per_key: int = 512
+    max_feeds_per_client: int = 256
+    max_feeds_per_key: int = 32
 
     @property
     def url(self) -> str:
@@ -84,4 +102,16 @@ def load_gateway_settings(env: Mapping[str, str] | None = None) -> GatewaySettin
         raise ConfigError(f"{PREFIX}FEED_QUEUE must be >= 1, FEED_PING_S > 0 and FEED_TELEMETRY_S >= 0")
     if settings.token_tick_s <= 0:
         raise ConfigError(f"{PREFIX}TOKEN_TICK_S must be > 0")
+    if not 1.0 <= settings.header_timeout_s <= 60.0 or not 0 < settings.body_timeout_s <= 3600:
+        raise ConfigError(f"{PREFIX}HEADER_TIMEOUT_S must be 1..60 and BODY_TIMEOUT_S 0..3600 (seconds)")
+    caps = (
+        settings.max_connections,
+        settings.backlog,
+        settings.max_requests_per_client,
+        settings.max_requests_per_key,
+        settings.max_feeds_per_client,
+        settings.max_feeds_per_key,
+    )
+    if not all(1 <= n <= 1_000_000 for n in caps):
+        raise ConfigError(f"{PREFIX}MAX_* and BACKLOG must be 1..1,000,000")
     return settings

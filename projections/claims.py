@@ -14,8 +14,12 @@ The rules, by what is claimed:
   tenant and work id of the subject, the slot, the epoch and the assignment id all match the
   schedule's (or the endpoint table's) current assignment, whose worker is the sender. A report about
   a finished job or a deleted endpoint is refused. A checkpoint key lies under the job's own
-  checkpoint prefix; a replica's address is the sender's registered host, never one of the kernel's
-  own services, and its key (which the gateway sends in a header) is short URL-safe base64.
+  checkpoint prefix; a replica's address is the sender's registered host, and what that host is as
+  an IP address (in any form an HTTP client reads, or the addresses its name resolved to, which the
+  intake looks up and hands in as facts) lies in an allowed replica network and is never loopback
+  (unless the deployment allows it), unspecified, link-local, multicast or one of the kernel's own
+  services (:mod:`core.addresses`); its key (which the gateway sends in a header) is short URL-safe
+  base64.
 * **Usage** (``meter.<tenant>.<worker>.<assignment>.tick``) is accepted only for an assignment of the
   sender that is current or ended within :data:`END_GRACE_MS`, of the tenant and work it names; its
   interval lies within the assignment's life (placement to end, give or take :data:`CLOCK_SKEW_MS`)
@@ -35,10 +39,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from core.addresses import ANY_NETWORK, IPAddress, IPNetwork, addresses_refusal, literal_ip
 from core.errors import InvalidInput
 from core.pricing import CPU_GPU_TYPE, gpu_family
 from core.streams import split_intake
@@ -81,6 +87,10 @@ class Facts:
         now_ns: the claim's store time on the INTAKE stream (the server's clock).
         kernel_addresses: ``host:port`` of the kernel's own services (NATS, the object store, the
             gateway): a replica may never claim to serve at one of them.
+        kernel_services: the same, resolved to ``(IP address, port)``.
+        replica_networks: where a replica's address must resolve (``RESONTECH_REPLICA_NETWORKS``).
+        resolved: what the host names of the claims being judged resolved to (lower case name ->
+            addresses; ``()`` for a name that does not resolve), looked up by the service.
     """
 
     schedule: ScheduleState
@@ -89,6 +99,9 @@ class Facts:
     providers: ProvidersState
     now_ns: int
     kernel_addresses: frozenset[str] = field(default_factory=frozenset)
+    kernel_services: frozenset[tuple[IPAddress, int]] = field(default_factory=frozenset)
+    replica_networks: tuple[IPNetwork, ...] = ANY_NETWORK
+    resolved: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +288,7 @@ def _replica_report(sender: str, tokens: list[str], subject: str, claim: Any, fa
         return refused
     match claim:
         case EndpointReplicaReady(address=address, api_key=api_key):
-            refusal = _address_refusal(address, facts.registry.workers.get(sender), facts.kernel_addresses)
+            refusal = _address_refusal(address, facts.registry.workers.get(sender), facts)
             if refusal is None and not _API_KEY.match(api_key):
                 refusal = "the replica's key is not up to 128 characters of URL-safe base64"
             if refusal is not None:
@@ -287,9 +300,10 @@ def _replica_report(sender: str, tokens: list[str], subject: str, claim: Any, fa
     return Accepted(subject, claim)
 
 
-def _address_refusal(address: str, worker: WorkerRecord | None, kernel: frozenset[str]) -> str | None:
+def _address_refusal(address: str, worker: WorkerRecord | None, facts: Facts) -> str | None:
     """Why a replica may not claim to serve at ``address``, or ``None``: it must be
-    ``http(s)://<its worker's registered host>:<port>`` and none of the kernel's own services."""
+    ``http(s)://<its worker's registered host>:<port>``, none of the kernel's own services, and
+    resolve where replicas may be (:func:`core.addresses.addresses_refusal`)."""
     if worker is None:
         return "the worker is not registered"
     try:
@@ -306,9 +320,30 @@ def _address_refusal(address: str, worker: WorkerRecord | None, kernel: frozense
         return (
             f"address {address[:100]!r} is not on the worker's registered host ({', '.join(sorted(hosts))})"
         )
-    if f"{url.hostname}:{port}" in kernel:
+    if f"{url.hostname}:{port}" in facts.kernel_addresses:
         return f"address {address[:100]!r} is one of the kernel's own services"
-    return None
+    refusal = addresses_refusal(
+        url.hostname,
+        port,
+        facts.resolved.get(url.hostname.lower()),
+        facts.replica_networks,
+        facts.kernel_services | _literal_services(facts.kernel_addresses),
+    )
+    return None if refusal is None else f"address {address[:100]!r}: {refusal}"
+
+
+def _literal_services(addresses: frozenset[str]) -> frozenset[tuple[IPAddress, int]]:
+    """The ``host:port`` of ``addresses`` whose host is an IP address, as ``(address, port)``."""
+    found = set()
+    for text in addresses:
+        host, _, port = text.rpartition(":")
+        try:
+            ip = literal_ip(host)
+        except InvalidInput:
+            continue
+        if ip is not None and port.isdigit():
+            found.add((ip, int(port)))
+    return frozenset(found)
 
 
 # -- usage ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import httpx
 import nats
 import nats.js.errors
 
+from core.addresses import LOOPBACK_NETWORKS
 from core.log import EventLog
 from core.streams import STREAMS
 from gateway.auth import digest
@@ -56,6 +57,7 @@ def kernel_env(
         RESONTECH_NATS_URL=cluster.url,
         RESONTECH_STREAM_REPLICAS="3",
         RESONTECH_DATA_DIR=str(data_dir),
+        RESONTECH_REPLICA_NETWORKS=LOOPBACK_NETWORKS,
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )

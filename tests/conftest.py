@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from core.addresses import LOOPBACK_NETWORKS
 from core.cgroups import detect
 from core.log import EventLog
 from core.sandbox import Sandbox
@@ -55,6 +56,7 @@ def settings(nats_server: NatsServer, object_store: ObjectStoreServer) -> Settin
         s3_endpoint=object_store.endpoint,
         s3_access_key=object_store.access_key,
         s3_secret_key=object_store.secret_key,
+        replica_networks=LOOPBACK_NETWORKS,  # every replica of the tests serves on loopback
     )
 
 

@@ -21,6 +21,7 @@ import httpx
 
 from agent.enroll import apply, enroll
 from agent.settings import load_agent_settings
+from core.addresses import LOOPBACK_NETWORKS
 from core.log import EventLog
 from core.natsauth import KERNEL_USER
 from core.settings import Settings
@@ -103,6 +104,9 @@ def kernel_settings(server: NatsServer, store: ObjectStoreServer) -> Settings:
         s3_endpoint=store.endpoint,
         s3_access_key=store.access_key,
         s3_secret_key=store.secret_key,
+        # any network, and loopback as the dev stack allows it (never at a kernel port); a test of
+        # the production rule sets the intake's networks itself (tests/test_trust_edges.py)
+        replica_networks=f"0.0.0.0/0,::/0,{LOOPBACK_NETWORKS}",
     )
 
 

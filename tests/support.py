@@ -17,6 +17,8 @@ import nats
 import nats.js.errors
 
 from agent.runtimes.process import reap_orphans
+from agent.settings import default_work_dir
+from core.addresses import LOOPBACK_NETWORKS
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import STREAMS, endpoint_subject, job_subject, worker_subject
@@ -93,10 +95,15 @@ class AgentProcess:
     def stderr(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
 
+    @property
+    def work_dir(self) -> Path:
+        """Where its workloads' working directories are: beside its state dir, never in it."""
+        return default_work_dir(self.state_dir)
+
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
-        reap_orphans(self.state_dir / "work")
+        reap_orphans(self.work_dir)
 
     @property
     def simulated_gpus(self) -> bool:
@@ -133,10 +140,14 @@ class AgentProcess:
 class IntakeProcess:
     """``python -m ops.cli intake``: the kernel service that turns agents' claims into events."""
 
-    def __init__(self, root: Path, nats_url: str) -> None:
+    def __init__(self, root: Path, nats_url: str, replica_networks: str = LOOPBACK_NETWORKS) -> None:
         self.stderr_path = root / "intake.stderr"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
-        self.env.update(RESONTECH_NATS_URL=nats_url, RESONTECH_DATA_DIR=str(root))
+        self.env.update(
+            RESONTECH_NATS_URL=nats_url,
+            RESONTECH_DATA_DIR=str(root),
+            RESONTECH_REPLICA_NETWORKS=replica_networks,
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> IntakeProcess:

@@ -99,6 +99,7 @@ def facts(
         providers=fold(PROVIDERS, provider_events),
         now_ns=now_ns,
         kernel_addresses=frozenset({"10.0.0.7:4222"}),
+        resolved={"w-mallory.example": ("10.0.0.7",)},  # what the intake looked up
     )
 
 

@@ -81,7 +81,8 @@ class Running:
 @pytest.fixture
 async def kernel(log: EventLog, tmp_path: Path) -> AsyncIterator[EventLog]:
     """The intake process and a coordinator on fresh streams."""
-    intake = IntakeProcess(tmp_path, log.settings.nats_url).start()
+    # the emulated nodes' InternalIPs (add_gpu_nodes) are the network replicas are reported on
+    intake = IntakeProcess(tmp_path, log.settings.nats_url, replica_networks="10.0.0.0/24").start()
     try:
         async with coordinator(log):
             yield log

@@ -32,17 +32,9 @@ from core.errors import ResontechError
 from gateway.api import Call, Router
 from gateway.auth import Principal, authenticate, bearer, tenant_of
 from gateway.errors import ApiError
-from gateway.feed import (
-    CURSOR_NAMES,
-    KEY_REVOKED,
-    TOO_SLOW,
-    FeedClose,
-    FeedFilter,
-    Subscriber,
-    control_text,
-    event_text,
-    parse_cursor,
-)
+from gateway.feed import KEY_REVOKED, TOO_SLOW, Subscriber, control_text, event_text
+from gateway.feed_filter import CURSOR_NAMES, FeedClose, FeedFilter, parse_cursor
+from gateway.limits import TRY_LATER, key_digest
 from schemas.api.feed import FeedAuth, FeedError, FeedQuery
 from schemas.envelope import Recorded
 
@@ -152,11 +144,26 @@ def _reason(message: str) -> str:
 
 async def feed_socket(websocket: WebSocket) -> None:
     """The WebSocket endpoint: refuse with a close code, or run a :class:`FeedSession`."""
+    counted: list[str] = []  # the key of a session authenticated by message, counted here
+    try:
+        await _session(websocket, counted)
+    finally:
+        for key in counted:
+            websocket.app.state.holdings.leave_key("websocket", key)
+
+
+async def _session(websocket: WebSocket, counted: list[str]) -> None:
     kernel: Kernel = websocket.app.state.kernel
     await websocket.accept()
     try:
         query = _query(websocket)
-        principal = authenticate(await _key(websocket), kernel.keys, kernel.gateway.operator_key_sha256)
+        key = await _key(websocket)
+        if "authorization" not in websocket.headers:  # a header's key was counted by the middleware
+            refusal = websocket.app.state.holdings.enter_key("websocket", key_digest(key))
+            if refusal is not None:
+                raise FeedClose(TRY_LATER, "too_many_connections", f"{refusal}: try again shortly")
+            counted.append(key_digest(key))
+        principal = authenticate(key, kernel.keys, kernel.gateway.operator_key_sha256)
         if principal.kind == "provider":
             raise FeedClose(4403, "forbidden", "the feed carries tenant events; provider keys have none")
         feed_filter = FeedFilter(

@@ -172,7 +172,8 @@ async def run(
     seconds = seconds or (5.0 if quick else 20.0)
     submit_rate = submit_rate or 500
     submit_seconds = submit_seconds or (3.0 if quick else 20.0)
-    async with served_stack() as stack:
+    # every subscriber connects from loopback: one client, over the default cap of feeds per client
+    async with served_stack(RESONTECH_GATEWAY_MAX_FEEDS_PER_CLIENT=str(subscribers + 10)) as stack:
         print(f"submit: {submit_rate} requests/s for {submit_seconds:g} s", flush=True)
         submit = await bench_submit(stack, submit_rate, submit_seconds)
         print(f"feed: {subscribers} subscribers, {rate} events/s for {seconds:g} s", flush=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from core.addresses import LOOPBACK_NETWORKS
 from core.settings import Settings
 from gateway.auth import digest
 from ops.bench.common import private_nats
@@ -78,6 +79,7 @@ async def served_stack(**gateway_env: str) -> AsyncIterator[ServedStack]:
             s3_access_key=store.access_key,
             s3_secret_key=store.secret_key,
             ack_timeout_s=30.0,
+            replica_networks=LOOPBACK_NETWORKS,  # its agent's replicas serve on loopback, as in the dev stack
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
         env.update(
@@ -85,6 +87,7 @@ async def served_stack(**gateway_env: str) -> AsyncIterator[ServedStack]:
             RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
             RESONTECH_S3_ACCESS_KEY=settings.s3_access_key,
             RESONTECH_S3_SECRET_KEY=settings.s3_secret_key,
+            RESONTECH_REPLICA_NETWORKS=settings.replica_networks,
             RESONTECH_GATEWAY_PORT=str(port),
             RESONTECH_GATEWAY_OPERATOR_KEY_SHA256=digest(operator_key),
             PYTHONPATH=str(REPO),

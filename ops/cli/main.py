@@ -199,13 +199,14 @@ def cmd_coordinator(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_intake(args: argparse.Namespace, settings: Settings) -> int:
+    from core import addresses
     from gateway.settings import load_gateway_settings
     from ops.services import intake
 
     gateway = load_gateway_settings()
     # every gateway of the deployment (the dev stack's cluster runs two), not only this host's
     gateways = [url for url in os.environ.get("RESONTECH_GATEWAY_URL", "").split(",") if url.strip()]
-    kernel = intake.kernel_endpoints(settings, f"http://{gateway.host}:{gateway.port}", *gateways)
+    kernel = addresses.kernel_endpoints(settings, f"http://{gateway.host}:{gateway.port}", *gateways)
     _run(intake.serve(settings, name=args.name, kernel_addresses=kernel))
     return 0
 

@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 
 from agent.enroll import ENROLLMENT_FILE
+from core.addresses import LOOPBACK_NETWORKS
 from core.errors import ResontechError
 from core.files import write_private
 from core.natsauth import KERNEL_USER
@@ -221,6 +222,10 @@ class _Stack:
             "RESONTECH_DATA_DIR": str(self.data_dir),
             "RESONTECH_GATEWAY_URL": ",".join(f"http://127.0.0.1:{port}" for port in gateways),
             "RESONTECH_API_KEY": self._operator_key(),
+            # everything here serves on loopback, its own agents' replicas too: allow loopback
+            # replicas (never the kernel's own ports); a production deployment lists its replica
+            # networks, or none (any address but loopback and the rest core.addresses refuses)
+            "RESONTECH_REPLICA_NETWORKS": LOOPBACK_NETWORKS,
         }
         gateway_env = {
             GATEWAY_PORT_ENV: str(gateway_port),

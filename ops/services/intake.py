@@ -16,8 +16,15 @@ which leaves the work queue. Several instances may share the consumer.
   :class:`~core.errors.ConcurrencyConflict`, and the loser reads again and judges again.
 * Lag: a claim about something the projections do not know yet (a placement appended a moment ago)
   is judged again once every projection has caught up with its stream as of now; only then refused.
-* Progress: at most :data:`PROGRESS_PER_S` reports a second per assignment (burst
-  :data:`PROGRESS_BURST`); an honest agent sends at most one a second (:mod:`agent.reports`).
+* Progress: at most :data:`PROGRESS` reports a second per assignment; an honest agent sends at
+  most one a second (:mod:`agent.reports`).
+* Budgets: each agent's claims, and its verification answers, are capped per second
+  (:mod:`ops.services.budgets`) before anything else is done with them: over budget, one claim a
+  window is quarantined with the reason, the rest dropped and counted (:attr:`Intake.dropped`).
+* Addresses: a replica's address is judged by what its host is as an IP address; a name is looked
+  up here (``getaddrinfo``, in a thread, at most :data:`RESOLVE_S`) just before its claim is judged,
+  and the judge gets the addresses as facts; the kernel's own services are resolved once at start
+  (:mod:`core.addresses`).
 * Verification: every new worker (or one whose GPUs changed) gets a verification job
   (:mod:`ops.services.verifier`, every round); its answer is checked by computing the expected checksum
   (:func:`core.verification.answer`, in a thread) and :func:`core.verification.judge`; the outcome is
@@ -33,17 +40,17 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 
-from core import verification
+from core import addresses, verification
 from core.errors import ConcurrencyConflict, ResontechError
 from core.log import EventLog, Pulled
 from core.settings import Settings
 from core.streams import command_subject, split_intake, worker_subject
 from core.wire import Position
 from ops.process import service_connection
+from ops.services.budgets import AgentBudgets, Budget, Rate
 from ops.services.verifier import Verifier
 from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import Facts, Refused, Verdict, judge
@@ -52,6 +59,7 @@ from projections.runner import ProjectionRunner
 from schemas._base import Event
 from schemas.catalog import decode
 from schemas.commands import RegistrationRefused
+from schemas.endpoints import EndpointReplicaReady
 from schemas.jobs import JobProgress
 from schemas.metering import UsageTick
 from schemas.workers import (
@@ -65,8 +73,8 @@ log = logging.getLogger("resontech.intake")
 
 DURABLE = "intake"
 BATCH = 256
-PROGRESS_PER_S = 5.0
-PROGRESS_BURST = 20.0
+PROGRESS = Budget(per_s=5.0, burst=20.0)
+"""Progress reports per assignment (an honest agent coalesces its workload's lines to one a second)."""
 CATCH_UP_S = 10.0
 CLOCK_MARGIN_NS = 1_000_000_000
 """A claim stored this long before the service last caught up is judged without catching up again
@@ -76,6 +84,8 @@ RETRY_S = 1.0
 """How soon a claim the log could not take (a stream electing its leader) is delivered again."""
 BILLED_KEPT = 100_000
 """Assignments whose last billed tick is remembered (the rest are read again when needed)."""
+RESOLVE_S = 5.0
+"""How long a replica's host name may take to resolve (then it is judged as not resolving)."""
 
 
 class Intake:
@@ -86,18 +96,27 @@ class Intake:
         name: recorded as ``by`` on the verification events it appends.
         kernel_addresses: ``host:port`` of the kernel's own services, never a replica's address
             (default: the NATS servers and the object store of ``event_log``'s settings).
+        replica_networks: where replicas may be (default: ``event_log``'s settings'
+            ``replica_networks``; :func:`core.addresses.parse_networks`).
 
     Attributes:
         accepted / refused: claims appended / quarantined so far.
     """
 
     def __init__(
-        self, event_log: EventLog, *, name: str = "intake", kernel_addresses: frozenset[str] | None = None
+        self,
+        event_log: EventLog,
+        *,
+        name: str = "intake",
+        kernel_addresses: frozenset[str] | None = None,
+        replica_networks: tuple[addresses.IPNetwork, ...] | None = None,
     ) -> None:
         self.log = event_log
         self.name = name
-        self.kernel_addresses = (
-            kernel_addresses if kernel_addresses is not None else kernel_endpoints(event_log.settings)
+        self.kernel_addresses = kernel_addresses or addresses.kernel_endpoints(event_log.settings)
+        self.kernel_services: frozenset[tuple[addresses.IPAddress, int]] = frozenset()  # at start
+        self.replica_networks = replica_networks or addresses.parse_networks(
+            event_log.settings.replica_networks
         )
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.endpoints = ProjectionRunner(event_log, ENDPOINTS, write_snapshots=False)
@@ -109,10 +128,11 @@ class Intake:
         self.refused = 0
         self.ready = asyncio.Event()
         self._billed: dict[str, tuple[int, int]] = {}  # meter subject -> (last seq, billed until ms)
-        self._buckets: dict[str, tuple[float, float]] = {}  # assignment -> (tokens, at: store time, s)
+        self.progress = Rate(PROGRESS, kept=BILLED_KEPT)  # per assignment, by store time
         self._caught_up_ns = 0
         self.verifier = Verifier(event_log, self.registry, name)
         self._told: dict[str, float] = {}  # worker -> when it was last told its registration was refused
+        self.budgets = AgentBudgets()
 
     @property
     def runners(self) -> tuple[ProjectionRunner[Any], ...]:
@@ -122,6 +142,9 @@ class Intake:
         """Follow the projections and judge claims until ``stop`` is set."""
         tasks = [asyncio.create_task(runner.run(stop)) for runner in self.runners]
         try:
+            self.kernel_services = await asyncio.to_thread(
+                addresses.kernel_services, (f"http://{a}" for a in self.kernel_addresses)
+            )
             await asyncio.gather(*(runner.caught_up.wait() for runner in self.runners))
             self._caught_up_ns = time.time_ns() - CLOCK_MARGIN_NS
             self.ready.set()
@@ -161,6 +184,9 @@ class Intake:
         usage: dict[str, list[tuple[Pulled, str, UsageTick]]] = {}
         for claim in batch:
             try:
+                if await self._over_budget(claim):
+                    pending.append((claim, None))
+                    continue
                 parsed = await self._parse(claim)
                 if parsed is None:
                     pending.append((claim, None))
@@ -183,6 +209,24 @@ class Intake:
                     await claim.retry(RETRY_S)
                     continue
             await claim.ack()
+
+    @property
+    def dropped(self) -> int:
+        """Claims over their agent's budget dropped uncopied (:mod:`ops.services.budgets`)."""
+        return self.budgets.dropped
+
+    async def _over_budget(self, claim: Pulled) -> bool:
+        """Charge ``claim`` to its sender's budget; ``True`` once one over it is settled (quarantined
+        with the reason, or dropped and counted: the caller acknowledges it)."""
+        sender = claim.subject.split(".")[1] if claim.subject.count(".") >= 1 else ""
+        over = self.budgets.take(
+            sender, claim.subject.endswith(".verification_reported"), claim.time_ns / 1e9
+        )
+        if over is None:
+            return False
+        if over.reason is not None:
+            await self._refuse(claim, sender, over.reason)
+        return True
 
     async def _parse(self, claim: Pulled) -> tuple[str, str, Event] | None:
         """``(sender, claimed subject, event)``, or ``None`` once a claim the kernel cannot read is
@@ -214,8 +258,10 @@ class Intake:
             if isinstance(event, WorkerRegistered):
                 await self._tell_refused(sender, verdict.reason)
             return None
-        if not self._within_rate(verdict.event, claim.time_ns):
-            await self._refuse(claim, sender, f"more than {PROGRESS_PER_S:g} progress reports a second")
+        if isinstance(verdict.event, JobProgress) and not self.progress.take(
+            verdict.event.assignment_id, claim.time_ns / 1e9
+        ):
+            await self._refuse(claim, sender, f"more than {PROGRESS.per_s:g} progress reports a second")
             return None
         self.accepted += 1
         return await self.log.submit(verdict.subject, verdict.event, event_id=f"intake-{claim.seq}")
@@ -239,14 +285,17 @@ class Intake:
         pending: list[tuple[Pulled, asyncio.Future[Position] | None]],
         billed_until_ms: int = 0,
     ) -> Verdict:
-        verdict = judge(sender, claim.subject, event, self._facts(claim), billed_until_ms=billed_until_ms)
+        resolved = await _resolved(event)
+        facts = self._facts(claim, resolved)
+        verdict = judge(sender, claim.subject, event, facts, billed_until_ms=billed_until_ms)
         if isinstance(verdict, Refused) and verdict.unknown and claim.time_ns >= self._caught_up_ns:
             await _settled(pending)
             await self.catch_up()
-            verdict = judge(sender, claim.subject, event, self._facts(claim), billed_until_ms=billed_until_ms)
+            facts = self._facts(claim, resolved)
+            verdict = judge(sender, claim.subject, event, facts, billed_until_ms=billed_until_ms)
         return verdict
 
-    def _facts(self, claim: Pulled) -> Facts:
+    def _facts(self, claim: Pulled, resolved: dict[str, tuple[str, ...]] | None = None) -> Facts:
         return Facts(
             schedule=self.schedule.state,
             endpoints=self.endpoints.state,
@@ -254,6 +303,9 @@ class Intake:
             providers=self.providers.state,
             now_ns=claim.time_ns,
             kernel_addresses=self.kernel_addresses,
+            kernel_services=self.kernel_services,
+            replica_networks=self.replica_networks,
+            resolved=resolved or {},
         )
 
     async def catch_up(self) -> None:
@@ -279,22 +331,6 @@ class Intake:
         self._told[worker_id] = now
         with contextlib.suppress(ResontechError):
             await self.log.append(command_subject(worker_id), RegistrationRefused(reason=reason))
-
-    def _within_rate(self, event: Event, stored_ns: int) -> bool:
-        """Token bucket per assignment for progress reports, by the claims' store times (a backlog
-        judged at once after a restart is not a burst); every other report passes."""
-        if not isinstance(event, JobProgress):
-            return True
-        now = stored_ns / 1e9
-        tokens, at = self._buckets.get(event.assignment_id, (PROGRESS_BURST, now))
-        tokens = min(PROGRESS_BURST, tokens + (now - at) * PROGRESS_PER_S)
-        if tokens < 1.0:
-            self._buckets[event.assignment_id] = (tokens, now)
-            return False
-        if len(self._buckets) > BILLED_KEPT:
-            self._buckets.clear()
-        self._buckets[event.assignment_id] = (tokens - 1.0, now)
-        return True
 
     # -- usage -----------------------------------------------------------------------------------
 
@@ -404,24 +440,30 @@ class Intake:
         await self._refuse(claim, sender, "the worker kept changing while its verification was judged")
 
 
+async def _resolved(event: Event) -> dict[str, tuple[str, ...]]:
+    """What the host name of a replica's address resolves to now (``{}`` for any other claim, an
+    address that names an IP address or does not parse: the judge reads those itself)."""
+    if not isinstance(event, EndpointReplicaReady):
+        return {}
+    try:
+        host, port = addresses.url_host_port(event.address)
+        if addresses.literal_ip(host) is not None:
+            return {}
+    except ResontechError:
+        return {}
+    try:
+        found = await asyncio.wait_for(asyncio.to_thread(addresses.resolve, host, port), RESOLVE_S)
+    except TimeoutError:
+        found = ()
+    return {host.lower(): found}
+
+
 async def _settled(pending: list[tuple[Pulled, asyncio.Future[Position] | None]]) -> None:
     """Wait for the appends already submitted (their outcome is handled by :meth:`Intake.handle`)."""
     for _, future in pending:
         if future is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(future)
-
-
-def kernel_endpoints(settings: Settings, *extra: str) -> frozenset[str]:
-    """``host:port`` of the NATS servers and the object store in ``settings``, and of ``extra`` URLs
-    (the gateway's)."""
-    found = set()
-    for url in [*settings.nats_url.split(","), settings.s3_endpoint or "", *extra]:
-        with contextlib.suppress(ValueError):
-            parts = urlsplit(url.strip())
-            if parts.hostname and parts.port:
-                found.add(f"{parts.hostname}:{parts.port}")
-    return frozenset(found)
 
 
 async def serve(

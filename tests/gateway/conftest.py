@@ -148,6 +148,7 @@ async def serve_gateway(
             RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
             RESONTECH_S3_ACCESS_KEY=settings.s3_access_key,
             RESONTECH_S3_SECRET_KEY=settings.s3_secret_key,
+            RESONTECH_REPLICA_NETWORKS=settings.replica_networks,
             RESONTECH_DATA_DIR=str(tmp_path),
             RESONTECH_GATEWAY_PORT=str(port),
             RESONTECH_GATEWAY_OPERATOR_KEY_SHA256=digest(operator_key),
