@@ -136,11 +136,15 @@ class TenantTree:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _walk(self, parts: list[str], relpath: str) -> int:
-        """An fd of the folder ``parts`` names below the tree (the caller closes it)."""
+    def _walk(self, parts: list[str], relpath: str, make_mode: int | None = None) -> int:
+        """An fd of the folder ``parts`` names below the tree (the caller closes it); with
+        ``make_mode``, each missing folder is made first."""
         fd = os.dup(self.fd)
         try:
             for part in parts:
+                if make_mode is not None:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, make_mode, dir_fd=fd)
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
@@ -159,19 +163,7 @@ class TenantTree:
         Raises:
             UnsafeFile: a component is a link or not a folder.
         """
-        fd = os.dup(self.fd)
-        try:
-            for part in _parts(relpath):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, mode, dir_fd=fd)
-                try:
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    raise _refusal(relpath, exc) from None
-                os.close(fd)
-                fd = nxt
-        finally:
-            os.close(fd)
+        os.close(self._walk(_parts(relpath), relpath, make_mode=mode))
 
     def folder(self, relpath: str) -> TenantTree:
         """The sub-folder ``relpath``, held by an fd of its own (the caller closes it).
