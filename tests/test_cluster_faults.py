@@ -35,6 +35,7 @@ import pytest
 from agent.simulated import SimulatedFleet
 from core.errors import LogUnavailable
 from core.log import EventLog
+from core.placement.placing import work_ref
 from core.streams import STREAMS, heartbeat_subject, job_subject
 from ops.coordinator import Coordinator
 from ops.devstack.natscluster import NatsCluster
@@ -104,7 +105,7 @@ class Loaded:
         self.log = log
         self.services: list[Service] = []
         self.agents: dict[str, AgentProcess] = {}
-        self.victim = self.survivor = self.long_job = ""
+        self.victim = self.survivor = self.long_job = self.long_ref = ""
         self.submitter: Submitter | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -120,6 +121,7 @@ class Loaded:
         answered = await long.run_once()
         assert answered is not None, long.failed
         self.long_job = answered.job_id
+        self.long_ref = f"{work_ref(tenant, 'job', self.long_job)}-"  # the head of its assignment ids
         jobs = await wait_records(self.log, "JOBS", lambda rs: of(rs, JobStarted), "the long job started")
         [started_long] = of(jobs, JobStarted)
         self.victim = started_long.worker_id
@@ -236,7 +238,7 @@ async def test_kill_9_of_a_node_under_load_loses_nothing_acknowledged(
         (a.worker_id, a.epoch)
         for e in of(jobs, JobPlaced)
         for a in e.assignments
-        if a.assignment_id.startswith(run.long_job)
+        if a.assignment_id.startswith(run.long_ref)
     ]
     assert moves[:2] == [(run.victim, 1), (run.survivor, 2)], moves
     if len(moves) > 2:  # the survivor itself looked lost while heartbeats failed over: placed again
@@ -282,7 +284,7 @@ async def first_loss(log: EventLog, worker: str) -> int:
 def started_again(found: list[Recorded[Any]], run: Loaded) -> bool:
     """Whether the long job started again (epoch 2, or later) on the survivor."""
     return any(
-        e.epoch >= 2 and e.worker_id == run.survivor and e.assignment_id.startswith(run.long_job)
+        e.epoch >= 2 and e.worker_id == run.survivor and e.assignment_id.startswith(run.long_ref)
         for e in of(found, JobStarted)
     )
 
