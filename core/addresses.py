@@ -31,13 +31,10 @@ import contextlib
 import ipaddress
 import socket
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from core.errors import InvalidInput
-
-if TYPE_CHECKING:
-    from core.settings import Settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -234,7 +231,18 @@ def kernel_services(urls: Iterable[str]) -> frozenset[tuple[IPAddress, int]]:
     return frozenset(found)
 
 
-def kernel_endpoints(settings: Settings, *extra: str) -> frozenset[str]:
+class KernelUrls(Protocol):
+    """What :func:`kernel_endpoints` reads of :class:`core.settings.Settings` (a Protocol, since
+    settings import this module to parse networks)."""
+
+    @property
+    def nats_url(self) -> str: ...
+
+    @property
+    def s3_endpoint(self) -> str: ...
+
+
+def kernel_endpoints(settings: KernelUrls, *extra: str) -> frozenset[str]:
     """``host:port`` of the NATS servers and the object store in ``settings``, and of ``extra`` URLs
     (the gateway's)."""
     found = set()

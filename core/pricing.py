@@ -107,16 +107,13 @@ def price(tick: UsageTick, tables: tuple[PriceTable, ...] = PRICE_TABLES) -> tup
     Returns:
         ``(charge_micros, payout_micros, price_version)``.
     """
-    table = tables[-1]
-    if tick.end_ms < table.effective_from_ms:  # table_at's fast path, inlined: this runs once per tick
-        table = table_at(tick.end_ms, tables)
+    table = table_at(tick.end_ms, tables)
     gpu_rate = table.gpu_hour_micros.get(tick.gpu_type, table.default_gpu_hour_micros)
     pool_pct = table.pool_multiplier_pct.get(tick.pool, 100)
     numerator = (tick.gpu_ms * gpu_rate + tick.cpu_ms * table.cpu_hour_micros) * pool_pct
-    # round_half_up, inlined
-    charge = (2 * numerator + _CHARGE_DENOMINATOR) // (2 * _CHARGE_DENOMINATOR)
+    charge = round_half_up(numerator, _CHARGE_DENOMINATOR)
     share_pct = table.provider_share_pct_by_tier.get(tick.tier, 0)
-    payout = (2 * charge * share_pct + 100) // 200
+    payout = round_half_up(charge * share_pct, 100)
     return charge, payout, table.version
 
 

@@ -23,8 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from core.errors import ResontechError
+from core.streams import audit_subject
 from gateway.auth import Access, Principal, authenticate, bearer, check_access
 from gateway.errors import ApiError, NotYetVisible, accepted_response, as_api_error, error_response
+from schemas.audit import RequestRecorded
 
 if TYPE_CHECKING:
     from gateway.kernel import Kernel
@@ -208,7 +210,7 @@ def endpoint(operation: Operation) -> Callable[[Request], Awaitable[Response]]:
             return response
         if request.method in MUTATING and response.status_code < 400 and operation.access != "public":
             try:
-                await kernel.record_request(call, operation, response.status_code, request_id)
+                await record_request(call, operation, response.status_code, request_id)
             except ResontechError as exc:  # the change itself is stored; say loudly what is missing
                 log.error("audit record of request %s not stored: %s", request_id, exc)
         response.headers["x-request-id"] = request_id
@@ -216,6 +218,30 @@ def endpoint(operation: Operation) -> Callable[[Request], Awaitable[Response]]:
 
     run.__name__ = operation.operation_id
     return run
+
+
+async def record_request(call: Call[Any, Any], operation: Operation, status: int, request_id: str) -> None:
+    """Append the ``api.request`` audit event of an accepted mutating request (event id
+    ``req-<request_id>``, so a retried append stores it once)."""
+    principal = call.principal
+    account = principal.account or "_operator"
+    client = call.request.client
+    event = RequestRecorded(
+        principal=principal.label,
+        principal_kind=principal.kind,
+        key_id=principal.key_id,
+        role=principal.role,
+        method=call.request.method,
+        route=operation.path,
+        path=call.request.url.path,
+        status=status,
+        resource=call.resource,
+        request_id=request_id,
+        remote=client.host if client else "",
+    )
+    await call.kernel.event_log.append(
+        audit_subject(account, principal.kind), event, event_id=f"req-{request_id}"
+    )
 
 
 def starlette_routes(operations: list[Operation]) -> list[Route]:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from core.log import EventLog
 from core.objects import s3_client
 from core.settings import Settings
-from core.streams import audit_subject
 from gateway.auth import KeyRecord
 from gateway.errors import NotYetVisible
 from gateway.feed import FeedHub
@@ -28,14 +27,12 @@ from projections import ENDPOINTS, LEDGER, LIVENESS, PROVIDERS, REGISTRY, SCHEDU
 from projections.base import Projection
 from projections.runner import ProjectionRunner
 from schemas._base import Event
-from schemas.audit import RequestRecorded
 from schemas.envelope import Recorded
 from schemas.providers import ProviderKeyIssued, ProviderKeyRevoked
 from schemas.tenants import ApiKeyIssued, ApiKeyRevoked
 
 if TYPE_CHECKING:
     from core.wire import Position
-    from gateway.api import Call, Operation
 
 log = logging.getLogger("resontech.gateway")
 SERVED: tuple[Projection[Any], ...] = (TENANTS, PROVIDERS, REGISTRY, LIVENESS, SCHEDULE, ENDPOINTS, LEDGER)
@@ -200,27 +197,3 @@ class Kernel:
             stream=position.stream, seq=position.seq, subject=subject, time_ns=time.time_ns(),
             msg_id=event_id or "", event=event,
         )  # fmt: skip
-
-    async def record_request(
-        self, call: Call[Any, Any], operation: Operation, status: int, request_id: str
-    ) -> None:
-        """Append the ``api.request`` audit event of an accepted mutating request."""
-        principal = call.principal
-        account = principal.account or "_operator"
-        client = call.request.client
-        event = RequestRecorded(
-            principal=principal.label,
-            principal_kind=principal.kind,
-            key_id=principal.key_id,
-            role=principal.role,
-            method=call.request.method,
-            route=operation.path,
-            path=call.request.url.path,
-            status=status,
-            resource=call.resource,
-            request_id=request_id,
-            remote=client.host if client else "",
-        )
-        await self.event_log.append(
-            audit_subject(account, principal.kind), event, event_id=f"req-{request_id}"
-        )

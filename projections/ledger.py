@@ -78,7 +78,7 @@ from typing import Any
 
 import msgspec
 
-from core.pricing import PRICE_TABLES, price, table_at
+from core.pricing import price, table_at
 from projections.base import Projection
 from projections.days import BUCKET_MS, BUCKET_NS, BUCKETS_KEPT, spread
 from schemas.envelope import Recorded
@@ -280,7 +280,7 @@ def _usage(state: LedgerState, recorded: Recorded[Any], tick: UsageTick) -> None
     if not _counted(state, tick, mark, gpu_ms < 0 or cpu_ms < 0, recorded.time_ns):
         return
     charge, payout, version = price(tick)
-    period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, tick.end_ms) - 1]  # period_of(end_ms)
+    period = period_of(tick.end_ms)
     line = _line(state, recorded.seq, tick, tokens[1], period, version)
     line.gpu_ms += gpu_ms
     line.cpu_ms += cpu_ms
@@ -336,10 +336,8 @@ def _count_tokens(
     if not _counted(state, tick, mark, served < 0, recorded.time_ns):
         return
     end_ms = tick.end_ms
-    table = PRICE_TABLES[-1]
-    version = (table if end_ms >= table.effective_from_ms else table_at(end_ms)).version
-    period = _MONTH_NAMES[bisect.bisect_right(_MONTH_STARTS_MS, end_ms) - 1]  # period_of(end_ms)
-    _line(state, recorded.seq, tick, tenant, period, version).tokens += served
+    version = table_at(end_ms).version
+    _line(state, recorded.seq, tick, tenant, period_of(end_ms), version).tokens += served
 
 
 def _counted(state: LedgerState, tick: UsageTick | TokensServed, mark: str, bad: bool, time_ns: int) -> bool:
@@ -365,8 +363,7 @@ def _line(
 ) -> InvoiceLine:
     """The tick's invoice line (created if new) with the tick counted and ``seq`` in its ranges; the
     caller adds the usage."""
-    work = f"{tick.work_kind}/{tick.work_id}"
-    key = f"{tenant}/{period}/{work}/{tick.gpu_type}/{tick.pool}/v{version}"  # line_key
+    key = line_key(tenant, period, tick.work_kind, tick.work_id, tick.gpu_type, tick.pool, version)
     line = state.lines.get(key)
     if line is None:
         line = state.lines[key] = InvoiceLine(
@@ -392,7 +389,7 @@ def _line(
 def _pay(state: LedgerState, tick: UsageTick, period: str, worker_id: str, payout: int) -> None:
     """A counted usage tick on its provider's payout line and its worker's earnings."""
     gpu_ms, cpu_ms = tick.gpu_ms, tick.cpu_ms
-    key = f"{tick.provider}/{period}/{tick.tier}"  # payout_key
+    key = payout_key(tick.provider, period, tick.tier)
     paid = state.payouts.get(key)
     if paid is None:
         paid = state.payouts[key] = PayoutLine(provider=tick.provider, period=period, tier=tick.tier)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from core.candidate_index import CandidateIndex
+from core.placement.candidate_index import CandidateIndex
 from core.placement.values import PlacementRequest
 from core.streams import endpoint_subject, heartbeat_subject, job_subject, worker_subject
 from ops.coordinator.live_capacity import LiveCapacity

@@ -16,8 +16,9 @@ import nats.js.api
 import pytest
 from nats.protocol.parser import Parser
 
+import core.log.acks
+import core.log.frames
 import core.log.scan
-import core.wire
 from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict
 from core.log import NO_RESPONDERS_RETRY_S, EventLog, new_event_id
 from core.log.queues import Pulled
@@ -32,7 +33,7 @@ def submitted(name: str = "train") -> JobSubmitted:
     return JobSubmitted(name=name, kind="process", shards=1)
 
 
-async def all_records(log: EventLog, stream: str, **bounds: object) -> list:
+async def all_records(log: EventLog, stream: str, **bounds: object) -> list[Any]:
     return [r async for r in log.replay(stream, **bounds)]  # type: ignore[arg-type]
 
 
@@ -41,7 +42,7 @@ def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """Run a read test through both of ``scan``'s paths: the pull consumer whose messages the tap
     takes off the connection, and nats-py's ordered push consumer (where the tap cannot attach)."""
     if request.param == "ordered":
-        monkeypatch.setattr(core.wire.RawTap, "attach", staticmethod(lambda nc: None))
+        monkeypatch.setattr(core.log.frames.RawTap, "attach", staticmethod(lambda nc: None))
     return str(request.param)
 
 
@@ -263,10 +264,14 @@ async def next_pulled(pulling: AsyncIterator[list[Pulled]]) -> Pulled:
 
 def test_a_lost_race_worded_by_a_replicated_streams_leader_is_a_conflict() -> None:
     for code in (10071, 10164):
-        error = core.wire._AckError(code=400, err_code=code, description="wrong last sequence: 7")
-        assert isinstance(core.wire._conflict_or_rejection("job.a.j.placed", 6, error), ConcurrencyConflict)
-    other = core.wire._AckError(code=400, err_code=10060, description="expected stream does not match")
-    assert not isinstance(core.wire._conflict_or_rejection("job.a.j.placed", 6, other), ConcurrencyConflict)
+        error = core.log.acks._AckError(code=400, err_code=code, description="wrong last sequence: 7")
+        assert isinstance(
+            core.log.acks._conflict_or_rejection("job.a.j.placed", 6, error), ConcurrencyConflict
+        )
+    other = core.log.acks._AckError(code=400, err_code=10060, description="expected stream does not match")
+    assert not isinstance(
+        core.log.acks._conflict_or_rejection("job.a.j.placed", 6, other), ConcurrencyConflict
+    )
 
 
 async def test_unacknowledged_append_times_out(nats_server: object, log: EventLog) -> None:
@@ -533,9 +538,9 @@ async def test_the_tap_takes_its_frames_and_leaves_every_other_one_to_nats_py() 
     rng = random.Random(5)
     for case in range(300):
         connection = _Connection()
-        tap = core.wire.RawTap.attach(connection)  # type: ignore[arg-type]
+        tap = core.log.frames.RawTap.attach(connection)  # type: ignore[arg-type]
         assert tap is not None
-        sink = core.wire.Sink()
+        sink = core.log.frames.Sink()
         cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 40)))
         chunks = [stream[a:b] for a, b in itertools.pairwise([0, *cuts, len(stream)])]
         installed_after = rng.randrange(len(chunks)) if case % 2 else 0

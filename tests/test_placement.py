@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from core.candidate_index import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
+from core.placement.candidate_index import VRAM_BANDS_PER_DOUBLING, CandidateIndex, band, occupy
 from core.placement.explaining import explain
 from core.placement.placing import place, work_ref
 from core.placement.rules import FILTERS, in_maintenance
@@ -468,7 +468,7 @@ def test_index_gives_the_plain_scan_decision(seed: int) -> None:
     for n in range(30):
         req = random_request(rng, n)
         plain = place(req, index.candidates(), now_ns=NOW)
-        assert outcome(place(req, [], now_ns=NOW, index=index)) == outcome(plain)
+        assert outcome(index.place(req, now_ns=NOW)) == outcome(plain)
         if isinstance(plain, Placed):
             placed_any = True
             pruned = plain.provenance.filtered  # the plain scan counts every worker
@@ -485,26 +485,26 @@ def test_index_gives_the_plain_scan_decision(seed: int) -> None:
 def test_index_inspects_few_workers() -> None:
     fleet = [host(f"w{i:04d}", uptime=1.0 - i / 10_000) for i in range(2000)]
     index = CandidateIndex(fleet)
-    result = placed(place(request(slots=[0, 1]), [], now_ns=NOW, index=index))
+    result = placed(index.place(request(slots=[0, 1]), now_ns=NOW))
     assert workers(result) == ["w0000", "w0001"]
     assert result.provenance.filtered == {"pruned": 1995}
     with pytest.raises(ValueError, match="weights"):
-        place(request(), [], RankWeights(geo_far=0.1), now_ns=NOW, index=index)
+        index.place(request(), RankWeights(geo_far=0.1), now_ns=NOW)
 
 
 def test_index_updates() -> None:
     index = CandidateIndex(
         [host("w1", gpus_total=1, vram_usable_mb=[40960], vram_limit_mb=[40960]), host("w2")]
     )
-    first = placed(place(request(), [], now_ns=NOW, index=index)).assignments[0]
+    first = placed(index.place(request(), now_ns=NOW)).assignments[0]
     assert first.worker_id == "w1"
     index.take(first)
-    assert workers(place(request(), [], now_ns=NOW, index=index)) == ["w2"]
+    assert workers(index.place(request(), now_ns=NOW)) == ["w2"]
     index.release(first)
     index.remove("w2")
-    assert workers(place(request(), [], now_ns=NOW, index=index)) == ["w1"]
+    assert workers(index.place(request(), now_ns=NOW)) == ["w1"]
     index.upsert(replace(index.get("w1"), state="cordoned"))  # type: ignore[type-var]
-    assert failed(place(request(), [], now_ns=NOW, index=index)).provenance.filtered == {"state": 1}
+    assert failed(index.place(request(), now_ns=NOW)).provenance.filtered == {"state": 1}
     assert len(index) == 1
 
 
@@ -523,14 +523,14 @@ def test_equal_scores_rank_by_base_score_then_worker_id() -> None:
         "w6",
         "w5",
     ]
-    assert outcome(place(req, [], now_ns=NOW, index=CandidateIndex(fleet))) == outcome(plain)
+    assert outcome(CandidateIndex(fleet).place(req, now_ns=NOW)) == outcome(plain)
 
 
 def test_index_beat_keeps_workers_from_looking_silent() -> None:
     index = CandidateIndex([host("w1", last_beat_ns=NOW - 10 * S)])
-    assert failed(place(request(), [], now_ns=NOW, index=index)).provenance.filtered == {"silent": 1}
+    assert failed(index.place(request(), now_ns=NOW)).provenance.filtered == {"silent": 1}
     index.beat("w1", NOW - S, 1.0)
-    assert workers(place(request(), [], now_ns=NOW, index=index)) == ["w1"]
+    assert workers(index.place(request(), now_ns=NOW)) == ["w1"]
     index.beat("unknown", NOW, 1.0)  # ignored
 
 
@@ -547,6 +547,6 @@ def test_bands_group_workers_and_never_hide_one_that_fits() -> None:
     fits = host("w2", gpus_total=1, vram_usable_mb=[40_000], vram_limit_mb=[81_920], uptime=0.5)
     full = host("w3", gpus_total=1, cpus=8, cpus_used=8.0)  # no CPU left: on a shelf no CPU work reads
     index = CandidateIndex([near, fits, full])
-    result = placed(place(request(vram_mb=40_000, cpus=1.0), [], now_ns=NOW, index=index))
+    result = placed(index.place(request(vram_mb=40_000, cpus=1.0), now_ns=NOW))
     assert workers(result) == ["w2"] and result.provenance.filtered == {"vram": 1, "pruned": 1}
-    assert workers(place(request(vram_mb=40_000), [], now_ns=NOW, index=index)) == ["w3"]  # needs no CPU
+    assert workers(index.place(request(vram_mb=40_000), now_ns=NOW)) == ["w3"]  # needs no CPU

@@ -4,12 +4,16 @@ Everything that happens is an event appended here; everything that is known is f
 this package reads back. It owns the wire details: the ``Nats-Msg-Id`` that makes a retried append
 idempotent, the expected-sequence headers that turn a lost race into
 :class:`~core.errors.ConcurrencyConflict`, acknowledgement time-outs, ordered replay, and the
-quarantine of stored bytes that no longer decode. The frame parsing that does not talk to the server
-lives in :mod:`core.wire`.
+quarantine of stored bytes that no longer decode. The vocabulary its callers share (header names,
+:class:`~core.wire.Position`, event ids) lives in :mod:`core.wire`, which imports no nats-py.
 
 :class:`EventLog` is the one entry point; its parts, by role:
 
 * :mod:`core.log.connection`: connecting, the reply inbox appends are acknowledged on, closing;
+* :mod:`core.log.acks`: acknowledgements settled on futures (:class:`~core.log.acks.AckTracker`,
+  instead of nats-py's ``publish_async``);
+* :mod:`core.log.frames`: protocol frames built and cut directly: atomic batches, delivery reply
+  subjects, and the raw tap the scan reads through;
 * :mod:`core.log.appending`: appends, one at a time or many in flight; every append not
   acknowledged within ``ack_timeout_s`` fails with :class:`~core.errors.AppendTimeout`;
 * :mod:`core.log.scan`: the raw, ordered scan that projections rebuild with;

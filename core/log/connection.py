@@ -20,9 +20,11 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from core.errors import LogUnavailable
+from core.log.acks import AckTracker
+from core.log.frames import RawTap, batch_frames
 from core.log.group_commit import GroupCommit
 from core.settings import Settings
-from core.wire import AckTracker, Position, RawTap, batch_frames
+from core.wire import Position
 
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_WAIT_S = 0.5
@@ -76,7 +78,7 @@ class LogConnection:
     :class:`core.log.EventLog` shares.
 
     Appends are published with a reply subject on the log's own inbox and matched to their
-    acknowledgements by :class:`core.wire.AckTracker` (see :mod:`core.wire` for why not nats-py's
+    acknowledgements by :class:`core.log.acks.AckTracker` (see :mod:`core.log.acks` for why not nats-py's
     ``publish_async``). Appends to one stream that wait at the same moment go out as one atomic
     batch (:mod:`core.log.group_commit`) unless ``settings.group_commit`` is off.
     """
@@ -271,7 +273,7 @@ class LogConnection:
     async def _publish_batch(
         self, messages: list[tuple[str, bytes, dict[str, str]]], size: int
     ) -> asyncio.Future[Position]:
-        """Send an atomic batch as one write (:func:`core.wire.batch_frames`); the future of its
+        """Send an atomic batch as one write (:func:`core.log.frames.batch_frames`); the future of its
         commit's acknowledgement."""
         nc = self._nc
         if nc.is_closed or (not nc.is_connected and nc._max_pending_size <= 0):

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 
 from core.errors import AppendRejected, AppendTimeout, InvalidInput, LogUnavailable
+from core.log.acks import BatchUnsupported
 from core.streams import stream_for_subject
 from core.wire import (
     BATCH_COMMIT,
@@ -44,7 +45,6 @@ from core.wire import (
     BATCH_SEQUENCE,
     EXPECTED_LAST_SUBJECT_SEQ,
     EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
-    BatchUnsupported,
     Position,
     new_event_id,
 )

@@ -18,8 +18,9 @@ from core.clock import ns_of
 from core.errors import LogUnavailable
 from core.log.connection import UNANSWERED, Patience
 from core.log.decoding import Decoding
+from core.log.frames import parse_reply
 from core.log.scan import Scanning, all_subjects
-from core.wire import MSG_ID, RawRecord, parse_reply
+from core.wire import MSG_ID, RawRecord
 from schemas.envelope import Recorded
 
 WATCH_IDLE_HEARTBEAT_S = 1.0

@@ -2,7 +2,7 @@
 
 The fast path projections rebuild with. nats-py's per-message machinery costs about 30 us a message
 here, so a scan reads an acknowledgement-free pull consumer in batches, and
-:class:`core.wire.RawTap` takes its messages off the connection's parser as bytes (about 3 us a
+:class:`core.log.frames.RawTap` takes its messages off the connection's parser as bytes (about 3 us a
 message, ~250k/s); where the tap cannot attach, nats-py's ordered push consumer. A work-queue
 stream is read by sequence instead: a consumer would take its messages away.
 """
@@ -25,8 +25,9 @@ from nats.js import api
 from core.clock import NS_PER_S, ns_of
 from core.errors import LogUnavailable
 from core.log.connection import ELECTION_S, UNANSWERED, LogConnection, Patience
+from core.log.frames import Frame, RawTap, Sink, parse_reply
 from core.streams import BY_NAME
-from core.wire import MSG_ID, Frame, RawTap, Sink, parse_reply
+from core.wire import MSG_ID
 
 _IDLE_CHECK_S = 0.5
 _SCAN_BATCH = 4096
@@ -357,7 +358,7 @@ async def _deliver_pulled(
         if not reply:
             return _Outcome.STATUS, last, delivered
         # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>, or the v2 form with
-        # a domain and an account hash after ACK and a random token at the end (core.wire.parse_reply)
+        # a domain and an account hash after ACK and a random token at the end (core.log.frames.parse_reply)
         tokens = reply.split(b".")
         if len(tokens) == 9:
             seq, time_ns, left = int(tokens[5]), int(tokens[7]), int(tokens[8])

@@ -39,8 +39,9 @@ over the ranked workers with room, best first). Fewer total slots than requested
 ``permanent`` when even the idle fleet (cordoned and lost workers included, deregistered excluded)
 could never hold the gang or the tenant has no worker in a managed or private pool.
 
-:class:`core.candidate_index.CandidateIndex` gives the same decisions while inspecting a few
-workers: pass it as ``place(..., index=...)``.
+The coordinator decides with :meth:`core.placement.candidate_index.CandidateIndex.place`, which gives
+:func:`place`'s decisions while inspecting a few workers; the plain scan is the reference it is tested
+against.
 
 Its parts, by role (import each name from its module; this package re-exports none):
 
@@ -50,4 +51,6 @@ Its parts, by role (import each name from its module; this package re-exports no
 * :mod:`core.placement.placing`: the decision itself (:func:`place`, the gang) and assignment ids;
 * :mod:`core.placement.explaining`: why nothing fits (now, or ever) and ``resontech why``'s lines;
   they name exactly the filters and score terms of the rules, so the two change together.
+* :mod:`core.placement.candidate_index`: the candidates kept on sorted shelves
+  (:class:`CandidateIndex`), the decision the coordinator makes.
 """

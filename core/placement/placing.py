@@ -20,7 +20,6 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from core.placement.explaining import group_of, unplaceable
 from core.placement.rules import Decision, Ranked, lanes, rank_key
@@ -36,9 +35,6 @@ from core.placement.values import (
 )
 from schemas.values import Assignment, Provenance, WorkKind
 
-if TYPE_CHECKING:
-    from core.candidate_index import CandidateIndex
-
 
 def place(
     request: PlacementRequest,
@@ -46,25 +42,23 @@ def place(
     weights: RankWeights = DEFAULT_WEIGHTS,
     *,
     now_ns: int,
-    index: CandidateIndex | None = None,
 ) -> Placed | Unplaceable:
-    """Place every slot of ``request`` or none.
+    """Place every slot of ``request`` or none, by the plain scan: filter and rank every candidate.
+
+    This is the reference the coordinator's
+    :meth:`core.placement.candidate_index.CandidateIndex.place` reproduces while inspecting a few
+    workers (the tests compare the two).
 
     Args:
         request: what to place.
-        candidates: every worker (ignored when ``index`` is given).
+        candidates: every worker.
         weights: the ranking's knobs.
         now_ns: the instant, Unix ns (heartbeat silence, maintenance windows, list price).
-        index: a :class:`core.candidate_index.CandidateIndex` built with the same ``weights``: the
-            same assignments, ``top`` and permanence, far fewer workers inspected; its
-            ``filtered`` counts are coarser (see the class).
 
     Returns:
         :class:`Placed` with one assignment per slot, ids :func:`assignment_id` (a retried decision
         appends the same ids), or :class:`Unplaceable`.
     """
-    if index is not None:
-        return index.place(request, weights, now_ns=now_ns)
     d = Decision(request, weights, now_ns)
     filtered: Counter[str] = Counter()
     groups: Counter[str] = Counter()

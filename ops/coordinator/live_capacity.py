@@ -1,7 +1,7 @@
 """The capacity the coordinator places against, kept current change by change instead of rebuilt.
 
-:class:`LiveCapacity` holds the :class:`core.candidate_index.CandidateIndex` and the quota usage that
-placement reads. Its contract: after :meth:`LiveCapacity.sync` with the keys of what changed, and
+:class:`LiveCapacity` holds the :class:`core.placement.candidate_index.CandidateIndex` and the quota
+usage that placement reads. Its contract: after :meth:`LiveCapacity.sync` with the keys of what changed, and
 :meth:`LiveCapacity.beat` for every heartbeat, the index holds exactly the candidates that
 :func:`projections.candidates.candidates` builds from the same projections, and the usage is
 :func:`projections.admission.quota_usage`'s, except for two things:
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from core.candidate_index import CandidateIndex, occupy
+from core.placement.candidate_index import CandidateIndex, occupy
 from core.placement.rules import silent
 from core.placement.values import DEFAULT_WEIGHTS, Candidate, PlacementRequest, RankWeights
 from projections.admission import Usage

@@ -3,9 +3,11 @@
 :func:`projections.candidates.candidates` builds one :class:`core.placement.Candidate` per worker
 from the projections.
 
-:class:`CandidateIndex` keeps them ordered for :func:`core.placement.place` (``index=``): the
-plain scan costs one filter-and-score per registered worker; the index inspects, in the common
-case, ``max(slots, TOP_K)`` workers plus those it finds unfit on the way.
+:class:`CandidateIndex` keeps them ordered, and :meth:`CandidateIndex.place` is the decision the
+coordinator makes: the same as :func:`core.placement.placing.place`'s plain scan (the reference the
+tests compare it with), but where the scan costs one filter-and-score per registered worker, the
+index inspects, in the common case, ``max(slots, TOP_K)`` workers plus those it finds unfit on the
+way.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class CandidateIndex:
     groups plus the workers it inspects, not the shelves. It stops once it holds
     ``max(slots, TOP_K)`` workers that fit (a worker whose bands reach the request but whose exact
     VRAM, CPUs or memory do not is inspected and found unfit). Its decision, ``top`` included, equals
-    :func:`core.placement.place`'s plain scan over :meth:`candidates`; so does whether a failure is
+    :func:`core.placement.placing.place`'s plain scan over :meth:`candidates`; so does whether a failure is
     permanent, which it computes from the distinct hardware profiles, not per worker.
 
     Workers that can take nothing (not available, ``max_concurrent`` reached) are only counted.
@@ -268,7 +270,9 @@ class CandidateIndex:
     def place(
         self, request: PlacementRequest, weights: RankWeights | None = None, *, now_ns: int
     ) -> Placed | Unplaceable:
-        """:func:`core.placement.place` over this index (``weights``: the index's, or ``None``)."""
+        """Place every slot of ``request`` or none, as :func:`core.placement.placing.place` would over
+        :meth:`candidates` (the same assignments, ``top`` and permanence; ``filtered`` is coarser,
+        see the class). ``weights``: the index's, or ``None``; others raise ``ValueError``."""
         if weights is not None and weights != self.weights:
             raise ValueError("the index was built with other rank weights")
         d = Decision(request, self.weights, now_ns)
