@@ -141,7 +141,7 @@ async def test_a_worker_whose_work_keeps_failing_is_cordoned(
 async def test_a_shard_its_agent_stopped_three_times_fails_its_job(
     log: EventLog, agents: Callable[..., AgentProcess]
 ) -> None:
-    agent = agents("restarting", "--heartbeat", "2")  # restarts well within 3 intervals: never lost
+    agent = agents("restarting", "--heartbeat", "10")  # lost after 30 s: a restart under load is well within
     await registered(log, agent)
     async with coordinator(log):
         await submit(log, "fragile", ["sleep", "60"])

@@ -38,6 +38,8 @@ from ops.dispatcher.fleet import Identity
 from ops.dispatcher.manifests import work_namespace
 from ops.dispatcher.service import Dispatcher, Timing
 from ops.services import intake
+from projections import REGISTRY, SCHEDULE
+from projections.runner import ProjectionRunner
 from schemas.commands import StopWork
 from schemas.jobs import JobCancelled, JobPlaced, JobResources, JobSubmitted
 from tests.kube import JOBS, Kube, serving
@@ -133,9 +135,12 @@ async def bench(jobs: int) -> dict[str, Any]:
             if isinstance(record.event, JobPlaced):
                 placements.setdefault(record.token(2), (record.time_ns, record.event))
 
-        coordinator.schedule.listeners.append(placed)
+        # the bench's own projections: it sees the coordinator only through what the log holds
+        schedule = ProjectionRunner(own, SCHEDULE, write_snapshots=False)
+        registry = ProjectionRunner(own, REGISTRY, write_snapshots=False)
+        schedule.listeners.append(placed)
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(coordinator.run(stop))]
+        tasks = [asyncio.create_task(run(stop)) for run in (coordinator.run, schedule.run, registry.run)]
         results = []
         try:
             async with intake.running(settings, name="bench-intake"), emulated_cluster(root) as kube:
@@ -149,8 +154,8 @@ async def bench(jobs: int) -> dict[str, Any]:
                 tasks.append(asyncio.create_task(dispatcher.run(stop)))
                 await until(
                     lambda: (
-                        len(coordinator.registry.state.workers) == 2
-                        and all(w.state == "available" for w in coordinator.registry.state.workers.values())
+                        len(registry.state.workers) == 2
+                        and all(w.state == "available" for w in registry.state.workers.values())
                     ),
                     "verified",
                     step_s=0.05,

@@ -24,6 +24,8 @@ from ops.bench.agents import Agent, until
 from ops.bench.common import median, private_nats
 from ops.coordinator import Coordinator
 from ops.services import intake
+from projections import LIVENESS, REGISTRY, SCHEDULE
+from projections.runner import ProjectionRunner
 from schemas.commands import StopWork
 from schemas.jobs import JobCancelled, JobPlaced, JobResources, JobSubmitted
 from schemas.values import Assignment
@@ -42,14 +44,21 @@ async def verified(log: EventLog, workers: list[str]) -> None:
 
 
 class Trials:
-    """What the coordinator's own projections saw, with store times: lost workers, placements."""
+    """What the log shows, with store times: lost workers, placements. It follows projections of its
+    own (not the coordinator's), so it observes the coordinator only through what it appends."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, event_log: EventLog) -> None:
+        self.registry = ProjectionRunner(event_log, REGISTRY, write_snapshots=False)
+        self.liveness = ProjectionRunner(event_log, LIVENESS, write_snapshots=False)
+        self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.lost_ns: dict[str, int] = {}  # worker -> store time of its latest worker.lost
         self.placed_ns: dict[tuple[str, int], int] = {}  # (job id, epoch) -> store time of job.placed
-        coordinator.registry.listeners.append(self._worker)
-        coordinator.schedule.listeners.append(self._job)
+        self.registry.listeners.append(self._worker)
+        self.schedule.listeners.append(self._job)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the log until ``stop`` is set."""
+        await asyncio.gather(*(r.run(stop) for r in (self.registry, self.liveness, self.schedule)))
 
     def _worker(self, record: Any) -> None:
         if isinstance(record.event, WorkerLost):
@@ -61,8 +70,8 @@ class Trials:
                 self.placed_ns.setdefault((record.token(2), a.epoch), record.time_ns)
 
     def available(self, worker_ids: list[str]) -> bool:
-        workers = self.coordinator.registry.state.workers
-        beats = self.coordinator.liveness.state.beats
+        workers = self.registry.state.workers
+        beats = self.liveness.state.beats
         now = time.time_ns()
         return all(
             w in workers and workers[w].state == "available" and w in beats and now - beats[w].time_ns < 2e9
@@ -70,7 +79,7 @@ class Trials:
         )
 
     def started(self, job_id: str, epoch: int) -> Assignment | None:
-        job = self.coordinator.schedule.state.jobs.get(f"bench/{job_id}")
+        job = self.schedule.state.jobs.get(f"bench/{job_id}")
         for slot, a in (job.assignments if job else {}).items():
             if a.epoch == epoch and slot in job.started:  # type: ignore[union-attr]
                 return a
@@ -121,9 +130,10 @@ async def failover(count: int) -> dict[str, Any]:
         own = await EventLog.connect(Settings(nats_url=server.url), name="bench-coordinator")
         await own.ensure_streams()
         coordinator = Coordinator(own, name="bench-coordinator")
-        trials = Trials(coordinator)
+        trials = Trials(own)
         stop = asyncio.Event()
         task = asyncio.create_task(coordinator.run(stop))
+        watching = asyncio.create_task(trials.run(stop))
         results = []
         try:
             async with intake.running(Settings(nats_url=server.url), name="bench-intake"):
@@ -138,7 +148,7 @@ async def failover(count: int) -> dict[str, Any]:
                 agent.stop()
             stop.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 30)
+                await asyncio.wait_for(asyncio.gather(task, watching), 30)
             await own.close()
     detect = [r["detect_s"] for r in results]
     replace = [r["replace_s"] for r in results]

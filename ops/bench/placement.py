@@ -104,10 +104,10 @@ async def placement_run(
                 last, last_at = coordinator.placements, time.perf_counter()
         elapsed = last_at - started
         placed = coordinator.placements
-        while len(coordinator.starts.commanded) < placed and time.perf_counter() - last_at < 60.0:
+        while coordinator.start_commands < placed and time.perf_counter() - last_at < 60.0:
             await asyncio.sleep(0.05)
         commands_s = time.perf_counter() - started
-        commanded = len(coordinator.starts.commanded)
+        commanded = coordinator.start_commands
     finally:
         stop.set()
         with contextlib.suppress(Exception):

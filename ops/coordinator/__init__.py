@@ -6,7 +6,9 @@
   appends what they return;
 * its halves, glue too: :mod:`ops.coordinator.job_queue` (admits, places and preempts for queued
   jobs), :mod:`ops.coordinator.starts` (start commands), :mod:`ops.coordinator.replicas` (endpoint
-  replicas), their appends kept in flight by :mod:`ops.coordinator.pipeline`;
+  replicas), their appends kept in flight by :mod:`ops.coordinator.pipeline`; each is built from
+  what it uses (:mod:`ops.coordinator.appender`, which counts conflicts; read-only views of the
+  projections and a clock, :mod:`ops.coordinator.views`; the presigner), never from the coordinator;
 * its bookkeeping, so that a step costs what changed: :mod:`ops.coordinator.live_capacity` (the fleet's
   free capacity), :mod:`ops.coordinator.beat_deadlines` (a heap of heartbeat deadlines);
 * what it sends agents: :mod:`ops.coordinator.workspecs` (a shard's spec by job kind),

@@ -14,38 +14,73 @@ the schedule does not show yet (those jobs are held, not decided again), and eac
 Appends go out ``APPEND_CHUNK`` at a time while the next decisions are made
 (:mod:`ops.coordinator.pipeline`). Each carries its job's expected sequence, so a conflict loses only
 that job's decision (and its hold), which the next step makes again.
+
+It is built from what it uses: the appender, read-only views of the schedule, tenants and endpoints,
+the live capacity (by a function that builds it when it is not yet), a callback that marks a job to
+decide again, the ranking weights and the clock. It counts its own placements and decision times.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Collection, Iterator
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from typing import Any
 
-from core.placement.values import Placed, PlacementRequest, Unplaceable
+from core.placement.values import DEFAULT_WEIGHTS, Placed, PlacementRequest, RankWeights, Unplaceable
+from ops.coordinator.appender import Appender
 from ops.coordinator.live_capacity import LiveCapacity
 from ops.coordinator.pipeline import pipelined
+from ops.coordinator.views import SYSTEM_CLOCK, Clock, View
 from projections import gangs, lifecycle
 from projections.admission import Usage, Victim, preemption_victims, request_for_job
+from projections.endpoints import EndpointsState
 from projections.schedule import JobRecord, ScheduleState, job_key, missing_slots
-from projections.tenants import quotas
-
-if TYPE_CHECKING:
-    from ops.coordinator.service import Coordinator
+from projections.tenants import TenantsState, quotas
 
 RECHECK_S = 1.0
 """How often queued jobs that nothing touched are tried again anyway (maintenance windows end)."""
+DECISIONS_KEPT = 100_000
+"""Decision times kept in :attr:`JobQueue.decision_ms` (the newest)."""
 
 
 class JobQueue:
     """The queued jobs of a :class:`~ops.coordinator.Coordinator` (see the module docstring).
 
+    Args:
+        appender: where its appends go.
+        schedule: the jobs, read-only.
+        tenants: the tenants (their quotas), read-only.
+        endpoints: the endpoints (whose replicas preemption may take), read-only.
+        capacity: the live capacity at a time (nanoseconds), built if it was not yet.
+        changed: marks a job, by key, to be decided again at the next step.
+        weights: ranking weights for preemption victims.
+        clock: when queued jobs are tried again (:data:`RECHECK_S`).
+
     Attributes:
         queued: keys of the jobs the schedule shows queued.
+        placements: ``job.placed`` appends acknowledged.
+        decision_ms: the latest placement decisions' durations, milliseconds.
     """
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.c = coordinator
+    def __init__(
+        self,
+        *,
+        appender: Appender,
+        schedule: View[ScheduleState],
+        tenants: View[TenantsState],
+        endpoints: View[EndpointsState],
+        capacity: Callable[[int], LiveCapacity],
+        changed: Callable[[str], None],
+        weights: RankWeights = DEFAULT_WEIGHTS,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.appender = appender
+        self.schedule, self.tenants, self.endpoints = schedule, tenants, endpoints
+        self.capacity, self.changed = capacity, changed
+        self.weights, self.clock = weights, clock
+        self.placements = 0
+        self.decision_ms: deque[float] = deque(maxlen=DECISIONS_KEPT)
         self.queued: set[str] = set()
         self._awaiting: dict[str, int] = {}  # job key -> sequence of our placement not yet applied
         self._recheck_at = 0.0
@@ -84,7 +119,7 @@ class JobQueue:
         Decisions are made one after another against the live capacity, each placement held in it
         at once; their appends go out while the next decisions are made.
         """
-        capacity = self.c.ensure_capacity(now_ns)
+        capacity = self.capacity(now_ns)
         tried: Collection[str] | None = None
         if jobs is not None and not self._recheck_due(capacity):
             tried = self.queued.intersection(jobs)
@@ -94,7 +129,7 @@ class JobQueue:
         await pipelined(self._decisions(capacity, order, tried, now_ns))
 
     def _recheck_due(self, capacity: LiveCapacity) -> bool:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not capacity.freed and now < self._recheck_at:
             return False
         capacity.freed = False
@@ -104,11 +139,11 @@ class JobQueue:
     async def _admitted(self, usage: Usage) -> list[JobRecord]:
         """Queued jobs under their tenant's quota, in order, after appending what those that wait
         call for. Jobs whose placement we appended but the schedule does not show yet are left out."""
-        state = self.c.schedule.state.jobs
+        state = self.schedule.state.jobs
         queued = {key: state[key] for key in self.queued if key in state and not self.awaits(key, state[key])}
-        admission = lifecycle.admission(ScheduleState(jobs=queued), quotas(self.c.tenants.state), usage)
+        admission = lifecycle.admission(ScheduleState(jobs=queued), quotas(self.tenants.state), usage)
         for job, event in admission.waits:
-            await self.c.append_job(job, event)
+            await self.appender.append_job(job, event)
         return admission.order
 
     def _decisions(
@@ -118,7 +153,7 @@ class JobQueue:
         the appends to make."""
         for queued in order:
             key = job_key(queued.tenant, queued.job_id)
-            job = self.c.schedule.state.jobs.get(key)  # it may have changed while appends were awaited
+            job = self.schedule.state.jobs.get(key)  # it may have changed while appends were awaited
             if (tried is not None and key not in tried) or job is None or self.awaits(key, job):
                 continue
             if job.state != "queued" or not missing_slots(job) or gangs.partial(job):
@@ -126,7 +161,7 @@ class JobQueue:
             started = time.perf_counter()
             request = request_for_job(job)
             decision = capacity.index.place(request, now_ns=now_ns)
-            self.c.decision_ms.append((time.perf_counter() - started) * 1000)
+            self.decision_ms.append((time.perf_counter() - started) * 1000)
             if isinstance(decision, Placed):
                 capacity.take(key, job, decision.assignments)
                 yield self._place(key, job, decision)
@@ -134,11 +169,11 @@ class JobQueue:
                 yield self._unplaced(capacity, job, request, decision, now_ns)
 
     async def _place(self, key: str, job: JobRecord, decision: Placed) -> None:
-        position = await self.c.append_job(job, lifecycle.placed(decision))
+        position = await self.appender.append_job(job, lifecycle.placed(decision))
         if position is None:  # another writer got there first: the next step drops our hold
-            self.c.job_changed(key)
+            self.changed(key)
             return
-        self.c.placements += 1
+        self.placements += 1
         self._awaiting[key] = position.seq
 
     async def _unplaced(
@@ -155,12 +190,12 @@ class JobQueue:
             victims = preemption_victims(
                 request,
                 capacity.index.candidates(),
-                self.c.schedule.state,
-                self.c.endpoints.state,
+                self.schedule.state,
+                self.endpoints.state,
                 now_ns=now_ns,
-                weights=self.c.weights,
+                weights=self.weights,
             )
-        outcome = lifecycle.unplaced(job, decision, victims, self.c.schedule.state)
-        await self.c.revoke(outcome.preempt)
+        outcome = lifecycle.unplaced(job, decision, victims, self.schedule.state)
+        await self.appender.revoke(outcome.preempt)
         if outcome.event is not None:
-            await self.c.append_job(job, outcome.event)
+            await self.appender.append_job(job, outcome.event)

@@ -12,31 +12,35 @@ stops them, and their metering (billing) stops with them.
 
 Every append carries the endpoint's expected sequence: a conflict (another writer) drops this
 step's decision about that endpoint, and the next step decides again.
+
+It is built from what it uses: the appender, read-only views of the registry, liveness, schedule
+and endpoints, the live capacity (by a function that builds it when it is not yet), the presigner
+and the clock.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from core.errors import ConcurrencyConflict
 from core.placement.values import Placed
 from core.pricing import list_price_micros
-from core.streams import endpoint_filter, endpoint_subject
-from ops.coordinator.inputs import InputError
+from ops.coordinator.appender import Appender
+from ops.coordinator.inputs import InputError, Presigner
+from ops.coordinator.live_capacity import LiveCapacity
+from ops.coordinator.views import SYSTEM_CLOCK, Clock, View
 from projections import replica_upkeep
 from projections.admission import request_for_endpoint
 from projections.candidates import tier_of
-from projections.endpoints import EndpointRecord, ReplicaRecord, missing_replicas
+from projections.endpoints import EndpointRecord, EndpointsState, ReplicaRecord, missing_replicas
+from projections.liveness import LivenessState
+from projections.registry import RegistryState
 from projections.replica_upkeep import MAX_START_FAILURES, retirements
+from projections.schedule import ScheduleState
 from schemas.commands import StartWork, WorkSpec
 from schemas.endpoints import EndpointFailed
 from schemas.values import Assignment
-
-if TYPE_CHECKING:
-    from ops.coordinator import Coordinator
 
 log = logging.getLogger("resontech.coordinator")
 STOP_RESEND_S = 30.0
@@ -83,17 +87,44 @@ def start_command(
 
 
 class Replicas:
-    """The replica half of a :class:`~ops.coordinator.Coordinator` (see the module docstring)."""
+    """The replica half of a :class:`~ops.coordinator.Coordinator` (see the module docstring).
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.c = coordinator
+    Args:
+        appender: where its appends and commands go.
+        registry: the workers (gone ones, tiers), read-only.
+        liveness: the latest heartbeats (what each worker still runs), read-only.
+        schedule: the jobs (whose shards are never stopped as stray replicas), read-only.
+        endpoints: the endpoints, read-only.
+        capacity: the live capacity at a time (nanoseconds), built if it was not yet.
+        presigner: signs a workspace model's files.
+        clock: the wall clock a worker's tier is read at; when a stop is sent again.
+
+    Attributes:
+        commanded: current replicas whose ``start_work`` this process sent.
+        stopping: assignment -> when its stop was sent (the clock's monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        appender: Appender,
+        registry: View[RegistryState],
+        liveness: View[LivenessState],
+        schedule: View[ScheduleState],
+        endpoints: View[EndpointsState],
+        capacity: Callable[[int], LiveCapacity],
+        presigner: Presigner,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.appender, self.capacity, self.presigner, self.clock = appender, capacity, presigner, clock
+        self.registry, self.liveness, self.schedule, self.endpoints = registry, liveness, schedule, endpoints
         self.commanded: set[str] = set()  # current replicas whose start_work this process sent
         self.stopping: dict[str, float] = {}  # assignment -> when its stop was sent (monotonic s)
 
     async def step(self, now_ns: int) -> None:
         """One round of decisions about every endpoint."""
-        gone = replica_upkeep.gone_workers(self.c.registry.state.workers)
-        endpoints = self.c.endpoints.state
+        gone = replica_upkeep.gone_workers(self.registry.state.workers)
+        endpoints = self.endpoints.state
         current = replica_upkeep.current_replicas(endpoints)
         for endpoint in list(endpoints.endpoints.values()):
             if endpoint.state == "deleted":
@@ -102,7 +133,7 @@ class Replicas:
             if change is not None:  # decide again once the projection shows the change
                 if isinstance(change, EndpointFailed):
                     log.warning("endpoint %s failed: %s", endpoint.endpoint_id, change.reason)
-                await self._append(endpoint, change)
+                await self.appender.append_endpoint(endpoint, change)
                 continue
             if missing_replicas(endpoint):
                 await self._place(endpoint, now_ns)
@@ -111,57 +142,44 @@ class Replicas:
         await self._stop_strays(current)
 
     async def _place(self, endpoint: EndpointRecord, now_ns: int) -> None:
-        capacity = self.c.ensure_capacity(now_ns)
+        capacity = self.capacity(now_ns)
         decision = capacity.index.place(request_for_endpoint(endpoint), now_ns=now_ns)
         if not isinstance(decision, Placed):
             return  # tried again next step; the endpoint stays ``deploying``
-        if await self._append(endpoint, replica_upkeep.placed(decision)):
+        if await self.appender.append_endpoint(endpoint, replica_upkeep.placed(decision)):
             log.info("endpoint %s: placed %s", endpoint.endpoint_id, _where(decision.assignments))
 
     async def _start(self, endpoint: EndpointRecord) -> None:
         for replica in replica_upkeep.unstarted(endpoint, self.commanded):
-            worker = self.c.registry.state.workers.get(replica.worker_id)
-            tier = tier_of(worker, time.time_ns()) if worker else "unverified"
+            worker = self.registry.state.workers.get(replica.worker_id)
+            tier = tier_of(worker, self.clock.wall_ns()) if worker else "unverified"
             downloads: dict[str, str] = {}
             if endpoint.spec.model_source == "workspace":
                 try:
-                    downloads = await self.c.presigner.downloads_async(endpoint.tenant, [endpoint.spec.model])
+                    downloads = await self.presigner.downloads_async(endpoint.tenant, [endpoint.spec.model])
                 except InputError as exc:
-                    await self._append(endpoint, replica_upkeep.model_missing(replica, exc))
+                    await self.appender.append_endpoint(endpoint, replica_upkeep.model_missing(replica, exc))
                     continue
             command = start_command(endpoint, replica, tier, downloads)
-            if await self.c.send(replica.worker_id, command, f"start-{replica.assignment_id}"):
+            if await self.appender.send(replica.worker_id, command, f"start-{replica.assignment_id}"):
                 self.commanded.add(replica.assignment_id)
 
     async def _stop_strays(self, current: set[str]) -> None:
         """Stop every replica a worker still runs that is no longer current
         (:func:`projections.replica_upkeep.stray_stops`), again every :data:`STOP_RESEND_S`."""
-        job_ids = {job.job_id for job in self.c.schedule.state.jobs.values()}  # never stop a job's shard
-        beats, endpoints = self.c.liveness.state.beats, self.c.endpoints.state
+        job_ids = {job.job_id for job in self.schedule.state.jobs.values()}  # never stop a job's shard
+        beats, endpoints = self.liveness.state.beats, self.endpoints.state
         stops = replica_upkeep.stray_stops(beats, endpoints, job_ids, current)
         running = {stop.command.assignment_id for stop in stops}
         self.stopping = {a: t for a, t in self.stopping.items() if a in running}
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for stop in stops:
             assignment_id = stop.command.assignment_id
             if now - self.stopping.get(assignment_id, -math.inf) < STOP_RESEND_S:
                 continue
-            if await self.c.send(*stop):
+            if await self.appender.send(*stop):
                 log.info("replica %s on %s is no longer current: stopping it", assignment_id, stop.worker_id)
                 self.stopping[assignment_id] = now
-
-    async def _append(self, endpoint: EndpointRecord, event: Any) -> bool:
-        try:
-            await self.c.log.append(
-                endpoint_subject(endpoint.tenant, endpoint.endpoint_id, event),
-                event,
-                expected_seq=endpoint.last_seq,
-                expected_filter=endpoint_filter(endpoint.tenant, endpoint.endpoint_id),
-            )
-        except ConcurrencyConflict:
-            self.c.conflicts += 1
-            return False
-        return True
 
 
 def _where(assignments: list[Assignment]) -> str:

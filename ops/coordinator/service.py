@@ -33,6 +33,10 @@ heartbeat deadlines (:class:`ops.coordinator.beat_deadlines.BeatDeadlines`). Que
 change are tried again when capacity may have grown, and at least every
 :data:`ops.coordinator.job_queue.RECHECK_S`.
 
+Its parts are built from what they use and wired here: one :class:`ops.coordinator.appender.Appender`
+(which counts conflicts) serves them all; each reads the projections through read-only views
+(:mod:`ops.coordinator.views`); none holds the coordinator.
+
 It lives in ``ops/`` because it reads projections: ``core/`` holds the pure decisions it calls and
 must not import them; the decisions that read projections (recovery, admission, lifecycle, gangs,
 replica upkeep) are in ``projections/``.
@@ -45,14 +49,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
-from core.errors import AppendRejected, AppendTimeout, ConcurrencyConflict, LogUnavailable
+from core.errors import AppendRejected, AppendTimeout, LogUnavailable
 from core.log import EventLog
 from core.placement.values import DEFAULT_WEIGHTS, RankWeights
-from core.streams import command_subject, job_filter, job_subject, worker_filter, worker_subject
-from core.wire import Position
+from ops.coordinator.appender import Appender
 from ops.coordinator.beat_deadlines import BeatDeadlines
 from ops.coordinator.inputs import Presigner
 from ops.coordinator.job_queue import JobQueue
@@ -60,11 +63,11 @@ from ops.coordinator.live_capacity import LiveCapacity
 from ops.coordinator.replicas import Replicas
 from ops.coordinator.silence import SilenceJudge
 from ops.coordinator.starts import Starts
+from ops.coordinator.views import jobs_in_order
 from ops.process import service_connection
 from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs, lifecycle, recovery
 from projections.admission import health_verdicts
 from projections.endpoints import endpoint_key
-from projections.recovery import Revocation
 from projections.registry import RegistryState
 from projections.runner import ProjectionRunner
 from projections.schedule import TERMINAL, JobRecord, job_key
@@ -78,8 +81,6 @@ REBUILD_S = 60.0
 """How often every worker's candidate is read again (uptime and tiers change with the clock alone)."""
 DEADLINE_SLACK_S = 0.005
 """Wake this long after a heartbeat deadline, so that it has passed by the clock ``step`` reads."""
-DECISIONS_KEPT = 100_000
-"""Decision times kept in :attr:`Coordinator.decision_ms` (the newest)."""
 
 
 class Coordinator:
@@ -117,14 +118,10 @@ class Coordinator:
         self.schedule = ProjectionRunner(event_log, SCHEDULE, write_snapshots=False)
         self.endpoints = ProjectionRunner(event_log, ENDPOINTS, write_snapshots=False)
         self.tenants = ProjectionRunner(event_log, TENANTS, write_snapshots=False)
-        self.queue = JobQueue(self)
-        self.starts = Starts(self)
-        self.replicas = Replicas(self)
+        self.appender = Appender(event_log)
+        self.queue, self.starts, self.replicas = self._parts()
         self._changed = asyncio.Event()
         self._failures: dict[str, list[int]] = {}
-        self.placements = 0
-        self.conflicts = 0
-        self.decision_ms: deque[float] = deque(maxlen=DECISIONS_KEPT)
         self.capacity: LiveCapacity | None = None  # built at the first step
         self._beat_deadlines = BeatDeadlines()
         self._silence = SilenceJudge(event_log)
@@ -139,9 +136,54 @@ class Coordinator:
         self.endpoints.listeners.append(self._on_endpoint)
         self.tenants.listeners.append(self._on_tenant)
 
+    def _parts(self) -> tuple[JobQueue, Starts, Replicas]:
+        """The parts, each from what it uses (none holds the coordinator)."""
+        queue = JobQueue(
+            appender=self.appender,
+            schedule=self.schedule,
+            tenants=self.tenants,
+            endpoints=self.endpoints,
+            capacity=self.ensure_capacity,
+            changed=self.job_changed,
+            weights=self.weights,
+        )
+        starts = Starts(
+            appender=self.appender, schedule=self.schedule, registry=self.registry, presigner=self.presigner
+        )
+        replicas = Replicas(
+            appender=self.appender,
+            registry=self.registry,
+            liveness=self.liveness,
+            schedule=self.schedule,
+            endpoints=self.endpoints,
+            capacity=self.ensure_capacity,
+            presigner=self.presigner,
+        )
+        return queue, starts, replicas
+
     @property
     def runners(self) -> tuple[ProjectionRunner[Any], ...]:
         return (self.registry, self.liveness, self.schedule, self.endpoints, self.tenants)
+
+    @property
+    def placements(self) -> int:
+        """``job.placed`` appends acknowledged."""
+        return self.queue.placements
+
+    @property
+    def conflicts(self) -> int:
+        """Appends refused because another writer got there first."""
+        return self.appender.conflicts
+
+    @property
+    def decision_ms(self) -> deque[float]:
+        """The latest placement decisions' durations, milliseconds."""
+        return self.queue.decision_ms
+
+    @property
+    def start_commands(self) -> int:
+        """Jobs' ``start_work`` commands this process sent."""
+        return len(self.starts.commanded)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the projections and decide until ``stop`` is set."""
@@ -285,10 +327,7 @@ class Coordinator:
 
     def jobs_in_order(self, keys: Collection[str] | None) -> list[tuple[str, JobRecord]]:
         """The jobs of ``keys`` (``None``: all) in submission order."""
-        jobs = self.schedule.state.jobs
-        found = [(k, jobs[k]) for k in (jobs if keys is None else keys) if k in jobs]
-        found.sort(key=lambda item: item[1].submitted_seq)
-        return found
+        return jobs_in_order(self.schedule.state, keys)
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -336,13 +375,13 @@ class Coordinator:
             keys = set(self.capacity.jobs_on.get(worker_id, ())) | self._dirty_jobs
         for _, job in self.jobs_in_order(keys):
             for event in recovery.revocations_on(job, worker_id, reason):
-                await self.append_job(job, event)
+                await self.appender.append_job(job, event)
 
     async def revoke_rejected(self, jobs: Collection[str] | None = None) -> None:
         """Revoke assignments their agent rejected, so that they are placed elsewhere."""
         for _, job in self.jobs_in_order(jobs):
             for event in recovery.rejected_revocations(job):
-                await self.append_job(job, event)
+                await self.appender.append_job(job, event)
 
     def _count_failure(self, record: Any) -> None:
         """Remember when a worker's assignment failed (not when the agent merely stopped): the health
@@ -379,7 +418,7 @@ class Coordinator:
         """Fail or retry the jobs with failed shards (:func:`projections.recovery.settle_failures`)."""
         for _, job in self.jobs_in_order(jobs):
             for event in recovery.settle_failures(job, gang=gangs.is_gang(job)):
-                await self.append_job(job, event)
+                await self.appender.append_job(job, event)
 
     async def settle_gangs(self, now_ns: int, jobs: Collection[str] | None = None) -> None:
         """Keep gang jobs whole: restart a gang that lost a shard or had a rank stopped by its agent;
@@ -401,76 +440,25 @@ class Coordinator:
             workers = self.registry.state.workers
             outcome = gangs.settle(job, workers, failing_since_ns=since, now_ns=now_ns, grace_ns=grace)
             if isinstance(outcome, JobFailed):
-                if await self.append_job(job, outcome):
+                if await self.appender.append_job(job, outcome):
                     self._gang_failing_since.pop(failing, None)
             else:
-                await self.revoke(outcome)
+                await self.appender.revoke(outcome)
 
     async def complete_jobs(self, jobs: Collection[str] | None = None) -> None:
         """Append ``job.completed`` for a live job all of whose shards completed
         (:func:`projections.lifecycle.completed`)."""
         for _, job in self.jobs_in_order(jobs):
             if (event := lifecycle.completed(job)) is not None:
-                await self.append_job(job, event)
+                await self.appender.append_job(job, event)
 
     # -- appends -------------------------------------------------------------------------------
 
-    async def append_job(
-        self, job: JobRecord, event: Any, *, expected_seq: int | None = None
-    ) -> Position | None:
-        """Append about ``job``, expecting its last sequence (or ``expected_seq``); ``None`` on a
-        conflict."""
-        try:
-            return await self.log.append(
-                job_subject(job.tenant, job.job_id, event),
-                event,
-                expected_seq=job.last_seq if expected_seq is None else expected_seq,
-                expected_filter=job_filter(job.tenant, job.job_id),
-            )
-        except ConcurrencyConflict:
-            self.conflicts += 1
-            return None
-
     async def _append_worker(self, worker_id: str, event: Any) -> bool:
         record = self.registry.state.workers.get(worker_id)
-        try:
-            await self.log.append(
-                worker_subject(worker_id, event),
-                event,
-                expected_seq=record.last_seq if record else 0,
-                expected_filter=worker_filter(worker_id),
-            )
-        except ConcurrencyConflict:
-            self.conflicts += 1
-            return False
-        return True
-
-    async def revoke(self, revocations: Iterable[Revocation]) -> None:
-        """Append each revocation, a job's in one run (each expecting the sequence of the one before),
-        and send its stop once it is appended. A conflict drops the rest of that job's."""
-        seqs: dict[str, int] = {}
-        dropped: set[str] = set()  # conflicted: the next step decides again
-        for revocation in revocations:
-            job = revocation.job
-            key = job_key(job.tenant, job.job_id)
-            if key in dropped:
-                continue
-            position = await self.append_job(job, revocation.event, expected_seq=seqs.get(key))
-            if position is None:
-                dropped.add(key)
-                continue
-            seqs[key] = position.seq
-            if revocation.stop is not None:
-                await self.send(*revocation.stop)
-
-    async def send(self, worker_id: str, command: Any, command_id: str) -> bool:
-        """Send ``command`` to ``worker_id`` under ``command_id`` (stored once); whether it went out."""
-        try:
-            await self.log.append(command_subject(worker_id), command, event_id=command_id)
-        except (AppendTimeout, AppendRejected) as exc:
-            log.warning("%s to %s not sent yet: %s", command_id, worker_id, exc)
-            return False
-        return True
+        return await self.appender.append_worker(
+            worker_id, event, expected_seq=record.last_seq if record else 0
+        )
 
 
 async def serve(settings: Any, *, name: str = "coordinator", stop: asyncio.Event | None = None) -> None:

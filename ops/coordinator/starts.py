@@ -8,29 +8,31 @@ its rendezvous and checkpoint URLs, a federated one's its site (:mod:`ops.coordi
 Sending is idempotent: the command id is derived from the assignment id, so a command sent twice is
 stored once. A command that could not go out (the object store or the log did not answer) is tried
 again the next step; a job whose inputs are gone, or whose spec cannot be made, fails.
+
+It is built from what it uses: the appender, read-only views of the schedule and the registry, the
+presigner and the clock.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Collection, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from core.pricing import list_price_micros
-from ops.coordinator.inputs import InputError
+from ops.coordinator.appender import Appender
+from ops.coordinator.inputs import InputError, Presigner
 from ops.coordinator.pipeline import pipelined
+from ops.coordinator.views import SYSTEM_CLOCK, Clock, View, jobs_in_order
 from ops.coordinator.workspecs import WorkSpecError, ddp_spec, federated_spec
 from projections.candidates import tier_of
-from projections.schedule import TERMINAL, JobRecord
+from projections.registry import RegistryState
+from projections.schedule import TERMINAL, JobRecord, ScheduleState
 from schemas.commands import StartWork, WorkSpec
 from schemas.jobs import JobFailed
 from schemas.values import Assignment
-
-if TYPE_CHECKING:
-    from ops.coordinator.service import Coordinator
 
 log = logging.getLogger("resontech.coordinator")
 
@@ -72,12 +74,28 @@ def start_command(
 class Starts:
     """The start commands of a :class:`~ops.coordinator.Coordinator`'s jobs (see the module docstring).
 
+    Args:
+        appender: where its appends and commands go.
+        schedule: the jobs, read-only.
+        registry: the workers (their tiers and addresses), read-only.
+        presigner: signs the jobs' inputs and a ``ddp`` job's checkpoint URLs.
+        clock: the wall clock a worker's tier is read at.
+
     Attributes:
         commanded: assignments whose ``start_work`` this process sent.
     """
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.c = coordinator
+    def __init__(
+        self,
+        *,
+        appender: Appender,
+        schedule: View[ScheduleState],
+        registry: View[RegistryState],
+        presigner: Presigner,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.appender, self.schedule, self.registry = appender, schedule, registry
+        self.presigner, self.clock = presigner, clock
         self.commanded: set[str] = set()
         self._unsent: set[str] = set()  # jobs whose start command failed to go out
 
@@ -89,7 +107,7 @@ class Starts:
         await pipelined(self._starts(keys))
 
     def _starts(self, keys: Collection[str] | None) -> Iterator[Awaitable[None]]:
-        for key, job in self.c.jobs_in_order(keys):
+        for key, job in jobs_in_order(self.schedule.state, keys):
             if job.state in TERMINAL:
                 continue
             for slot, assignment in job.assignments.items():
@@ -100,12 +118,12 @@ class Starts:
         downloads = await self._downloads(key, job, assignment)
         if downloads is None:
             return
-        record = self.c.registry.state.workers.get(assignment.worker_id)
-        tier = tier_of(record, time.time_ns()) if record else "unverified"
+        record = self.registry.state.workers.get(assignment.worker_id)
+        tier = tier_of(record, self.clock.wall_ns()) if record else "unverified"
         command = await self._command(job, assignment, start_command(job, assignment, tier, downloads))
         if command is None:
             return
-        if not await self.c.send(assignment.worker_id, command, f"start-{assignment.assignment_id}"):
+        if not await self.appender.send(assignment.worker_id, command, f"start-{assignment.assignment_id}"):
             self._unsent.add(key)
             return
         self.commanded.add(assignment.assignment_id)
@@ -116,10 +134,10 @@ class Starts:
         if not job.spec.inputs or job.spec.kind == "federated":  # a federated shard gets its own shard
             return {}
         try:
-            return await self.c.presigner.downloads_async(job.tenant, job.spec.inputs)
+            return await self.presigner.downloads_async(job.tenant, job.spec.inputs)
         except InputError as exc:
             reason = f"input missing at start: {exc}"
-            await self.c.append_job(job, JobFailed(reason=reason, retryable=False))
+            await self.appender.append_job(job, JobFailed(reason=reason, retryable=False))
         except Exception as exc:  # the object store is unreachable: try again next step
             log.warning("inputs of %s not presigned yet: %s", assignment.assignment_id, exc)
             self._unsent.add(key)
@@ -128,16 +146,16 @@ class Starts:
     async def _command(self, job: JobRecord, assignment: Assignment, command: StartWork) -> StartWork | None:
         """``command`` with the spec of its job's kind; ``None`` when it cannot be sent (yet)."""
         if job.spec.kind == "ddp":
-            workers = self.c.registry.state.workers
+            workers = self.registry.state.workers
             try:
-                spec = ddp_spec(job, assignment, command.spec, self.c.presigner, workers)
+                spec = ddp_spec(job, assignment, command.spec, self.presigner, workers)
             except WorkSpecError as exc:
                 failed = JobFailed(reason=f"cannot start: {exc.message}", retryable=False)
-                await self.c.append_job(job, failed)
+                await self.appender.append_job(job, failed)
                 return None
             return msgspec.structs.replace(command, spec=spec)
         if job.spec.kind == "federated":
-            federated = federated_spec(job, assignment, command.spec, self.c.presigner)
+            federated = federated_spec(job, assignment, command.spec, self.presigner)
             if federated is None:  # sent once the job's federation is ready (a new event of the job)
                 return None
             return msgspec.structs.replace(command, spec=federated)
