@@ -12,5 +12,8 @@ package            what it is
 ``ops.bench``      the benchmarks (``make bench``)
 ``ops.process``,   child processes and free ports, shared by every role
 ``ops.ports``
+``ops.enrollment`` the enrollment of agents run with the kernel's credentials (a cluster's nodes,
+                   load tests), as the operator
+``ops.specs``      job and endpoint spec files (YAML, TOML, JSON), for the CLI and the dispatcher
 =================  ==========================================================================
 """

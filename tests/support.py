@@ -22,8 +22,8 @@ from core.addresses import LOOPBACK_NETWORKS
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import STREAMS, endpoint_subject, job_subject, worker_subject
-from ops.cli.workers import enroll_state_dir
 from ops.coordinator import Coordinator, running
+from ops.enrollment import enroll_state_dir
 from schemas.commands import StartWork
 from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced
 from schemas.envelope import Recorded

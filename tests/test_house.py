@@ -29,7 +29,7 @@ EDGE_IMPORTS: dict[str, str] = {
     "ops/cli/main.py -> gateway.settings": "the one `resontech` command runs the gateway too",
     "ops/cli/ -> gateway.client": "the CLI speaks to the API through the SDK",
     "ops/devstack/stack.py -> agent.enroll": "the dev stack enrolls its two local agents as a provider would",
-    "ops/cli/workers.py -> agent.identity": "enrolling a state dir writes the agent's identity",
+    "ops/enrollment.py -> agent.identity": "enrolling a state dir writes the agent's identity",
     "ops/dispatcher/service.py -> agent.commands": "the dispatcher takes commands by the agent's rules",
     "ops/dispatcher/service.py -> agent.heartbeat": "the dispatcher claims as an agent does, retried alike",
     "ops/dispatcher/service.py -> agent.state": "the dispatcher remembers handled commands as an agent does",
@@ -89,6 +89,45 @@ def test_arrows_point_inward_and_edges_import_each_other_only_where_the_rule_say
                 wrong.append(edge)
     assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
     assert set(EDGE_IMPORTS) == used, f"exceptions no longer needed: {set(EDGE_IMPORTS) - used}"
+
+
+CLI_TESTS: dict[str, str] = {
+    "test_cli_watch.py": "tests `resontech watch` and its screen",
+    "test_sparkline.py": "tests the CLI's sparklines and its watch screen",
+    "test_federated.py": "tests what `resontech status` shows of a federated job",
+    "test_queue_units.py": "tests the CLI's line about an endpoint's traffic",
+    "test_schemas.py": "tests `resontech schemas export`",
+    "test_trust.py": "tests `resontech quarantine` on what the attacks left",
+}
+"""Test modules (by file name, wherever the test tree puts them) that import :mod:`ops.cli` because
+they test the command itself. Nothing else imports it: other code runs it (``python -m ops.cli``) or
+imports what it shares from modules of their own (:mod:`ops.enrollment`, :mod:`ops.specs`)."""
+
+
+def _imports_the_cli(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        if any(name == "ops.cli" or name.startswith("ops.cli.") for name in names):
+            return True
+    return False
+
+
+def test_nothing_imports_the_cli_but_itself_and_the_tests_of_the_command() -> None:
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for folder in (*PACKAGES, "examples", "tests")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if _imports_the_cli(ast.parse(path.read_text()))
+    ]
+    wrong = [p for p in importers if not p.startswith("ops/cli/") and Path(p).name not in CLI_TESTS]
+    assert not wrong, "modules that import ops.cli:\n" + "\n".join(wrong)
+    unused = set(CLI_TESTS) - {Path(p).name for p in importers}
+    assert not unused, f"exceptions no longer needed: {unused}"
 
 
 Klass = tuple[str, str]  # (module path, class name)
@@ -166,3 +205,121 @@ def test_no_function_runs_past_the_limit() -> None:
         and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
     ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+TYPE_ONLY_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"gateway.client.aio", "gateway.client.calls", "gateway.client.sync"}): (
+        "the SDK's calls are written once (`_Calls`) for both clients, and its descriptor types each "
+        "method for the client it is read from: `calls` names `Client` and `AsyncClient`, which derive "
+        "from `_Calls`, for the type checker only"
+    ),
+}
+"""Import cycles that exist only through ``if TYPE_CHECKING:`` imports, and why; no cycle is
+allowed at run time."""
+
+
+def _module_names() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of our packages (a package by its ``__init__``)."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return isinstance(test, ast.Name | ast.Attribute) and ast.unparse(test).endswith("TYPE_CHECKING")
+
+
+def _top_level_imports(body: list[ast.stmt], typing_too: bool) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when imported (in ``if`` / ``try`` / ``with`` blocks too, not in
+    functions); those under ``if TYPE_CHECKING:`` only with ``typing_too``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if typing_too or not _is_type_checking(node.test):
+                found += _top_level_imports(node.body, typing_too)
+            found += _top_level_imports(node.orelse, typing_too)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                found += _top_level_imports(block, typing_too)
+        elif isinstance(node, ast.With):
+            found += _top_level_imports(node.body, typing_too)
+    return found
+
+
+def _import_graph(typing_too: bool) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports: ``from a.b import c`` names ``a.b.c`` where that is
+    a module, else ``a.b`` (the parent packages a submodule's import runs are not arrows)."""
+    modules = _module_names()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in _top_level_imports(ast.parse(path.read_text()).body, typing_too):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+                continue
+            base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            module = node.module or ""
+            if node.level:
+                module = ".".join([*base[: len(base) - node.level + 1], *filter(None, [node.module])])
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                targets.add(submodule if submodule in modules else module)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: set[frozenset[str]] = set()
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set(stack[stack.index(node) :])
+                    del stack[stack.index(node) :]
+                    if len(component) > 1:
+                        found.add(frozenset(component))
+            elif target not in index:
+                index[target] = low[target] = len(index)
+                stack.append(target)
+                work.append((target, iter(sorted(graph[target]))))
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+    return found
+
+
+def test_no_import_cycle_at_run_time() -> None:
+    cycles = _cycles(_import_graph(typing_too=False))
+    assert not cycles, "modules that import each other:\n" + "\n".join(str(sorted(c)) for c in cycles)
+
+
+def test_type_only_import_cycles_are_the_known_ones() -> None:
+    cycles = _cycles(_import_graph(typing_too=True))
+    assert cycles == set(TYPE_ONLY_CYCLES), "\n".join(str(sorted(c)) for c in cycles ^ set(TYPE_ONLY_CYCLES))
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert _cycles(graph) == {frozenset({"a", "b", "c"})}
+    assert _cycles({"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"c"}}) == {
+        frozenset({"a", "b"}),
+        frozenset({"c", "d"}),
+    }

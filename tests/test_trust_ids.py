@@ -26,9 +26,9 @@ from core.placement.placing import assignment_id, parse_assignment_id, place, wo
 from core.placement.values import Candidate, Placed
 from core.streams import assignment_token, provider_subject
 from gateway.token_meter import TokenMeter
-from ops.cli.workers import enroll_kernel_agent
 from ops.dispatcher.fleet import worker_id_for
 from ops.dispatcher.names import is_dns_label, is_label_value
+from ops.enrollment import enroll_kernel_agent
 from projections import LEDGER, LIVENESS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.admission import request_for_endpoint
 from projections.base import Projection

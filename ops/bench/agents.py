@@ -19,7 +19,7 @@ from agent.runtimes.process import reap_orphans
 from agent.settings import default_work_dir
 from core.settings import Settings
 from ops.bench.common import process_peak_rss_mb
-from ops.cli.workers import enroll_state_dir
+from ops.enrollment import enroll_state_dir
 
 REPO = Path(__file__).resolve().parents[2]
 

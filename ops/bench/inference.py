@@ -43,8 +43,8 @@ from gateway.queueing import percentile
 from ops.bench import coldstart
 from ops.bench.common import emit, machine, median, process_peak_rss_mb, table
 from ops.bench.servedstack import REPO, ServedStack, create_tenants, served_stack
-from ops.cli.workers import enroll_state_dir
 from ops.coordinator import running
+from ops.enrollment import enroll_state_dir
 from ops.process import spawn, terminate
 from ops.services import intake
 from projections import ENDPOINTS

@@ -7,8 +7,8 @@ every user command.
   ``usage``...), :mod:`ops.cli.workspace` (``upload``, ``download``, ``ls``), :mod:`ops.cli.jobs`
   (``submit``, ``status``...) with :mod:`ops.cli.watch` (``watch``), :mod:`ops.cli.endpoints`
   (``deploy``, ``scale``, ``infer``...), and what they share, :mod:`ops.cli.session` (the client,
-  ``--json``, spec files);
-* :mod:`ops.cli.workers` (enrolling a state dir, worker listings), :mod:`ops.cli.tail` (the log as
+  ``--json``);
+* :mod:`ops.cli.workers` (``cordon``, ``uncordon``), :mod:`ops.cli.tail` (the log as
   it grows), :mod:`ops.cli.quarantine` (refused claims), :mod:`ops.cli.demo` (the scripted tour).
 """
 

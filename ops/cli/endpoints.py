@@ -9,7 +9,8 @@ import argparse
 import json
 import sys
 
-from ops.cli.session import UserCommand, client, read_spec, show
+from ops.cli.session import UserCommand, client, show
+from ops.specs import read_spec
 from schemas.api.endpoints import Endpoint, Traffic
 
 

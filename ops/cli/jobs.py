@@ -12,8 +12,9 @@ import msgspec
 
 from gateway.client import ApiError
 from ops.cli.endpoints import endpoint_detail
-from ops.cli.session import UserCommand, client, job_ref, read_spec, show
+from ops.cli.session import UserCommand, client, job_ref, show
 from ops.cli.watch import cmd_watch
+from ops.specs import read_spec
 from schemas.api.jobs import Job, JobAssignment
 
 

@@ -1,6 +1,6 @@
 """What every user command shares: a gateway client from the flags, the environment, ``login``'s file
 or the dev stack's ``dev.env``; printing an answer, for a person or with ``--json`` as the API's own
-JSON; and reading the spec files that ``submit`` and ``deploy`` send.
+JSON (:mod:`ops.specs` reads the spec files that ``submit`` and ``deploy`` send).
 
 Every user command takes ``--url`` and ``--key`` (:func:`add_user_command`); without them
 ``RESONTECH_GATEWAY_URL`` / ``RESONTECH_API_KEY``, then what ``login`` stored, then ``dev.env``.
@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import msgspec
 
-from core.errors import InvalidInput
 from core.settings import read_env_file
 from gateway.client import CREDENTIALS, Client
 
@@ -74,34 +73,3 @@ def job_ref(ref: str) -> tuple[str, str | None]:
     """``JOB`` or (for the operator) ``TENANT/JOB`` -> ``(job_id, tenant)``."""
     tenant, sep, job_id = ref.partition("/")
     return (job_id, tenant) if sep else (ref, None)
-
-
-def read_spec(path: str | Path) -> dict[str, object]:
-    """A job or endpoint spec from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file.
-
-    Raises:
-        InvalidInput: no such file, not parseable (the parser's words, on one line), or not a mapping.
-    """
-    source = Path(path)
-    if not source.is_file():
-        raise InvalidInput(f"no spec file {source}")
-    try:
-        text = source.read_text()
-        if source.suffix == ".toml":
-            import tomllib
-
-            spec: object = tomllib.loads(text)
-        elif source.suffix in (".yaml", ".yml"):
-            import yaml
-
-            spec = yaml.safe_load(text)
-        else:
-            spec = json.loads(text)
-    except Exception as exc:  # the parsers' own errors name the line
-        words = (
-            "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
-        )
-        raise InvalidInput(f"{source} is not valid {source.suffix.lstrip('.') or 'JSON'}: {words}") from None
-    if not isinstance(spec, dict):
-        raise InvalidInput(f"{source} must hold a mapping of spec fields, got {type(spec).__name__}")
-    return spec

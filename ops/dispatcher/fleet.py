@@ -4,7 +4,7 @@ Each node becomes one worker whose id is :func:`worker_id_for` (``kernel-``, the
 the node's, stable across restarts, one subject token: in the kernel's namespace, which no provider's
 agent may enroll, :data:`projections.providers.KERNEL_WORKER_PREFIX`). The dispatcher enrolls it as
 the operator's own (the dispatcher is the operator's component:
-:func:`ops.cli.workers.enroll_kernel_agent`, refused when another provider holds the id, with the
+:func:`ops.enrollment.enroll_kernel_agent`, refused when another provider holds the id, with the
 provider, pool, region and owner tenant of the dispatcher's configuration) and then claims its
 registration on the intake, as an agent does: the intake checks the claim against that enrollment
 and stores the kernel's ``worker.registered``. A node whose facts change (GPUs added, a new label)
@@ -109,3 +109,8 @@ class Fleet:
         """The node of a worker listed last, or ``None``."""
         node = self.nodes.get(worker_id)
         return node.name if node is not None else None
+
+    def address_of(self, worker_id: str) -> str | None:
+        """The address of a worker's node listed last (empty if it reported none), or ``None``."""
+        node = self.nodes.get(worker_id)
+        return node.address if node is not None else None

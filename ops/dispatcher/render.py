@@ -33,7 +33,6 @@ import yaml
 from core.errors import ResontechError
 from core.flare import KIT_BUCKET, kit_key, site_name
 from core.placement.placing import assignment_id
-from ops.cli.session import read_spec
 from ops.coordinator.inputs import URL_TTL_S, Presigner
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.manifests import (
@@ -44,6 +43,7 @@ from ops.dispatcher.manifests import (
     job_manifests,
     work_namespace,
 )
+from ops.specs import read_spec
 from projections.admission import replica_gpus
 from projections.endpoints import EndpointRecord, ReplicaRecord
 from projections.registry import WorkerRecord

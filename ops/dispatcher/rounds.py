@@ -1,36 +1,53 @@
 """The dispatcher's rounds: applying a work's objects, reading its pods into claims, metering, and
 putting the cluster right after a restart (:mod:`ops.dispatcher.service` says when each runs).
 
-Every round runs under the dispatcher's lock, so a command is never handled in the middle of one.
+The rules a round applies:
+
+* apply: a work's objects are rendered from every assignment of it held, and applied together; an
+  assignment that cannot be rendered is rejected; one the cluster refuses is tried again each round and
+  fails after ``refused_rounds`` refusals; one the cluster did not answer for waits for the next round;
+* poll: what waits is applied first; then each applied assignment's pod (the newest its controller
+  made) and its new log lines become claims; an assignment whose object exists but whose pod does not
+  yet, and that never started, is left for the next round; one that ended is forgotten;
+* meter: a usage tick per held assignment whose pod ran, claimed as its node-worker; none before;
+* forget: a last tick (if the pod ran) before the final claims, then the assignment is no longer held,
+  and its objects are deleted: the namespace with the work's last assignment, else its Job (or its
+  Deployment and Service); nothing is deleted of what was never applied;
+* reconcile (after a restart): namespaces of work no longer held are deleted; an applied assignment
+  whose objects vanished is reported lost and forgotten.
+
+A :class:`Rounds` is built from what it uses (the cluster, the held assignments, the claims appender,
+the nodes' addresses, the lock, the clock); the dispatcher wires it. Every round runs under that lock,
+so a command is never handled in the middle of one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from agent.reports import Meter
 from core import reports
 from core.clock import now_ms
 from core.errors import NotFound
-from core.reports import Append
+from core.reports import Append, rejected, start_failed
 from ops.dispatcher import names
-from ops.dispatcher.cluster import Json
+from ops.dispatcher.cluster import ClusterRefused, Json, Namespace
+from ops.dispatcher.context import RenderContext
 from ops.dispatcher.endpoints import node_port, replica_address, replica_name
 from ops.dispatcher.logs import split_lines, text_of, unread
 from ops.dispatcher.manifests import endpoint_manifests, job_manifests, work_namespace
+from ops.dispatcher.names import ManifestError
 from ops.dispatcher.pods import Dispatch
 from ops.dispatcher.podstate import PodState
 from ops.dispatcher.reconcile import Held, reconcile
 from ops.dispatcher.reporting import WORKLOAD_CONTAINER, belongs, report
 from ops.dispatcher.shards import job_name
-from ops.dispatcher.state import HISTORY_LINES, Tracked
-
-if TYPE_CHECKING:
-    from ops.dispatcher.service import Dispatcher
+from ops.dispatcher.state import HISTORY_LINES, HeldAssignments, Tracked
 
 log = logging.getLogger("resontech.dispatcher")
 LOG_LINES = 1000
@@ -39,53 +56,129 @@ MANAGED = f"app.kubernetes.io/managed-by={names.MANAGED_BY}"
 CONTROLLERS = {"job": ("batch/v1", "Job"), "endpoint": ("apps/v1", "Deployment")}
 Work = tuple[str, str, str]
 """``(tenant, work_id, kind)``."""
+Claim = Callable[[str, list[Append]], Awaitable[bool]]
+"""Claims ``(canonical subject, event, id)`` on the intake as a node-worker (retried until stored)."""
+REFUSED_ROUNDS = 30
+"""Rounds an apply the cluster refuses is tried again before the assignment fails."""
+
+
+class ClusterPort(Protocol):
+    """What the rounds ask of the cluster (:class:`~ops.dispatcher.cluster.Cluster` says how each
+    behaves and what it raises)."""
+
+    async def apply(self, manifests: list[Json]) -> object: ...
+
+    async def delete_namespace(self, name: str) -> bool: ...
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool: ...
+
+    async def namespaces(self, label_selector: str) -> list[Namespace]: ...
+
+    async def objects(
+        self, api_version: str, kind: str, namespace: str | None = None, label_selector: str = ""
+    ) -> list[Json]: ...
+
+    async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]: ...
+
+    async def pod_log_tail(
+        self, namespace: str, pod: str, lines: int = 50, container: str = "", *, timestamps: bool = False
+    ) -> str: ...
 
 
 class Rounds:
-    """The rounds of one :class:`~ops.dispatcher.service.Dispatcher` (it holds the state)."""
+    """The rounds of one dispatcher, built from what they use (module docstring for the rules).
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    Args:
+        cluster: the cluster's API server.
+        ctx: the operator's rendering settings.
+        held: the assignments held, shared with the dispatcher's command handling; saved after every
+            change.
+        claim: appends claims on the intake as a node-worker.
+        address_of: a node-worker's node address (``None`` or empty: unknown), read-only.
+        busy: the dispatcher's lock; every round takes it.
+        refused_rounds: refusals of an assignment's objects before it fails [:data:`REFUSED_ROUNDS`].
+        clock: the time in Unix milliseconds [:func:`core.clock.now_ms`].
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster: ClusterPort,
+        ctx: RenderContext,
+        held: HeldAssignments,
+        claim: Claim,
+        address_of: Callable[[str], str | None],
+        busy: asyncio.Lock,
+        refused_rounds: int = REFUSED_ROUNDS,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.cluster = cluster
+        self.ctx = ctx
+        self.held = held
+        self.claim = claim
+        self.address_of = address_of
+        self.busy = busy
+        self.refused_rounds = refused_rounds
+        self.clock = clock
         self._refusals: dict[str, int] = defaultdict(int)
 
     # -- applying --------------------------------------------------------------------------------
 
-    def of_work(self, tenant: str, work_id: str, kind: str, *, applied: bool | None = None) -> list[Tracked]:
+    def _of_work(self, tenant: str, work_id: str, kind: str, *, applied: bool | None = None) -> list[Tracked]:
         """The held assignments of one work (only those applied or not, if ``applied`` says)."""
         return [
             t
-            for t in self.d.held.values()
+            for t in self.held.values()
             if (t.cmd.tenant, t.cmd.work_id, t.cmd.work_kind) == (tenant, work_id, kind)
             and (applied is None or t.applied == applied)
         ]
 
-    def refused(self, tracked: Tracked) -> int:
+    def _refused(self, tracked: Tracked) -> int:
         """Count one more refused apply of ``tracked``; how many so far."""
         self._refusals[tracked.cmd.assignment_id] += 1
         return self._refusals[tracked.cmd.assignment_id]
 
-    async def apply_work(self, tenant: str, work_id: str, kind: str) -> None:
+    async def apply(self, tenant: str, work_id: str, kind: str) -> None:
+        """Apply the objects of one work's held assignments; an assignment that cannot be rendered is
+        rejected, one the cluster keeps refusing fails (not retryable: the same cluster would refuse
+        it again), and one the cluster did not answer for waits for the next round.
+
+        Raises:
+            ClusterUnreachable: the cluster did not answer (the assignments stay held, not applied).
+        """
+        try:
+            await self._apply_work(tenant, work_id, kind)
+        except ManifestError as exc:  # rendering is pure: the same command never renders
+            for t in self._of_work(tenant, work_id, kind, applied=False):
+                await self.forget(t, final=[rejected(t.cmd, t.worker_id, exc.message)])
+        except ClusterRefused as exc:  # a terminating namespace refuses for a while: count, then fail
+            for t in self._of_work(tenant, work_id, kind, applied=False):
+                if self._refused(t) >= self.refused_rounds:
+                    failed = start_failed(t.cmd, f"the cluster refused its objects: {exc.message}")
+                    await self.forget(t, final=[failed])
+
+    async def _apply_work(self, tenant: str, work_id: str, kind: str) -> None:
         """Render the work's held assignments (the newest epoch of each slot) and apply them.
 
         Raises:
             ManifestError, ClusterRefused, ClusterUnreachable: as rendering and applying raise them.
         """
-        held = self.of_work(tenant, work_id, kind)
+        held = self._of_work(tenant, work_id, kind)
         if not held:
             return
         dispatches = [Dispatch(t.cmd, t.node) for t in held]
         if kind == "job":
-            manifests = job_manifests(dispatches, self.d.ctx)
+            manifests = job_manifests(dispatches, self.ctx)
         else:
             keys = {t.cmd.assignment_id: t.api_key for t in held}
-            manifests = endpoint_manifests(dispatches, self.d.ctx, api_keys=keys)
-        await self.d.cluster.apply(manifests)
+            manifests = endpoint_manifests(dispatches, self.ctx, api_keys=keys)
+        await self.cluster.apply(manifests)
         for t in held:
             if not t.applied:
                 t.applied = True
                 self._refusals.pop(t.cmd.assignment_id, None)
                 log.info("%s applied on node %s", t.cmd.assignment_id, t.node)
-        self.d.save()
+        self.held.save()
 
     # -- forgetting ------------------------------------------------------------------------------
 
@@ -94,47 +187,47 @@ class Rounds:
         delete its objects: the namespace with the work's last assignment, else its Job or
         Deployment."""
         cmd = tracked.cmd
-        tick = self._tick(tracked, now_ms())
-        await self.d.emit(tracked.worker_id, ([tick] if tick else []) + final)
-        self.d.held.pop(cmd.assignment_id, None)
+        tick = self._tick(tracked, self.clock())
+        await self.claim(tracked.worker_id, ([tick] if tick else []) + final)
+        self.held.pop(cmd.assignment_id, None)
         self._refusals.pop(cmd.assignment_id, None)
-        self.d.save()
+        self.held.save()
         if not tracked.applied:
             return
-        ns = work_namespace(cmd.tenant, cmd.work_id, cmd.work_kind, self.d.ctx)
-        if not self.of_work(cmd.tenant, cmd.work_id, cmd.work_kind):
-            await self.d.cluster.delete_namespace(ns)
+        ns = work_namespace(cmd.tenant, cmd.work_id, cmd.work_kind, self.ctx)
+        if not self._of_work(cmd.tenant, cmd.work_id, cmd.work_kind):
+            await self.cluster.delete_namespace(ns)
             log.info("namespace %s deleted: %s holds nothing here any more", ns, cmd.work_id)
             return
         api_version, kind = CONTROLLERS[cmd.work_kind]
         name = job_name(cmd.epoch, cmd.slot) if cmd.work_kind == "job" else replica_name(cmd)
-        await self.d.cluster.delete(api_version, kind, ns, name)
+        await self.cluster.delete(api_version, kind, ns, name)
         if cmd.work_kind == "endpoint":
-            await self.d.cluster.delete("v1", "Service", ns, name)
+            await self.cluster.delete("v1", "Service", ns, name)
 
     # -- polling ---------------------------------------------------------------------------------
 
     async def poll(self) -> None:
         """One round: apply what waits, then read every held work's pods into claims."""
-        async with self.d.busy:
-            for work in {_work(t) for t in self.d.held.values() if not t.applied}:
-                await self.d.apply(*work)
+        async with self.busy:
+            for work in {_work(t) for t in self.held.values() if not t.applied}:
+                await self.apply(*work)
             by_work: dict[Work, list[Tracked]] = defaultdict(list)
-            for t in self.d.held.values():
+            for t in self.held.values():
                 if t.applied:
                     by_work[_work(t)].append(t)
             for work, held in by_work.items():
                 await self._poll_work(work, held)
 
     async def _poll_work(self, work: Work, held: list[Tracked]) -> None:
-        ns = work_namespace(*work, self.d.ctx)
-        pods = await self.d.cluster.pods(ns, MANAGED)
+        ns = work_namespace(*work, self.ctx)
+        pods = await self.cluster.pods(ns, MANAGED)
         api_version, kind = CONTROLLERS[work[2]]
-        present = _assignment_ids(await self.d.cluster.objects(api_version, kind, ns, MANAGED))
+        present = _assignment_ids(await self.cluster.objects(api_version, kind, ns, MANAGED))
         if work[2] == "endpoint" and any(not t.address for t in held):
             await self._addresses(ns, held)
         for tracked in held:
-            pod = _pod_of(tracked, pods, self.d)
+            pod = _pod_of(tracked, pods, self.ctx)
             if pod is None and tracked.cmd.assignment_id in present and not tracked.said.started:
                 continue  # its controller has not made the pod yet
             await self._poll_one(tracked, pod)
@@ -143,20 +236,20 @@ class Rounds:
         """Where each replica serves: its node's address and the node port of its Service."""
         services = {
             (s.get("metadata") or {}).get("name"): s
-            for s in await self.d.cluster.objects("v1", "Service", ns, MANAGED)
+            for s in await self.cluster.objects("v1", "Service", ns, MANAGED)
         }
         for t in held:
-            node = self.d.fleet.nodes.get(t.worker_id)
+            address = self.address_of(t.worker_id)
             port = node_port(services.get(replica_name(t.cmd)) or {})
-            if not t.address and node is not None and node.address and port is not None:
-                t.address = replica_address(node.address, port)
+            if not t.address and address and port is not None:
+                t.address = replica_address(address, port)
 
     async def _poll_one(self, tracked: Tracked, pod: PodState | None) -> None:
         cmd = tracked.cmd
         new: list[str] = []
         if pod is not None and _has_log(cmd.work_kind, pod):
             try:
-                text = await self.d.cluster.pod_log_tail(
+                text = await self.cluster.pod_log_tail(
                     pod.namespace, pod.name, LOG_LINES, WORKLOAD_CONTAINER[cmd.work_kind], timestamps=True
                 )
             except NotFound:
@@ -165,35 +258,35 @@ class Rounds:
         lines = [text_of(line) for line in [*tracked.history, *new]]
         done = replace(tracked.said, lines=len(tracked.history))
         claims, done = report(
-            cmd, pod, lines, done, worker_id=tracked.worker_id, ctx=self.d.ctx, api_key=tracked.api_key,
+            cmd, pod, lines, done, worker_id=tracked.worker_id, ctx=self.ctx, api_key=tracked.api_key,
             address=tracked.address,
         )  # fmt: skip
         if pod is not None and pod.phase != "Pending" and not tracked.metered_ms:
-            tracked.metered_ms = now_ms()  # metered from when the dispatcher saw it run
+            tracked.metered_ms = self.clock()  # metered from when the dispatcher saw it run
         tracked.said = done
         tracked.history = [*tracked.history, *new][-HISTORY_LINES:]
         if done.ended:
             await self.forget(tracked, final=claims)
             return
         if claims:
-            await self.d.emit(tracked.worker_id, claims)
-        self.d.save()
+            await self.claim(tracked.worker_id, claims)
+        self.held.save()
 
     # -- metering --------------------------------------------------------------------------------
 
     async def meter(self) -> None:
         """A usage tick for every held assignment whose pod runs, per node-worker."""
-        async with self.d.busy:
-            now = now_ms()
+        async with self.busy:
+            now = self.clock()
             by_worker: dict[str, list[Append]] = defaultdict(list)
-            for t in self.d.held.values():
+            for t in self.held.values():
                 tick = self._tick(t, now)
                 if tick is not None:
                     by_worker[t.worker_id].append(tick)
             for worker_id, ticks in by_worker.items():
-                await self.d.emit(worker_id, ticks)
+                await self.claim(worker_id, ticks)
             if by_worker:
-                self.d.save()
+                self.held.save()
 
     @staticmethod
     def _tick(tracked: Tracked, now: int) -> Append | None:
@@ -210,19 +303,19 @@ class Rounds:
 
     async def reconcile(self) -> None:
         """Delete the namespaces of work no longer held; report lost what was applied and vanished."""
-        cluster, ctx = self.d.cluster, self.d.ctx
+        cluster, ctx = self.cluster, self.ctx
         namespaces = await cluster.namespaces(MANAGED)
         present: set[str] = set()
         for api_version, kind in CONTROLLERS.values():
             present |= _assignment_ids(await cluster.objects(api_version, kind, None, MANAGED))
-        held = [Held(a, t.cmd.tenant, t.cmd.work_id, t.cmd.work_kind) for a, t in self.d.held.items()]
-        applied = {a for a, t in self.d.held.items() if t.applied}
+        held = [Held(a, t.cmd.tenant, t.cmd.work_id, t.cmd.work_kind) for a, t in self.held.items()]
+        applied = {a for a, t in self.held.items() if t.applied}
         verdict = reconcile(namespaces, held, applied, present, lambda t, w, k: work_namespace(t, w, k, ctx))
         for ns in verdict.delete:
             log.info("namespace %s deleted: its work is over", ns)
             await cluster.delete_namespace(ns)
         for h in verdict.lost:
-            tracked = self.d.held[h.assignment_id]
+            tracked = self.held[h.assignment_id]
             tracked.applied = False  # nothing of it is left to delete
             lost = reports.lost(tracked.cmd, "its objects vanished from the cluster", reports.tail_of(
                 [text_of(line) for line in tracked.history]))  # fmt: skip
@@ -242,9 +335,9 @@ def _assignment_ids(objects: Iterable[Json]) -> set[str]:
     return found
 
 
-def _pod_of(tracked: Tracked, pods: list[PodState], dispatcher: Dispatcher) -> PodState | None:
+def _pod_of(tracked: Tracked, pods: list[PodState], ctx: RenderContext) -> PodState | None:
     """The assignment's pod (the newest, if its controller made several)."""
-    mine = [p for p in pods if belongs(tracked.cmd, p, dispatcher.ctx)]
+    mine = [p for p in pods if belongs(tracked.cmd, p, ctx)]
     return sorted(mine, key=lambda p: p.started_at)[-1] if mine else None
 
 

@@ -44,15 +44,14 @@ from agent.heartbeat import append_reliably
 from agent.state import CommandState
 from core.errors import EnrollmentRefused, ResontechError
 from core.log import EventLog
-from core.reports import Append, rejected, start_failed
+from core.reports import Append, rejected
 from core.streams import heartbeat_subject, intake_subject, worker_subject
-from ops.cli.workers import enroll_kernel_agent
 from ops.dispatcher import rounds
-from ops.dispatcher.cluster import Cluster, ClusterRefused
+from ops.dispatcher.cluster import Cluster
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.fleet import Fleet, Identity
-from ops.dispatcher.names import ManifestError
-from ops.dispatcher.state import Tracked, load_assignments, save_assignments
+from ops.dispatcher.state import HeldAssignments, Tracked
+from ops.enrollment import enroll_kernel_agent
 from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker
 from schemas.envelope import Recorded
 from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
@@ -73,7 +72,7 @@ class Timing:
     heartbeat_s: float = 1.0
     metering_s: float = 10.0
     nodes_s: float = 5.0
-    refused_rounds: int = 30
+    refused_rounds: int = rounds.REFUSED_ROUNDS
     """Rounds an apply the cluster refuses is tried again (a namespace still terminating refuses new
     objects for a while) before the assignment fails."""
 
@@ -109,9 +108,19 @@ class Dispatcher:
         self.timing = timing
         self.fleet = Fleet(identity)
         self.commands = CommandState.load(state_dir)
-        self.held: dict[str, Tracked] = load_assignments(state_dir)
+        self.held = HeldAssignments(state_dir)
         self.busy = asyncio.Lock()
-        self.rounds = rounds.Rounds(self)
+        self.emit = intake_claims(event_log)
+        """Claim items (canonical subject, event, id) on the intake, as a node-worker."""
+        self.rounds = rounds.Rounds(
+            cluster=cluster,
+            ctx=ctx,
+            held=self.held,
+            claim=self.emit,
+            address_of=self.fleet.address_of,
+            busy=self.busy,
+            refused_rounds=timing.refused_rounds,
+        )
         self._takers: dict[str, asyncio.Task[None]] = {}
         self.registered = asyncio.Event()
 
@@ -242,33 +251,24 @@ class Dispatcher:
         key = secrets.token_urlsafe(API_KEY_BYTES) if cmd.work_kind == "endpoint" else ""
         self.held[cmd.assignment_id] = Tracked(cmd=cmd, worker_id=worker_id, node=node, api_key=key)
         self.save()
-        await self.apply(cmd.tenant, cmd.work_id, cmd.work_kind)
+        await self.rounds.apply(cmd.tenant, cmd.work_id, cmd.work_kind)
 
-    async def apply(self, tenant: str, work_id: str, kind: str) -> None:
-        """Apply the objects of one work's held assignments; an assignment that cannot be rendered is
-        rejected, one the cluster keeps refusing fails (not retryable: the same cluster would refuse
-        it again), and one the cluster did not answer for waits for the next round."""
-        try:
-            await self.rounds.apply_work(tenant, work_id, kind)
-        except ManifestError as exc:
-            for t in self.rounds.of_work(tenant, work_id, kind, applied=False):
-                await self.rounds.forget(t, final=[rejected(t.cmd, t.worker_id, exc.message)])
-        except ClusterRefused as exc:
-            for t in self.rounds.of_work(tenant, work_id, kind, applied=False):
-                if self.rounds.refused(t) >= self.timing.refused_rounds:
-                    failed = start_failed(t.cmd, f"the cluster refused its objects: {exc.message}")
-                    await self.rounds.forget(t, final=[failed])
-
-    # -- the log and the state dir ---------------------------------------------------------------
-
-    async def emit(self, worker_id: str, items: list[Append]) -> bool:
-        """Claim ``items`` (canonical subject, event, id) on the intake, as ``worker_id``."""
-        claims = [(intake_subject(worker_id, subject), event, event_id) for subject, event, event_id in items]
-        return await append_reliably(self.log, claims)
+    # -- the state dir ---------------------------------------------------------------------------
 
     def save(self) -> None:
         """Keep the held assignments in the state dir."""
-        save_assignments(self.state_dir, self.held)
+        self.held.save()
+
+
+def intake_claims(event_log: EventLog) -> rounds.Claim:
+    """A :data:`~ops.dispatcher.rounds.Claim` through ``event_log``: items (canonical subject, event,
+    id) appended on the intake as the node-worker, retried as an agent's claims are."""
+
+    async def claim(worker_id: str, items: list[Append]) -> bool:
+        claims = [(intake_subject(worker_id, subject), event, event_id) for subject, event, event_id in items]
+        return await append_reliably(event_log, claims)
+
+    return claim
 
 
 def _superseded_by(old: StartWork, new: StartWork) -> bool:

@@ -80,3 +80,16 @@ def save_assignments(state_dir: Path, assignments: dict[str, Tracked]) -> None:
     """Keep ``assignments`` in ``state_dir``, atomically, owner-readable only."""
     state_dir.mkdir(parents=True, exist_ok=True)
     write_private(state_dir / ASSIGNMENTS_FILE, msgspec.json.encode(_Stored(assignments=assignments)))
+
+
+class HeldAssignments(dict[str, Tracked]):
+    """The assignments a dispatcher holds, by assignment id, as read from ``state_dir`` at start;
+    :meth:`save` keeps them there after every change (a dict, so that a round reads it as one)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(load_assignments(state_dir))
+        self.state_dir = state_dir
+
+    def save(self) -> None:
+        """Keep the held assignments in the state dir (:func:`save_assignments`)."""
+        save_assignments(self.state_dir, dict(self))
