@@ -28,7 +28,7 @@ TEST_WORKERS ?= 3
 test: venv browser web
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not faults" $(PYTEST_ARGS)
 
-# Fault injection on a 3-node NATS cluster (tests/test_cluster_faults.py): two workers, each with a
+# Fault injection on a 3-node NATS cluster (tests/e2e/faults/test_cluster_faults.py): two workers, each with a
 # cluster of its own; more would only make the nodes' elections slower on two cores.
 test-faults: venv
 	$(PY) -m pytest -n 2 -m faults $(PYTEST_ARGS)

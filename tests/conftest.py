@@ -16,8 +16,8 @@ from core.sandbox import Sandbox
 from core.settings import Settings
 from ops.devstack.natsserver import NatsAuth, NatsServer
 from ops.devstack.objectstore import ObjectStoreServer
-from tests.secured import Stack, running_stack
 from tests.support import WARM_ENGINES, AgentProcess, IntakeProcess, wipe_streams
+from tests.support.secured import Stack, running_stack
 
 os.environ["RESONTECH_AGENT_WARM_ENGINES"] = WARM_ENGINES  # agents a dev stack starts in a test too
 
@@ -96,7 +96,7 @@ def agents(tmp_path: Path, settings: Settings) -> Iterator[Callable[..., AgentPr
         process.stop()
 
 
-# -- a kernel on a nats-server with accounts on (tests/secured.py) -----------------------------------
+# -- a kernel on a nats-server with accounts on (tests/support/secured.py) -----------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -96,8 +96,8 @@ CLI_TESTS: dict[str, str] = {
     "test_sparkline.py": "tests the CLI's sparklines and its watch screen",
     "test_federated.py": "tests what `resontech status` shows of a federated job",
     "test_queue_units.py": "tests the CLI's line about an endpoint's traffic",
-    "test_schemas.py": "tests `resontech schemas export`",
-    "test_trust.py": "tests `resontech quarantine` on what the attacks left",
+    "test_catalog.py": "tests `resontech schemas export`",
+    "test_claims.py": "tests `resontech quarantine` on what the attacks left",
 }
 """Test modules (by file name, wherever the test tree puts them) that import :mod:`ops.cli` because
 they test the command itself. Nothing else imports it: other code runs it (``python -m ops.cli``) or

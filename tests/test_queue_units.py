@@ -18,7 +18,7 @@ from projections.liveness import LastBeat, LivenessState
 from schemas.api.endpoints import Traffic
 from schemas.endpoints import EndpointDeployed, Routing
 from schemas.values import GpuTelemetry
-from tests.records import endpoint_record
+from tests.support.records import endpoint_record
 
 
 def _line(limit: int = 1, max_queue: int = 10, policy: Routing = "round_robin") -> Line:
@@ -203,7 +203,7 @@ def test_a_waiting_line_or_busy_gpus_block_a_scale_in() -> None:
 
 
 def test_busy_gpus_add_one_replica_and_their_utilisation_is_recorded() -> None:
-    # while every replica holds a request the gateway sent it (tests/test_trust_numbers.py: without)
+    # while every replica holds a request the gateway sent it (tests/e2e/trust/test_numbers.py: without)
     out = decide(_bounds(), 2, 1.0, 0.0, Load(ready=2, in_flight=2, gpu_util_pct=95.0))
     assert out is not None and out.replicas == 3 and out.inputs["gpu_util_pct"] == 95.0
     assert "gpu_util_pct" not in decide(_bounds(), 3, 1.0, 0.0, Load(ready=3)).inputs  # type: ignore[union-attr]

@@ -4,7 +4,7 @@ cluster, against applying the same objects straight to the same API server.
 ``python -m ops.bench.dispatcher [--jobs 20]``
 
 A private nats-server, the intake and a coordinator in this process, the dispatcher (polling every
-0.1 s) and kmock as the cluster, with two GPU nodes (the emulator of ``tests/kube.py``: no real API
+0.1 s) and kmock as the cluster, with two GPU nodes (the emulator of ``tests/support/kube.py``: no real API
 server is packaged for this machine; see the README). Per trial a 2-shard DDP job is submitted; the
 clock runs from the store time of its ``job.placed`` to the moment the emulator holds both shards'
 Jobs (checked every 2 ms); then the job is cancelled as the gateway cancels it and the clock runs to
@@ -42,7 +42,7 @@ from projections import REGISTRY, SCHEDULE
 from projections.runner import ProjectionRunner
 from schemas.commands import StopWork
 from schemas.jobs import JobCancelled, JobPlaced, JobResources, JobSubmitted
-from tests.kube import JOBS, Kube, serving
+from tests.support.kube import JOBS, Kube, serving
 
 CTX = RenderContext()
 TICK_S = 0.002

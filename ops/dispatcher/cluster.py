@@ -14,7 +14,7 @@ again later), :class:`ClusterRefused` (a 4xx: the request or the dispatcher's RB
 Deleting a namespace is one call: the namespace controller deletes what it holds, pods included,
 and the dispatcher does not delete the objects one by one as well. Doing so would repeat the
 controller's work kind by kind and would still race the controllers that make pods. The test
-harness (``tests/kube.py``) emulates that cascade, because kmock has no namespaces.
+harness (``tests/support/kube.py``) emulates that cascade, because kmock has no namespaces.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 // drawn on the plot's canvas with a short label.
 //
 // What keeps 64 lines of 10,000 points fast (measured in Chromium on this project's 2-core test
-// machine, which rasterises in software: tests/gateway/test_dashboard_charts.py): lines 1 px wide
+// machine, which rasterises in software: tests/e2e/dashboard/test_charts.py): lines 1 px wide
 // (a fractional width made every redraw 5 times slower), and the plot is given at most about one
 // point per pixel of its width and line: each bucket of a power-of-two number of columns is drawn
 // as its mean, at its last x. Every point is kept; zooming in (drag across the plot; double-click

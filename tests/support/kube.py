@@ -1,0 +1,399 @@
+"""A Kubernetes API server for tests: kmock 0.8, made to answer the dispatcher's conversation.
+
+kmock (PyPI ``kmock``, by the author of kopf) is an aiohttp server. Here it runs in the test's own
+event loop on a free loopback port; the official ``kubernetes`` client talks to it over real HTTP
+from worker threads (its calls block: a test must run them with ``asyncio.to_thread``, never on the
+loop that serves them). The fixture :func:`kube` yields a :class:`Kube`: the emulator (to inject
+state and inspect ``objects``), its URL, an ``ApiClient`` for it and a kubeconfig file naming it.
+
+What kmock 0.8's ``KubernetesEmulator`` does by itself (tried with kubernetes 36.0.3):
+
+- namespaced objects of any resource (Job, Pod, Deployment, Service, NetworkPolicy, ResourceQuota,
+  LimitRange...): create (409 on a duplicate name), get, list (in one namespace or across all),
+  merge-patch (dicts merge recursively, lists are replaced whole, ``null`` removes a key), delete;
+- cluster-scoped objects on a plain path (Node): the same, with ``/status`` patches merging into
+  the object;
+- watch streams of ``ADDED`` / ``MODIFIED`` / ``DELETED`` events (every existing object first, as
+  ``ADDED``), but only for ``?watch=true``.
+
+What it does not, and what this harness does instead:
+
+- **Namespaces**: ``/api/v1/namespaces`` makes its path parser fail (500, and 404 for one
+  namespace). :class:`ClusterEmulator` serves Namespace create, get, list, patch and delete itself,
+  stored in kmock's ``objects`` under ``v1/namespaces``; deleting one deletes every object in it
+  at once, with ``DELETED`` events, as the namespace controller would (on a real cluster the
+  namespace stays ``Terminating`` for a while first: not emulated). Creating an object in a
+  namespace that does not exist answers 404, as a real server does. No watch on namespaces.
+- **Label selectors** are ignored by kmock: the harness filters lists and watches by
+  ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``; set-based forms answer 400).
+- **watch=True**: the official client sends ``watch=True`` (the API server's ``ParseBool`` takes it),
+  kmock only knows ``watch=true`` and answers a list instead; the harness lowercases it.
+- **Unseen resources**: kmock lists a resource only once it holds an object of it (404 before);
+  the harness declares the dispatcher's resources, so an empty namespace lists as empty.
+- **Pod logs**: kmock answers ``/log`` with the pod's JSON. The harness serves text set with
+  :meth:`Kube.set_log`, honouring ``tailLines`` (404 when the pod does not exist).
+- **Subresources**: a ``/status`` patch merges into the whole object, and so does a patch of the
+  object itself, status included (a real server keeps the two apart). A create that a test's
+  reaction refuses (``mock["post", ...] << kmock.KubernetesError(status=403)``) is stored anyway.
+- Not emulated at all, so not tested here: controllers (a Job makes no pods, a Deployment no
+  ReplicaSet: tests create the pods a controller would, with :meth:`Kube.add_pod`), server-set
+  metadata (no uid, resourceVersion, creationTimestamp; a list's resourceVersion is ``"..."``),
+  ``timeoutSeconds`` on watches, ``resourceVersion`` semantics and 410 Gone (a test injects an
+  ``ERROR`` event with a reaction instead), PUT (replace: 404),
+  ``deletecollection`` (404), strategic-merge semantics for lists, field selectors, admission
+  (quotas, NetworkPolicy enforcement, schema validation: manifests are checked with
+  ``kubernetes-validate`` instead), authentication and RBAC (any token passes).
+
+State changes a test injects go through HTTP (``PATCH`` of ``/status``, as the kubelet and node
+controller do), so watchers see them: :meth:`Kube.set_pod_phase`, :meth:`Kube.set_node_ready`.
+Failures are reactions, which win over the emulator:
+``kube.mock["get /api/v1/nodes"] << kmock.KubernetesError(status=500)``.
+
+A test module uses the fixture with ``pytest_plugins = ("tests.support.kube",)``, importing :class:`Kube`
+only under ``TYPE_CHECKING`` (imported earlier, this module would escape pytest's assert rewriting);
+other test modules do not import the ``kubernetes`` client (kmock's own pytest plugin, with its
+``kmock`` fixture, is loaded in every run by its entry point anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+import pytest
+import yaml
+from kubernetes import client
+
+from ops.ports import free_port
+
+NAMESPACES = kmock.resource("", "v1", "namespaces")
+NODES = kmock.resource("", "v1", "nodes")
+PODS = kmock.resource("", "v1", "pods")
+SERVICES = kmock.resource("", "v1", "services")
+JOBS = kmock.resource("batch", "v1", "jobs")
+DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
+KNOWN_RESOURCES = {
+    "v1/nodes": False,
+    "v1/pods": True,
+    "v1/services": True,
+    "v1/secrets": True,
+    "v1/resourcequotas": True,
+    "v1/limitranges": True,
+    "networking.k8s.io/v1/networkpolicies": True,
+    "batch/v1/jobs": True,
+    "apps/v1/deployments": True,
+    "autoscaling/v2/horizontalpodautoscalers": True,
+}
+_NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
+_IN_NAMESPACE = re.compile(r"/apis?/.+/namespaces/([^/]+)/[^/]+/?")
+_SELECTOR_TERM = re.compile(r"(!?)([\w./-]+)(?:(==|=|!=)([\w.-]*))?")
+
+
+def selects(selector: str, labels: dict[str, str]) -> bool:
+    """Whether ``labels`` satisfy an equality-based label selector (empty selects everything)."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        match = _SELECTOR_TERM.fullmatch(term)
+        if match is None:
+            raise ValueError(f"label selector term not emulated: {term!r}")
+        negated, key, op, value = match.groups()
+        if op is None:
+            ok = (key in labels) != bool(negated)
+        elif negated:
+            raise ValueError(f"label selector term not emulated: {term!r}")
+        elif op == "!=":
+            ok = labels.get(key) != value
+        else:
+            ok = labels.get(key) == value
+        if not ok:
+            return False
+    return True
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("labels") or {})
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code}
+    return aiohttp.web.json_response(body | {"reason": reason, "message": message}, status=code)
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus namespaces, label selectors, ``watch=True`` and pod logs."""
+
+    logs: dict[tuple[str, str], str] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # kmock lists only resources it knows of: declared, or with an object stored. A real server
+        # lists an empty namespace as empty, not 404.
+        for resource, namespaced in KNOWN_RESOURCES.items():
+            self.resources[resource].namespaced = namespaced
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.query.get("watch") in ("True", "1"):
+            url = raw_request.rel_url.update_query(watch="true")
+            raw_request = raw_request.clone(rel_url=url)
+        match = _NAMESPACE_PATH.fullmatch(raw_request.path)
+        inside = _IN_NAMESPACE.fullmatch(raw_request.path)
+        if raw_request.method == "POST" and inside and not self.has_namespace(inside.group(1)):
+            return _status(404, "NotFound", f'namespaces "{inside.group(1)}" not found')
+        if match is None:
+            return await super().__call__(raw_request)
+        try:
+            return await self._serve_namespace(raw_request, match.group(1))
+        except ValueError as exc:
+            return _status(400, "BadRequest", str(exc))
+
+    def has_namespace(self, name: str) -> bool:
+        """Whether the namespace exists (and is not deleted)."""
+        key = (NAMESPACES, None, name)
+        return key in self.objects and not self.objects[key].deleted
+
+    async def _serve_namespace(self, raw: aiohttp.web.BaseRequest, name: str | None) -> aiohttp.web.Response:
+        body = await raw.json() if raw.can_read_body else None
+        if name is None and raw.method == "POST":
+            name = str(body["metadata"]["name"])
+            if self.has_namespace(name):
+                return _status(409, "AlreadyExists", f'namespaces "{name}" already exists')
+            self.objects[NAMESPACES, None, name] = body | {"status": {"phase": "Active"}}
+            return aiohttp.web.json_response(self.objects[NAMESPACES, None, name].raw, status=201)
+        if name is None and raw.method == "GET":
+            if raw.query.get("watch"):
+                return _status(501, "NotImplemented", "the harness does not watch namespaces")
+            selector = raw.query.get("labelSelector", "")
+            items = [
+                obj.raw
+                for (resource, _, _), obj in self.objects.items()
+                if resource == NAMESPACES and not obj.deleted and selects(selector, _labels(obj.raw))
+            ]
+            return aiohttp.web.json_response({"kind": "NamespaceList", "items": items})
+        if name is None or not self.has_namespace(name):
+            return _status(404, "NotFound", f'namespaces "{name}" not found')
+        key = (NAMESPACES, None, name)
+        if raw.method == "PATCH":
+            self.objects[key].patch(body)
+        elif raw.method == "DELETE":
+            return aiohttp.web.json_response(await self._delete_namespace(name))
+        return aiohttp.web.json_response(self.objects[key].raw)
+
+    async def _delete_namespace(self, name: str) -> dict[str, Any]:
+        """Delete the namespace and, at once, everything in it (the namespace controller's work)."""
+        async with self._lock:
+            for (resource, namespace, _), obj in list(self.objects.items()):
+                if namespace == name and not obj.deleted:
+                    raw = obj.raw
+                    obj.delete()
+                    await self._buses[resource].put({"type": "DELETED", "object": raw})
+            namespace_obj = self.objects[NAMESPACES, None, name]
+            last = json.loads(json.dumps(namespace_obj.raw))
+            namespace_obj.delete()
+        last["status"] = {"phase": "Terminating"}
+        return dict(last)
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        listing = await super()._serve_list(request)
+        selector = request.params.get("labelSelector", "")
+        listing["items"] = [item for item in listing["items"] if selects(selector, _labels(item))]
+        return listing
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        selector = request.params.get("labelSelector", "")
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict) or selects(selector, _labels(event.get("object", {}))):
+                yield event
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        pod = await super()._serve_fetch(request)
+        if request.subresource != "log":
+            return pod
+        text = self.logs.get((request.namespace or "", request.name or ""), "")
+        lines = text.splitlines(keepends=True)
+        tail = int(request.params.get("tailLines", len(lines)))
+        return "".join(lines[len(lines) - tail :] if tail else []).encode()
+
+
+@dataclass(frozen=True)
+class Kube:
+    """A running emulator and the ways a test reaches it.
+
+    Attributes:
+        mock: the emulator: ``mock.objects[kmock.resource("batch", "v1", "jobs"), "ns", "name"]``
+            is what the server holds.
+        url: the server's base URL (``http://127.0.0.1:<port>``).
+        api: an official-client ``ApiClient`` for it (blocking: use it from a thread).
+        kubeconfig: a kubeconfig file naming the server (context ``kmock``, a dummy token).
+    """
+
+    mock: ClusterEmulator
+    url: str
+    api: client.ApiClient
+    kubeconfig: Path
+
+    async def add_node(self, name: str, *, labels: dict[str, str] | None = None, **status: Any) -> None:
+        """Create a node as the kubelet would register it (``status`` goes in whole, ready if unsaid)."""
+        status.setdefault("conditions", [{"type": "Ready", "status": "True"}])
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
+        await self._call("POST", "/api/v1/nodes", body | {"spec": {}, "status": status})
+
+    async def add_gpu_node(self, name: str, address: str, *, gpus: int = 1) -> None:
+        """A Ready node with ``gpus`` A100s as GPU feature discovery labels them, at ``address``."""
+        labels = {
+            "kubernetes.io/hostname": name,
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/gpu.memory": "81920",
+            "nvidia.com/cuda.driver.major": "550",
+        }
+        allocatable = {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(gpus), "pods": "110"}
+        addresses = [{"type": "InternalIP", "address": address}]
+        await self.add_node(name, labels=labels, allocatable=allocatable, addresses=addresses)
+
+    async def set_node_ready(self, name: str, status: str) -> None:
+        """Set a node's ``Ready`` condition (``True``, ``False``, ``Unknown``), as its controller does."""
+        conditions = [{"type": "Ready", "status": status, "reason": "KubeletNotReady"}]
+        await self._call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": conditions}})
+
+    async def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict[str, str],
+        node: str = "",
+        container: str = "main",
+        missing_ok: bool = False,
+    ) -> None:
+        """Create a pending pod, as a Job or Deployment controller would (``missing_ok``: nothing when
+        its namespace is gone meanwhile, as a controller whose Job went with it)."""
+        meta = {"name": name, "namespace": namespace, "labels": labels}
+        spec = {"nodeName": node, "containers": [{"name": container, "image": "stand-in"}]}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        await self._call(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            body | {"status": {"phase": "Pending"}},
+            missing_ok=missing_ok,
+        )
+
+    async def set_pod_phase(
+        self, namespace: str, name: str, phase: str, *, exit_code: int = 0, container: str = "main"
+    ) -> None:
+        """Move a pod to ``Running``, ``Succeeded`` or ``Failed``, with its container's state, as the
+        kubelet reports it (``exit_code`` for a terminated container)."""
+        at = "2026-01-01T00:00:00Z"
+        if phase in ("Succeeded", "Failed"):
+            state = {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}
+            state["terminated"] |= {"startedAt": at, "finishedAt": "2026-01-01T00:10:00Z"}
+        else:
+            state = {"running": {"startedAt": at}}
+        reported = {"name": container, "ready": phase == "Running", "restartCount": 0, "state": state}
+        status = {"phase": phase, "startTime": at, "containerStatuses": [reported]}
+        await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status})
+
+    async def run_controllers(self) -> list[tuple[str, str]]:
+        """Make the pod of every Job and Deployment that has none (``<name>-pod``, Pending, on the node
+        of its ``nodeSelector``, with its template's labels and first container's name), as the Job and
+        ReplicaSet controllers and the scheduler would; returns the ``(namespace, pod)`` made."""
+        made = []
+        for (resource, ns, name), obj in list(self.mock.objects.items()):
+            if resource not in (JOBS, DEPLOYMENTS) or obj.deleted or ns is None:
+                continue
+            if self.has(PODS, ns, f"{name}-pod"):
+                continue
+            template = obj.raw["spec"]["template"]
+            node = template["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname", "")
+            container = template["spec"]["containers"][0]["name"]
+            labels = template["metadata"]["labels"]
+            await self.add_pod(
+                ns, f"{name}-pod", labels=labels, node=node, container=container, missing_ok=True
+            )
+            made.append((ns, f"{name}-pod"))
+        await self._assign_node_ports()
+        return made
+
+    async def _assign_node_ports(self) -> None:
+        """Give every NodePort Service without one a node port, as the API server does."""
+        taken = {
+            port.get("nodePort")
+            for (resource, _, _), obj in self.mock.objects.items()
+            if resource == SERVICES and not obj.deleted
+            for port in obj.raw.get("spec", {}).get("ports", [])
+        }
+        for (resource, ns, name), obj in list(self.mock.objects.items()):
+            if resource != SERVICES or obj.deleted or obj.raw.get("spec", {}).get("type") != "NodePort":
+                continue
+            spec = obj.raw["spec"]
+            ports = spec.get("ports", [])
+            if ports and "nodePort" not in ports[0]:
+                port = next(p for p in range(30000, 32768) if p not in taken)
+                taken.add(port)
+                body = {"spec": {"ports": [ports[0] | {"nodePort": port}, *ports[1:]]}}
+                await self._call("PATCH", f"/api/v1/namespaces/{ns}/services/{name}", body, missing_ok=True)
+
+    def has(self, resource: Any, namespace: str | None, name: str) -> bool:
+        """Whether the server holds that object (not deleted)."""
+        key = (resource, namespace, name)
+        return key in self.mock.objects and not self.mock.objects[key].deleted
+
+    def names(self, resource: Any, namespace: str | None = None) -> list[str]:
+        """The names of the objects of ``resource`` the server holds (in ``namespace``, if given)."""
+        return sorted(
+            name
+            for (r, ns, name), obj in self.mock.objects.items()
+            if r == resource and not obj.deleted and (namespace is None or ns == namespace)
+        )
+
+    def set_log(self, namespace: str, pod: str, text: str) -> None:
+        """What ``GET .../pods/<pod>/log`` answers from now on."""
+        self.mock.logs[namespace, pod] = text
+
+    async def _call(self, method: str, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> None:
+        async with self.mock.request(method, path, json=body) as response:
+            if missing_ok and response.status == 404:
+                return
+            assert response.status < 300, await response.text()
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """Write a kubeconfig with one context, ``kmock``, for the server at ``url``."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+        "users": [{"name": "dispatcher", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "dispatcher"}}],
+        "current-context": "kmock",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+async def kube(tmp_path: Path) -> AsyncIterator[Kube]:
+    """A fresh emulated Kubernetes API server on a free loopback port, for one test."""
+    async with serving(tmp_path) as emulated:
+        yield emulated
+
+
+@contextlib.asynccontextmanager
+async def serving(root: Path) -> AsyncIterator[Kube]:
+    """An emulated Kubernetes API server on a free loopback port (its kubeconfig in ``root``) until
+    the block ends: the fixture's, and ``ops.bench.dispatcher``'s."""
+    async with ClusterEmulator() as mock, kmock.Server(mock, port=free_port()) as server:
+        url = str(server.url).rstrip("/")
+        configuration = client.Configuration()
+        configuration.host = url
+        api = client.ApiClient(configuration)
+        try:
+            yield Kube(mock=mock, url=url, api=api, kubeconfig=write_kubeconfig(root / "kubeconfig", url))
+        finally:
+            api.close()
