@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA_DIR ?= .resontech
 PYTEST_ARGS ?=
 
-.PHONY: up down test test-faults lint bench bench-quick venv system browser web clean
+.PHONY: up down test test-units test-faults lint bench bench-quick venv system browser web clean
 
 venv: .venv/.stamp
 
@@ -28,8 +28,12 @@ TEST_WORKERS ?= 3
 test: venv browser web
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not faults" $(PYTEST_ARGS)
 
-# Fault injection on a 3-node NATS cluster (tests/e2e/faults/test_cluster_faults.py): two workers, each with a
-# cluster of its own; more would only make the nodes' elections slower on two cores.
+# The unit tests alone (everything outside tests/e2e/ and the fault tests): about a minute.
+test-units: venv
+	$(PY) -m pytest -n 2 -m "not e2e and not faults" $(PYTEST_ARGS)
+
+# Fault injection on a 3-node NATS cluster (tests/e2e/faults/test_cluster_faults.py): two workers,
+# each with a cluster of its own; more would only make the nodes' elections slower on two cores.
 test-faults: venv
 	$(PY) -m pytest -n 2 -m faults $(PYTEST_ARGS)
 

@@ -95,7 +95,7 @@ CLI_TESTS: dict[str, str] = {
     "test_cli_watch.py": "tests `resontech watch` and its screen",
     "test_sparkline.py": "tests the CLI's sparklines and its watch screen",
     "test_federated.py": "tests what `resontech status` shows of a federated job",
-    "test_queueing.py": "tests the CLI's line about an endpoint's traffic",
+    "test_endpoints.py": "tests the CLI's line about an endpoint's traffic",
     "test_catalog.py": "tests `resontech schemas export`",
     "test_claims.py": "tests `resontech quarantine` on what the attacks left",
 }

@@ -252,3 +252,16 @@ def test_shipped_ready_folders_are_read_where_their_package_is(tmp_path: Path) -
     resolved = models.resolve("all-MiniLM-L6-v2", tmp_path, cache=tmp_path / "cache")
     assert resolved.task == "embed" and not (tmp_path / "cache").exists()
     assert Path(resolved.path) == models._package_dir(models.MINILM.package) / models.MINILM.file
+
+
+def test_model_references_resolve_to_shipped_folders_workspace_dirs_or_hub_repos(tmp_path: Path) -> None:
+    minilm = models.resolve("all-MiniLM-L6-v2", tmp_path, cache=tmp_path / "cache")
+    assert minilm.task == "embed" and (Path(minilm.path) / "config.json").exists()
+    (tmp_path / "model").mkdir()
+    local = models.resolve("model", tmp_path)
+    assert local.path == str(tmp_path / "model") and local.task == "generate"
+    with pytest.raises(FileNotFoundError, match="not in this host's Hugging Face cache"):
+        models.resolve("org/unknown-model", tmp_path, hub=tmp_path / "hub")  # tests/agent/test_hub_cache.py
+    with pytest.raises(FileNotFoundError):
+        (tmp_path.parent / "outside").mkdir(exist_ok=True)
+        models.resolve("../outside", tmp_path)

@@ -55,8 +55,6 @@ from tests.support import (
     wait_records,
 )
 
-pytestmark = pytest.mark.slow
-
 
 def start_work(
     command: list[str], *, work_id: str = "j1", assignment_id: str = "j1-s0-e1", epoch: int = 1, **kw: Any

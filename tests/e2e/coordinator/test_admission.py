@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from core.log import EventLog
 from core.streams import job_subject, tenant_subject
 from schemas.commands import StopWork
@@ -19,8 +17,6 @@ from schemas.jobs import JobAssignmentRevoked, JobFailed, JobPlaced, JobQueued, 
 from schemas.tenants import QuotaSet, TenantCreated
 from tests.e2e.coordinator.test_coordinator import coordinator
 from tests.support import AgentProcess, of, records, registered, wait_records
-
-pytestmark = pytest.mark.slow
 
 
 def gpu_agent(agents: Callable[..., AgentProcess], name: str, gpus: int, *extra: str) -> AgentProcess:

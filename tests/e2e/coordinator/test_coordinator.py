@@ -7,8 +7,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-import pytest
-
 from agent.simulated import SimulatedFleet
 from core.log import EventLog
 from core.streams import heartbeat_subject, job_subject, worker_subject
@@ -25,9 +23,6 @@ from schemas.jobs import (
 )
 from schemas.workers import Heartbeat, WorkerCordoned, WorkerLost
 from tests.support import AgentProcess, coordinator, of, records, registered, until, wait_records
-
-pytestmark = pytest.mark.slow
-
 
 CHECKPOINT_THEN_SLEEP = """
 import os, time

@@ -21,8 +21,6 @@ from schemas.jobs import JobAssignmentRevoked, JobFailed, JobPlaced, JobResource
 from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
 from tests.support import of, records
 
-pytestmark = pytest.mark.slow
-
 
 class Hosts:
     """Workers played by the test: registered, and beating every ``interval_s`` while alive."""

@@ -435,7 +435,6 @@ async def check_cli(server: GatewayServer, key: str, endpoint: str, tmp_path: Pa
     assert {k: v for k, v in shown.items() if k != "rps"} == {k: v for k, v in traffic.items() if k != "rps"}
 
 
-@pytest.mark.slow
 async def test_an_endpoint_serving_traffic_shows_its_figures_live_in_the_page_and_the_cli(
     log: EventLog,
     agents: Callable[..., AgentProcess],

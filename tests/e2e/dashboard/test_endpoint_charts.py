@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import openai
-import pytest
 from playwright.async_api import Browser, expect
 
 from core.log import EventLog
@@ -22,7 +21,6 @@ from tests.support import AgentProcess, coordinator, registered
 from tests.support.gateway import GatewayServer
 from tests.support.pages import open_dashboard
 
-pytestmark = pytest.mark.slow
 PHASE_S = 25.0
 """Seconds of each phase of traffic: one client, then the bounds changed and four at once."""
 LONG = "the quick brown fox jumps over the lazy dog " * 40
@@ -47,7 +45,6 @@ async def traffic(server: GatewayServer, key: str, endpoint_id: str) -> dict[str
     return dict(response.json())
 
 
-@pytest.mark.slow
 async def test_an_endpoints_latency_chart_after_real_traffic(
     log: EventLog,
     agents: Callable[..., AgentProcess],

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import pytest
 from playwright.async_api import Browser, Page, expect
 
 from core.log import EventLog
@@ -275,7 +274,6 @@ for step in range(first, 91):
 10 steps up to step 90; a replacement resumes after the step of the checkpoint it is given."""
 
 
-@pytest.mark.slow
 async def test_a_recovery_is_marked_on_the_chart_after_a_real_agent_is_killed(
     log: EventLog, agents: Callable[..., AgentProcess], gateway_server: GatewayServer, browser: Browser
 ) -> None:

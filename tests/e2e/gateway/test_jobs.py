@@ -9,8 +9,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from core.log import EventLog
 from core.streams import job_subject
 from projections import SCHEDULE
@@ -403,7 +401,6 @@ async def test_events_are_paginated_by_sequence(api: Api) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
 
 
-@pytest.mark.slow
 async def test_a_submitted_job_runs_on_a_real_agent_to_completion(
     api: Api, log: EventLog, agents: Callable[..., AgentProcess]
 ) -> None:

@@ -10,8 +10,6 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from core.log import EventLog
 from tests.e2e.inference.test_inference import (
     SLOW_HOST,
@@ -27,8 +25,6 @@ from tests.e2e.inference.test_inference import (
 from tests.support import AgentProcess, coordinator, registered
 from tests.support.gateway import GatewayServer
 from tests.support.hf_cache import MINILM_REPO, minilm_folder, populate
-
-pytestmark = pytest.mark.slow
 
 
 async def test_a_repo_from_the_hosts_hub_cache_serves_the_shipped_models_embeddings(

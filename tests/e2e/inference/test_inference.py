@@ -30,7 +30,6 @@ from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady
 from tests.support import REPO, AgentProcess, coordinator, of, records, registered
 from tests.support.gateway import GatewayServer
 
-pytestmark = pytest.mark.slow
 VLLM_READY_S = 900.0
 ST_READY_S = 180.0
 SLOW_HOST = ("--heartbeat", "1")

@@ -27,8 +27,6 @@ from tests.e2e.inference.test_inference import SLOW_HOST, ST_READY_S, client, co
 from tests.support import REPO, AgentProcess, of, records, registered
 from tests.support.gateway import GatewayServer, ServeGateway
 
-pytestmark = pytest.mark.slow
-
 
 async def _endpoint(server: GatewayServer, key: str, endpoint_id: str) -> dict[str, Any]:
     response = await server.request("GET", f"/v1/endpoints/{endpoint_id}", key)

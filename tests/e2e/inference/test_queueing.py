@@ -34,7 +34,6 @@ from tests.e2e.inference.test_inference import (
 from tests.support import AgentProcess, coordinator, of, records, registered
 from tests.support.gateway import GatewayServer
 
-pytestmark = pytest.mark.slow
 SLOW = [f"text {i}: " + "the quick brown fox jumps over the lazy dog " * 30 for i in range(32)]
 
 

@@ -46,8 +46,6 @@ from projections import PROVIDERS
 from schemas.jobs import JobProgress, JobQueued, JobSubmitted
 from tests.support import REPO
 
-pytestmark = pytest.mark.slow
-
 FAILOVER_S = 15.0
 """A killed leader's successor is elected within 9 s (the longest raft election timeout) plus a
 campaign; the rest is a generous margin for a busy machine."""

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 
 from agent.runtimes.process import kill_marked
@@ -37,8 +36,6 @@ from schemas.jobs import (
 )
 from schemas.workers import WorkerLost
 from tests.support import REPO, AgentProcess, coordinator, of, records, registered
-
-pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "ddp-mlp"
 SCRIPT = "scripts/ddp-mlp/train.py"

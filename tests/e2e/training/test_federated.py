@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from agent.host import cpu_count
 from core import flare
@@ -54,7 +53,6 @@ from tests.support.federated import (
     upload_folder,
 )
 
-pytestmark = pytest.mark.slow
 HEARTBEAT = ("--heartbeat", "1.0")
 """Agents beat every second (lost after 3 s of silence): NVFlare keeps these two cores busy."""
 

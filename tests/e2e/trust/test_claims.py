@@ -71,8 +71,6 @@ from tests.e2e.trust.test_nats_permissions import raw_agent, violation
 from tests.support import AgentProcess, coordinator, until
 from tests.support.secured import Stack
 
-pytestmark = pytest.mark.slow
-
 KERNEL_PROJECTIONS: tuple[Projection[Any], ...] = (TENANTS, PROVIDERS, REGISTRY, SCHEDULE, ENDPOINTS, LEDGER)
 """Every projection a claim could change (liveness folds heartbeats, which agents publish directly)."""
 H100_HOURS_MS = 1_000 * 3_600_000

@@ -49,9 +49,6 @@ from tests.e2e.trust.test_claims import Mallory, enroll_mallory, quarantined, wa
 from tests.support import REPO, records, until
 from tests.support.secured import Stack
 
-pytestmark = pytest.mark.slow
-
-
 # -- addresses: pure rules ------------------------------------------------------------------------------
 
 KERNEL = frozenset({(literal_ip("127.0.0.1"), 9000), (literal_ip("10.0.0.5"), 4222)})

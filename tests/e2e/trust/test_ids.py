@@ -102,7 +102,6 @@ def beating(worker_id: str, running: list[str]) -> Callable[[Any], Any]:
     return lambda s: (b := s.beats.get(worker_id)) is not None and sorted(b.running) == sorted(running)
 
 
-@pytest.mark.slow
 async def test_cancelling_a_job_under_another_tenants_job_id_stops_only_its_own_shard(
     stack: Stack, enrolled_agents: Callable[..., AgentProcess]
 ) -> None:
@@ -143,7 +142,6 @@ async def test_cancelling_a_job_under_another_tenants_job_id_stops_only_its_own_
     assert own.assignment_id != held.assignment_id
 
 
-@pytest.mark.slow
 async def test_a_job_id_another_tenant_runs_does_not_keep_a_later_job_from_starting(
     stack: Stack, enrolled_agents: Callable[..., AgentProcess]
 ) -> None:
@@ -177,7 +175,6 @@ async def enroll_as(stack: Stack, token: str, worker_id: str) -> Any:
     return await stack.client.post("/v1/agents/enroll", json=body)
 
 
-@pytest.mark.slow
 async def test_a_provider_cannot_enroll_the_id_the_dispatcher_gives_a_node(stack: Stack) -> None:
     provider, key = await stack.provider()
     owner, _ = await stack.tenant("owner")
@@ -200,7 +197,6 @@ async def test_a_provider_cannot_enroll_the_id_the_dispatcher_gives_a_node(stack
     assert [a.worker_id for a in active_agents(providers) if a.nats_user] == []  # no NATS user for it
 
 
-@pytest.mark.slow
 async def test_an_id_another_provider_holds_is_never_enrolled_again(stack: Stack) -> None:
     first, first_key = await stack.provider()
     second, second_key = await stack.provider()

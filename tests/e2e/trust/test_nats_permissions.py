@@ -31,9 +31,6 @@ from tests.e2e.coordinator.test_coordinator import coordinator, py, submit
 from tests.support import AgentProcess, of, records, until, wait_records
 from tests.support.secured import Stack, agent_settings
 
-pytestmark = pytest.mark.slow
-
-
 # -- NATS subject matching, to check the permissions as pure data ----------------------------------
 
 

@@ -71,8 +71,6 @@ from tests.e2e.trust.test_claims import Mallory, enroll_mallory, place_on, wait_
 from tests.support import AgentProcess, coordinator, of, records, until
 from tests.support.secured import Stack
 
-pytestmark = pytest.mark.slow
-
 MAX_BEAT_INTERVAL_S = 3600.0
 """The longest interval an agent may beat at (``RESONTECH_AGENT_HEARTBEAT_INTERVAL_S``'s bound)."""
 H100 = Gpu(index=0, model="NVIDIA H100 80GB HBM3", vram_total_mb=81_559, vram_free_mb=81_000, uuid="GPU-1")

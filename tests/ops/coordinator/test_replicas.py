@@ -9,7 +9,8 @@ from typing import Any
 from core.placement.placing import assignment_id
 from core.streams import endpoint_subject
 from ops.coordinator.appender import Appender
-from ops.coordinator.replicas import MAX_START_FAILURES, STOP_RESEND_S, Replicas
+from ops.coordinator.replicas import MAX_START_FAILURES, STOP_RESEND_S, Replicas, retirements, start_command
+from projections.endpoints import EndpointRecord, ReplicaRecord
 from schemas.commands import StartWork, StopWork
 from schemas.endpoints import (
     EndpointDeployed,
@@ -21,6 +22,7 @@ from schemas.endpoints import (
 )
 from schemas.values import Assignment, Provenance
 from tests.ops.coordinator.fakes import NOW, FakePresigner, Ticks, World
+from tests.support.records import endpoint_record
 
 
 class Upkeep:
@@ -161,3 +163,39 @@ async def test_a_decision_on_a_stale_endpoint_is_a_counted_conflict_and_appends_
     world.endpoints.store(endpoint_subject("acme", "e1", scaled), scaled)  # stored, not yet applied
     await upkeep.replicas.step(NOW)
     assert world.log.appended == [] and upkeep.replicas.appender.conflicts == 1
+
+
+def _endpoint(**changes: object) -> EndpointRecord:
+    replicas = {
+        "0": ReplicaRecord(assignment_id="a0", worker_id="w0", slot=0, epoch=1, state="ready"),
+        "1": ReplicaRecord(
+            assignment_id="a1", worker_id="w1", slot=1, epoch=1, state="lost", reason="exit status 1"
+        ),
+        "2": ReplicaRecord(assignment_id="a2", worker_id="w2", slot=2, epoch=1, state="starting"),
+    }
+    fields: dict[str, Any] = {
+        "tenant": "acme", "endpoint_id": "ep1", "name": "chat", "model": "smollm2-135m-instruct",
+        "desired_replicas": 3, "replicas": replicas,
+    }  # fmt: skip
+    return endpoint_record(**{**fields, **changes})
+
+
+def test_lost_replicas_gone_workers_and_scaled_in_slots_are_retired() -> None:
+    endpoint = _endpoint()
+    assert [(r.slot, why) for r, why in retirements(endpoint, set())] == [(1, "exit status 1")]
+    assert [r.slot for r, _ in retirements(endpoint, {"w0"})] == [0, 1]
+    scaled = _endpoint(desired_replicas=1)
+    expected = [(1, "exit status 1"), (2, "scaled to 1")]
+    assert [(r.slot, why) for r, why in retirements(scaled, set())] == expected
+
+
+def test_a_replica_start_serves_the_model_under_the_endpoint_name() -> None:
+    endpoint = _endpoint()
+    cmd = start_command(endpoint, endpoint.replicas["2"], "gold")
+    assert cmd.work_kind == "endpoint" and cmd.spec.runtime == "vllm"
+    assert cmd.spec.options == {"model": "smollm2-135m-instruct", "served_name": "chat"}
+    workspace = _endpoint(model_source="workspace", model="model_out/run-1/")
+    urls = {"model_out/run-1/config.json": "http://u1", "model_out/run-1/w/model.safetensors": "http://u2"}
+    cmd = start_command(workspace, workspace.replicas["2"], downloads=urls)
+    assert cmd.spec.options["model"] == "model"
+    assert cmd.spec.downloads == {"model/config.json": "http://u1", "model/w/model.safetensors": "http://u2"}
