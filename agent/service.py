@@ -137,8 +137,10 @@ class Agent:
             owner_only(self.state_dir, self.work_dir)
             self.sandbox, self.sandbox_problem = await asyncio.to_thread(host_sandbox, self.settings)
             if self.sandbox_problem is not None:
-                log.error("workloads cannot be sandboxed on this host, so it takes no work: %s",
-                          self.sandbox_problem)  # fmt: skip
+                log.error(
+                    "workloads cannot be sandboxed on this host, so it takes no work: %s",
+                    self.sandbox_problem,
+                )
             elif self.sandbox.bwrap is None:
                 log.warning("UNSANDBOXED (local development): workloads run as this agent's user")
             self._state = CommandState.load(self.state_dir)
@@ -213,8 +215,13 @@ class Agent:
             raise LogUnavailable(f"cannot register: {exc.message}") from None
         log.info(
             "registration of worker %s (%s) claimed: %d GPUs, %d CPUs, %d MiB, pool %s",
-            self.worker_id, s.name, len(gpus), event.cpus, event.memory_mb, s.pool,
-        )  # fmt: skip
+            self.worker_id,
+            s.name,
+            len(gpus),
+            event.cpus,
+            event.memory_mb,
+            s.pool,
+        )
         self.address = event.address
         self.registered.set()
 
@@ -277,8 +284,11 @@ class Agent:
         elif admission == "stale":
             log.warning(
                 "dropped stale command %s for %s: epoch %d < %d",
-                cmd_id, cmd.work_id, cmd.epoch, self._state.epoch(work_of(cmd, here.cmd if here else None)),
-            )  # fmt: skip
+                cmd_id,
+                cmd.work_id,
+                cmd.epoch,
+                self._state.epoch(work_of(cmd, here.cmd if here else None)),
+            )
         elif isinstance(cmd, StartWork):
             await self._start(cmd)
         else:
@@ -327,8 +337,15 @@ class Agent:
             await self._emit([reports.start_failed(cmd, exc.message, retryable=exc.retryable)])
             return
         meter = Meter(cmd, worker_id=self.worker_id, start_ms=now_ms())
-        running = Running(cmd=cmd, workload=workload, meter=meter, gpu_indices=prep.gpu_indices,
-                          vram_mb=prep.vram_mb, cause=prep.cause, checkpoints=checkpoints)  # fmt: skip
+        running = Running(
+            cmd=cmd,
+            workload=workload,
+            meter=meter,
+            gpu_indices=prep.gpu_indices,
+            vram_mb=prep.vram_mb,
+            cause=prep.cause,
+            checkpoints=checkpoints,
+        )
         self._assignments.preparing.pop(cmd.assignment_id, None)
         self._assignments.by_id[cmd.assignment_id] = running
         log.info("started %s (%s %s, pid %s)", cmd.assignment_id, cmd.work_kind, cmd.work_id, workload.pid)
@@ -405,8 +422,14 @@ class Agent:
         a = self._assignments
         running = a.by_id.get(cmd.assignment_id) or a.preparing.get(cmd.assignment_id)
         if running is None or not stops(cmd, running.cmd):  # another tenant's work is never stopped
-            log.info("stop for %s (epoch %d, %s %s/%s): not running here",
-                     cmd.assignment_id, cmd.epoch, cmd.work_kind, cmd.tenant, cmd.work_id)  # fmt: skip
+            log.info(
+                "stop for %s (epoch %d, %s %s/%s): not running here",
+                cmd.assignment_id,
+                cmd.epoch,
+                cmd.work_kind,
+                cmd.tenant,
+                cmd.work_id,
+            )
             return
         grace = (
             self.settings.stop_grace_s if cmd.checkpoint else min(QUICK_STOP_S, self.settings.stop_grace_s)

@@ -194,6 +194,10 @@ class Kernel:
         if stored is not None and stored.seq == position.seq:
             return stored
         return Recorded(
-            stream=position.stream, seq=position.seq, subject=subject, time_ns=time.time_ns(),
-            msg_id=event_id or "", event=event,
-        )  # fmt: skip
+            stream=position.stream,
+            seq=position.seq,
+            subject=subject,
+            time_ns=time.time_ns(),
+            msg_id=event_id or "",
+            event=event,
+        )

@@ -106,8 +106,13 @@ class TokenMeter:
         self.next_ms = {}
         for assignment_id, counted in self.counted.items():
             self._n += 1
-            tick = token_tick(counted, workers.get(counted.replica.worker_id), source=self.source,
-                              end_ms=end_ms, now_ns=now_ns)  # fmt: skip
+            tick = token_tick(
+                counted,
+                workers.get(counted.replica.worker_id),
+                source=self.source,
+                end_ms=end_ms,
+                now_ns=now_ns,
+            )
             self.next_ms[assignment_id] = tick.end_ms
             subject = metering_subject(
                 counted.endpoint.tenant, counted.replica.worker_id, assignment_id, TokensServed

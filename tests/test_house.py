@@ -45,8 +45,14 @@ OUTSIDE_THE_ROOT: dict[str, str] = {
 }
 """Exception classes that stand outside :class:`core.errors.ResontechError`, and why."""
 SIZED = (*PACKAGES, "examples")
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 800
+"""A signal, not a shape: a module past it is read for whether it still holds one thing. Below it, a
+cohesive class keeps its one file rather than splitting into mixins to fit."""
 MAX_FUNCTION_LINES = 60
+LONG_FUNCTIONS: dict[str, str] = {
+    "ops/dispatcher/endpoints.py:replica_objects": "a manifest written as one literal, as the API reads it",
+}
+"""Functions allowed past :data:`MAX_FUNCTION_LINES`, and why (``path:name``)."""
 
 
 def _modules() -> list[tuple[str, Path, ast.Module]]:
@@ -203,8 +209,43 @@ def test_no_function_runs_past_the_limit() -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+        and f"{path}:{node.name}" not in LONG_FUNCTIONS
     ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def _is_data(statement: ast.stmt) -> bool:
+    """Whether ``statement`` holds data the formatter would spread one item a line: an argv list (a
+    list display with a ``-flag``), or a table of eight or more literal items."""
+    for node in ast.walk(statement):
+        if not isinstance(node, ast.List | ast.Tuple | ast.Set):
+            continue
+        items = node.elts
+        if isinstance(node, ast.List) and any(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value.startswith("-")
+            for e in items
+        ):
+            return True
+        if len(items) >= 8 and all(isinstance(e, ast.Constant | ast.BinOp | ast.Tuple) for e in items):
+            return True
+    return False
+
+
+def test_the_formatter_wins_except_where_a_line_is_data() -> None:
+    skipped = []
+    for package in (*SIZED, "tests"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            source = path.read_text()
+            if "# fmt: skip" not in source:
+                continue
+            ends = {n.end_lineno: n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt)}
+            for number, line in enumerate(source.splitlines(), 1):
+                statement = ends.get(number)
+                if line.endswith("# fmt: skip") and (statement is None or not _is_data(statement)):
+                    skipped.append(f"{path.relative_to(REPO)}:{number}")
+    assert not skipped, "fmt: skip on a line that is not data (an argv list or a table):\n" + "\n".join(
+        skipped
+    )
 
 
 TYPE_ONLY_CYCLES: dict[frozenset[str], str] = {

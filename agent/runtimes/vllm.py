@@ -234,9 +234,11 @@ class VllmRuntime:
         taken = self.warm.take() if self.warm is not None and not spec.memory_mb else None
         if taken is None:
             workload = await ProcessRuntime(self.sandbox).start(
-                WorkSpec(runtime="process", command=warm_command(), memory_mb=spec.memory_mb), workdir, env,
+                WorkSpec(runtime="process", command=warm_command(), memory_mb=spec.memory_mb),
+                workdir,
+                env,
                 commands=True,
-            )  # fmt: skip
+            )
             await workload.command(_command_line(argv[3:], env))
             return workload, False
         await asyncio.to_thread(adopt, taken.workdir, workdir)

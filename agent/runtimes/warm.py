@@ -192,8 +192,14 @@ class WarmEngines:
         try:
             await asyncio.to_thread(prepare, workdir)
             env = start_env(workdir, self.engine_env)
-            workload = await spawn(warm_command(), workdir, env, sandbox=self.sandbox,
-                                   spec=WorkSpec(runtime="vllm"), commands=True)  # fmt: skip
+            workload = await spawn(
+                warm_command(),
+                workdir,
+                env,
+                sandbox=self.sandbox,
+                spec=WorkSpec(runtime="vllm"),
+                commands=True,
+            )
         except StartFailed as exc:
             log.warning("cannot start a warm engine: %s", exc.message)
             return
@@ -216,8 +222,12 @@ class WarmEngines:
             engine = self.ready.pop(0)
             if engine.workload.returncode is None:
                 return engine
-            log.warning("warm engine %s exited (%s): %s", engine.workdir.name, engine.workload.returncode,
-                        engine.workload.log_tail(5))  # fmt: skip
+            log.warning(
+                "warm engine %s exited (%s): %s",
+                engine.workdir.name,
+                engine.workload.returncode,
+                engine.workload.log_tail(5),
+            )
             self._spawn(self._cleanup(engine))
             dropped = True
         if dropped:

@@ -117,8 +117,13 @@ def main() -> None:
         dist.all_reduce(totals)
         if rank == 0:
             loss_mean, accuracy = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
-            report("PROGRESS", train_epoch=epoch, step=step, loss=round(loss_mean, 5),
-                   metrics={"accuracy": round(accuracy, 4), "world_size": world})  # fmt: skip
+            report(
+                "PROGRESS",
+                train_epoch=epoch,
+                step=step,
+                loss=round(loss_mean, 5),
+                metrics={"accuracy": round(accuracy, 4), "world_size": world},
+            )
             if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
                 save_checkpoint({**state, "epoch": epoch, "step": step}, epoch, step)

@@ -112,8 +112,14 @@ class ClientGone(ResontechError):
 
 
 def error_response(exc: OpenAIError) -> Response:
-    body = {"error": {"message": exc.message, "type": _ERROR_TYPES.get(exc.status, "api_error"),
-                      "param": exc.param, "code": exc.code}}  # fmt: skip
+    body = {
+        "error": {
+            "message": exc.message,
+            "type": _ERROR_TYPES.get(exc.status, "api_error"),
+            "param": exc.param,
+            "code": exc.code,
+        }
+    }
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
@@ -123,8 +129,9 @@ _DECODE = msgspec.json.Decoder(RoutedBody).decode
 def caller(request: Request, kernel: Kernel) -> Principal:
     """The caller, a tenant's key; 401/403 in OpenAI's shape."""
     try:
-        principal = authenticate(bearer(request.headers.get("authorization")), kernel.keys,
-                                 kernel.gateway.operator_key_sha256)  # fmt: skip
+        principal = authenticate(
+            bearer(request.headers.get("authorization")), kernel.keys, kernel.gateway.operator_key_sha256
+        )
     except ApiError as exc:
         raise OpenAIError(exc.status, "invalid_api_key", exc.message) from None
     if principal.kind != "tenant":
@@ -137,8 +144,14 @@ def find_endpoint(kernel: Kernel, tenant: str, model: str) -> EndpointRecord:
     table: dict[str, EndpointRecord] = kernel.state(ENDPOINTS).endpoints
     record = table.get(endpoint_key(tenant, model))
     if record is None or record.state == "deleted":
-        record = next((e for e in table.values() if e.tenant == tenant and e.spec.name == model
-                       and e.state != "deleted"), None)  # fmt: skip
+        record = next(
+            (
+                e
+                for e in table.values()
+                if e.tenant == tenant and e.spec.name == model and e.state != "deleted"
+            ),
+            None,
+        )
     if record is None:
         raise OpenAIError(
             404,
@@ -283,9 +296,14 @@ class _Slot:
 
 
 async def answer(
-    request: Request, path: str, body: bytes, parsed: RoutedBody, endpoint: EndpointRecord, slot: _Slot,
+    request: Request,
+    path: str,
+    body: bytes,
+    parsed: RoutedBody,
+    endpoint: EndpointRecord,
+    slot: _Slot,
     started: float,
-) -> Response:  # fmt: skip
+) -> Response:
     """Send the request to its replica (failing over to the others) and pass the answer back."""
     key = endpoint_key(endpoint.tenant, endpoint.endpoint_id)
     endpoint = request.app.state.kernel.state(ENDPOINTS).endpoints.get(key, endpoint)  # the latest

@@ -91,9 +91,12 @@ async def trial(log: EventLog, trials: Trials, agents: dict[str, Agent], n: int)
     job_id = f"fail{n}"
     await until(lambda: trials.available(list(agents)), "every agent available")
     event = JobSubmitted(
-        name=job_id, kind="process", shards=1, command=["sleep", "3600"],
+        name=job_id,
+        kind="process",
+        shards=1,
+        command=["sleep", "3600"],
         resources=JobResources(cpus=0.25, memory_mb=64),
-    )  # fmt: skip
+    )
     await log.append(job_subject("bench", job_id, event), event)
     first = await until(lambda: trials.started(job_id, 1), f"{job_id} started")
     victim = agents[first.worker_id]

@@ -108,9 +108,15 @@ async def follow_fleet(
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     child = start_child(
-        "ops.bench.schedule", "--fleet", str(workers), "--url", url,
-        "--seconds", str(seconds + warmup_s), log_path=tmp / "fleet.log",
-    )  # fmt: skip
+        "ops.bench.schedule",
+        "--fleet",
+        str(workers),
+        "--url",
+        url,
+        "--seconds",
+        str(seconds + warmup_s),
+        log_path=tmp / "fleet.log",
+    )
     try:
         await read_json_line(child, 120)
         window[:] = [

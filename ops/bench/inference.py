@@ -62,8 +62,9 @@ class BenchAgent:
     def __init__(self, stack: ServedStack, tmp: Path) -> None:
         self.tmp = tmp
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
-        self.env.update(RESONTECH_NATS_URL=stack.settings.nats_url, RESONTECH_DATA_DIR=str(tmp),
-                        PYTHONPATH=str(REPO))  # fmt: skip
+        self.env.update(
+            RESONTECH_NATS_URL=stack.settings.nats_url, RESONTECH_DATA_DIR=str(tmp), PYTHONPATH=str(REPO)
+        )
         self.proc: Any = None
         self.log_path = tmp / "agent.log"
         self.work_dir = default_work_dir(tmp / "agent")
@@ -170,8 +171,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ((_, key),) = await create_tenants(stack, 1)
             headers = {"authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(base_url=stack.url, timeout=300.0) as http:
-                spec = {"name": "bench", "model": model, "max_replicas": 2, "target_rps_per_replica": 2.0,
-                        "scale_to_zero_after_s": 10, **({} if args.chat else {"engine": "cpu"})}  # fmt: skip
+                spec = {
+                    "name": "bench",
+                    "model": model,
+                    "max_replicas": 2,
+                    "target_rps_per_replica": 2.0,
+                    "scale_to_zero_after_s": 10,
+                    **({} if args.chat else {"engine": "cpu"}),
+                }
                 created = (await http.post("/v1/endpoints", json=spec, headers=headers)).json()
                 endpoint_id = created["endpoint_id"]
                 figures["first_ready_s"] = await wait_for(
@@ -207,8 +214,11 @@ async def cold_start(
     if args.chat:
         body = {**body, "stream": True}
     figures = await coldstart.sample(http, stack.settings, key, endpoint_id, (path, body), agent.log)
-    print(f"cold start {n}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                          for k, v in figures.items()), flush=True)  # fmt: skip
+    print(
+        f"cold start {n}: "
+        + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()),
+        flush=True,
+    )
     return figures
 
 
@@ -219,9 +229,11 @@ async def cold_starts(
     samples = [
         await cold_start(http, stack, key, endpoint_id, agent, args, n) for n in range(args.cold_starts)
     ]
-    figures: dict[str, Any] = {"cold_start_s": median([s["total_s"] for s in samples]),
-                               "cold_starts_s": [round(s["total_s"], 2) for s in samples],
-                               "cold_starts_warm": sum(bool(s["warm"]) for s in samples)}  # fmt: skip
+    figures: dict[str, Any] = {
+        "cold_start_s": median([s["total_s"] for s in samples]),
+        "cold_starts_s": [round(s["total_s"], 2) for s in samples],
+        "cold_starts_warm": sum(bool(s["warm"]) for s in samples),
+    }
     for phase in ("scale_s", "place_s", "agent_s", "engine_s", "first_token_s"):
         figures[f"phase_{phase}"] = median([s.get(phase, float("nan")) for s in samples])
     if args.warm:

@@ -77,9 +77,14 @@ def ticks_of(
     for n in range(per):
         for a in assignments:
             tick = UsageTick(
-                work_id=a.assignment_id.rsplit("-s", 1)[0], work_kind="job", assignment_id=a.assignment_id,
-                epoch=1, start_ms=start_ms + n * TICK_MS, end_ms=start_ms + (n + 1) * TICK_MS, cpu_ms=TICK_MS,
-            )  # fmt: skip
+                work_id=a.assignment_id.rsplit("-s", 1)[0],
+                work_kind="job",
+                assignment_id=a.assignment_id,
+                epoch=1,
+                start_ms=start_ms + n * TICK_MS,
+                end_ms=start_ms + (n + 1) * TICK_MS,
+                cpu_ms=TICK_MS,
+            )
             subject = metering_subject(tenant, a.worker_id, a.assignment_id, UsageTick)
             out.append((subject, tick, f"{tenant}-{a.assignment_id}-tick-{n}"))
     return out

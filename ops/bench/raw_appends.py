@@ -72,9 +72,15 @@ async def raw_placements(url: str, count: int, *, commands: bool) -> float:
         payloads.append((job_subject(tenant, job_id, event), encode(event), headers))
         if commands:
             start = StartWork(
-                tenant=tenant, work_id=job_id, work_kind="job", assignment_id=a.assignment_id,
-                slot=0, epoch=1, spec=spec, price_micros_per_gpu_hour=2_000_000,
-            )  # fmt: skip
+                tenant=tenant,
+                work_id=job_id,
+                work_kind="job",
+                assignment_id=a.assignment_id,
+                slot=0,
+                epoch=1,
+                spec=spec,
+                price_micros_per_gpu_hour=2_000_000,
+            )
             payloads.append((command_subject(worker_id), encode(start), {MSG_ID: f"start-{a.assignment_id}"}))
     started = time.perf_counter()
     await bounded(js.publish(s, d, headers=h) for s, d, h in payloads)

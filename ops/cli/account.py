@@ -118,10 +118,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
     def human(u: Usage) -> str:
         rows = []
         for p in u.periods:
-            rows.append(f"{p.period}: {p.gpu_seconds:,.0f} GPU-s, {p.cpu_seconds:,.0f} CPU-s, "
-                        f"{p.tokens:,} tokens: {p.charge.usd} USD")  # fmt: skip
-            rows += [f"  {w.work_kind} {w.work_id}: {w.gpu_seconds:,.0f} GPU-s, {w.cpu_seconds:,.0f} CPU-s, "
-                     f"{w.tokens:,} tokens: {w.charge.usd} USD" for w in p.work]  # fmt: skip
+            rows.append(
+                f"{p.period}: {p.gpu_seconds:,.0f} GPU-s, {p.cpu_seconds:,.0f} CPU-s, "
+                f"{p.tokens:,} tokens: {p.charge.usd} USD"
+            )
+            rows += [
+                f"  {w.work_kind} {w.work_id}: {w.gpu_seconds:,.0f} GPU-s, {w.cpu_seconds:,.0f} CPU-s, "
+                f"{w.tokens:,} tokens: {w.charge.usd} USD"
+                for w in p.work
+            ]
         return "\n".join(rows) or "(no usage yet)"
 
     show(args, usage, human)

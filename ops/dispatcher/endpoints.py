@@ -149,9 +149,14 @@ def replica_objects(
     inputs = f"{name}-inputs" if downloads else None
     init = [pods.fetcher(ctx, size, has_inputs=inputs is not None)]
     spec = pods.pod_spec(
-        ctx, [container], init=init, inputs_secret=inputs, restart="Always", gpus=cmd.spec.gpus,
+        ctx,
+        [container],
+        init=init,
+        inputs_secret=inputs,
+        restart="Always",
+        gpus=cmd.spec.gpus,
         node=dispatch.node,
-    )  # fmt: skip
+    )
     annotations = {ASSIGNMENT_ID: cmd.assignment_id}
     deployment = {
         "apiVersion": "apps/v1",

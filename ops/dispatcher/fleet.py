@@ -94,9 +94,13 @@ class Fleet:
         for worker_id, worker in nodes.items():
             i = self.identity
             event = registration(
-                worker, provider=i.provider, pool=i.pool, owner_tenant=i.owner_tenant, version=i.version,
+                worker,
+                provider=i.provider,
+                pool=i.pool,
+                owner_tenant=i.owner_tenant,
+                version=i.version,
                 region=i.region,
-            )  # fmt: skip
+            )
             if self.registered.get(worker_id) != event and worker_id not in self.refused:
                 due.append((worker_id, event))
         return due

@@ -102,9 +102,13 @@ def job_manifests(
         objects, sizes, server_labels = [*objects, *server], [*sizes, size], {names.ROLE: FL_SERVER}
     fences = _fences(ns, labels, sizes, _services(objects), ctx)
     policies = network_policies(
-        ns, labels, ctx, same_namespace=True, fl_server=server_labels,
+        ns,
+        labels,
+        ctx,
+        same_namespace=True,
+        fl_server=server_labels,
         kernel_fl_port=None if fl_server is not None else _kernel_fl_port(shards),
-    )  # fmt: skip
+    )
     return [ns_object, *fences, *policies, *objects]
 
 

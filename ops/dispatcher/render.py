@@ -114,11 +114,14 @@ def job_commands(
     workers = {f"w-{n}": _worker(n) for n in placed}
     assignments = {
         str(slot): Assignment(
-            assignment_id=assignment_id(job_id, slot, 1, tenant=tenant, kind="job"), worker_id=f"w-{node}",
-            slot=slot, epoch=1, gpus=spec.resources.gpus,
+            assignment_id=assignment_id(job_id, slot, 1, tenant=tenant, kind="job"),
+            worker_id=f"w-{node}",
+            slot=slot,
+            epoch=1,
+            gpus=spec.resources.gpus,
         )
         for slot, node in enumerate(placed)
-    }  # fmt: skip
+    }
     federation, server = None, None
     if spec.kind == "federated":
         ns = work_namespace(tenant, job_id, "job", ctx)
@@ -132,9 +135,14 @@ def job_commands(
         )
         server = FlServer(kit_url=presigner.url(KIT_BUCKET, kit_key(tenant, job_id, "server")))
     job = JobRecord(
-        tenant=tenant, job_id=job_id, spec=submitted, state="placed", assignments=assignments, epoch=1,
+        tenant=tenant,
+        job_id=job_id,
+        spec=submitted,
+        state="placed",
+        assignments=assignments,
+        epoch=1,
         federation=federation,
-    )  # fmt: skip
+    )
     inputs = [] if spec.kind == "federated" else list(submitted.inputs)
     dispatches = []
     for slot, node in enumerate(placed):
@@ -176,8 +184,11 @@ def endpoint_commands(
         node = nodes[slot % len(nodes)]
         replica = ReplicaRecord(
             assignment_id=assignment_id(endpoint_id, slot, 1, tenant=tenant, kind="endpoint"),
-            worker_id=f"w-{node}", slot=slot, epoch=1, gpus=gpus,
-        )  # fmt: skip
+            worker_id=f"w-{node}",
+            slot=slot,
+            epoch=1,
+            gpus=gpus,
+        )
         dispatches.append(Dispatch(start_command(endpoint, replica, "unverified", downloads), node))
     return dispatches
 

@@ -258,9 +258,15 @@ class Rounds:
         lines = [text_of(line) for line in [*tracked.history, *new]]
         done = replace(tracked.said, lines=len(tracked.history))
         claims, done = report(
-            cmd, pod, lines, done, worker_id=tracked.worker_id, ctx=self.ctx, api_key=tracked.api_key,
+            cmd,
+            pod,
+            lines,
+            done,
+            worker_id=tracked.worker_id,
+            ctx=self.ctx,
+            api_key=tracked.api_key,
             address=tracked.address,
-        )  # fmt: skip
+        )
         if pod is not None and pod.phase != "Pending" and not tracked.metered_ms:
             tracked.metered_ms = self.clock()  # metered from when the dispatcher saw it run
         tracked.said = done
@@ -317,8 +323,11 @@ class Rounds:
         for h in verdict.lost:
             tracked = self.held[h.assignment_id]
             tracked.applied = False  # nothing of it is left to delete
-            lost = reports.lost(tracked.cmd, "its objects vanished from the cluster", reports.tail_of(
-                [text_of(line) for line in tracked.history]))  # fmt: skip
+            lost = reports.lost(
+                tracked.cmd,
+                "its objects vanished from the cluster",
+                reports.tail_of([text_of(line) for line in tracked.history]),
+            )
             await self.forget(tracked, final=[lost])
 
 

@@ -67,9 +67,13 @@ def dispatcher_of(args: argparse.Namespace, settings: Settings) -> tuple[Cluster
         if not 0.05 <= getattr(args, name) <= 3600:
             raise ConfigError(f"--{name.replace('_', '-')} must be between 0.05 and 3600 seconds")
     identity = Identity(
-        cluster=args.cluster, provider=args.provider, pool=args.pool, region=args.region,
-        owner_tenant=args.owner_tenant, version=version(),
-    )  # fmt: skip
+        cluster=args.cluster,
+        provider=args.provider,
+        pool=args.pool,
+        region=args.region,
+        owner_tenant=args.owner_tenant,
+        version=version(),
+    )
     cluster = (
         Cluster.in_cluster()
         if args.in_cluster

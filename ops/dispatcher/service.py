@@ -183,9 +183,14 @@ class Dispatcher:
         if worker_id not in self.fleet.registered:
             try:
                 await enroll_kernel_agent(
-                    self.log, worker_id, provider=i.provider, pool=i.pool, region=i.region,
-                    owner_tenant=i.owner_tenant, by=f"dispatcher {i.cluster}",
-                )  # fmt: skip
+                    self.log,
+                    worker_id,
+                    provider=i.provider,
+                    pool=i.pool,
+                    region=i.region,
+                    owner_tenant=i.owner_tenant,
+                    by=f"dispatcher {i.cluster}",
+                )
             except EnrollmentRefused as exc:  # another holds the id: the node takes no work as it
                 self.fleet.refused[worker_id] = exc.message
                 log.error("node worker %s not enrolled: %s", worker_id, exc.message)

@@ -181,9 +181,15 @@ def shard_job(
     secret = f"{name}-inputs" if shard.downloads else None
     init = [pods.fetcher(ctx, shard.size, has_inputs=secret is not None)]
     spec = pods.pod_spec(
-        ctx, [shard.container], init=init, inputs_secret=secret, restart="Never", gpus=shard.size.gpus,
-        node=dispatch.node, subdomain=RANKS if torchrun else None,
-    )  # fmt: skip
+        ctx,
+        [shard.container],
+        init=init,
+        inputs_secret=secret,
+        restart="Never",
+        gpus=shard.size.gpus,
+        node=dispatch.node,
+        subdomain=RANKS if torchrun else None,
+    )
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -247,9 +247,14 @@ class FederationTask:
         if spec.initial_model:
             name = f"initial/{Path(spec.initial_model).name}"
             self.initial_model = await asyncio.to_thread(
-                ws.fetch_beneath, s3, bucket_for(self.tenant), spec.initial_model, self.dir, name,
+                ws.fetch_beneath,
+                s3,
+                bucket_for(self.tenant),
+                spec.initial_model,
+                self.dir,
+                name,
                 "the initial model",
-            )  # fmt: skip
+            )
         kit_files = {site: self.prov.kit_zip(site) for site in sites}
         self.kits = await asyncio.to_thread(ws.upload_kits, s3, self.tenant, self.job_id, kit_files)
         self.server = FlareServer(self.prov, f"{self.tenant}/{self.job_id}", self.private)
@@ -384,8 +389,15 @@ class FederationTask:
         epochs = {slot: a.epoch for slot, a in job.assignments.items()}
         self.run = Run(run_id=run_id, number=number, first_round=first, rounds=rounds, epochs=epochs)
         self.next_status_at = time.monotonic() + STATUS_EVERY_S
-        log.info("%s: run %d (%s) from round %d, %d rounds (%s)", self.key, number, run_id, first, rounds,
-                 self.pending_reason)  # fmt: skip
+        log.info(
+            "%s: run %d (%s) from round %d, %d rounds (%s)",
+            self.key,
+            number,
+            run_id,
+            first,
+            rounds,
+            self.pending_reason,
+        )
         event = JobFederationRun(
             run_id=run_id,
             first_round=first,
@@ -406,9 +418,14 @@ class FederationTask:
         # always the workspace's copy (the one checked and reported), written beneath the folder's
         # fd: the server's own copy, or a link in its place, is the sandbox's to change
         local = await asyncio.to_thread(
-            ws.fetch_beneath, self.ctx.s3, bucket_for(self.tenant), key, self.dir,
-            f"rounds/{flare.round_stem(first - 1)}.npz", "the last global model",
-        )  # fmt: skip
+            ws.fetch_beneath,
+            self.ctx.s3,
+            bucket_for(self.tenant),
+            key,
+            self.dir,
+            f"rounds/{flare.round_stem(first - 1)}.npz",
+            "the last global model",
+        )
         return local, key
 
     def _write_run(self, folder: Path, job: JobRecord, first: int, rounds: int, model: Path | None) -> None:

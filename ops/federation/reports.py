@@ -88,9 +88,7 @@ class JobReporter:
                     continue
                 stem = f"{ROUNDS}/{flare.round_stem(number)}"
                 metrics = round_metrics(_read_round(tree, f"{stem}.json", MAX_SUMMARY_BYTES))
-                key = await asyncio.to_thread(
-                    _upload_round, self.s3, self.tenant, root, number, tree, stem
-                )  # fmt: skip
+                key = await asyncio.to_thread(_upload_round, self.s3, self.tenant, root, number, tree, stem)
                 epoch = job.epoch
                 await self.append(
                     JobCheckpointed(epoch=epoch, object_key=key, round=number), f"ckpt-{number}"
@@ -110,7 +108,7 @@ class JobReporter:
         root = ws.output_root(job.spec.name, job.spec.output_prefix)
         outputs = await asyncio.to_thread(
             ws.upload_final, self.s3, self.tenant, root, self.reported, job.spec.federated.framework
-        )  # fmt: skip
+        )
         return await self.append_terminal(JobCompleted(outputs=outputs))
 
     async def append_terminal(self, event: Any) -> bool:

@@ -210,8 +210,14 @@ def provisioned_in(root: Path, private: Path, sites: list[str]) -> Provisioned |
     try:
         project = yaml.safe_load(project_file.read_bytes()[:MAX_PROJECT_BYTES])
         server = project["participants"][0]
-        return Provisioned(root=root, host=str(server["name"]), port=int(server["fed_learn_port"]),
-                           sites=sites, private=private, name=str(project["name"]))  # fmt: skip
+        return Provisioned(
+            root=root,
+            host=str(server["name"]),
+            port=int(server["fed_learn_port"]),
+            sites=sites,
+            private=private,
+            name=str(project["name"]),
+        )
     except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError):
         raise FederationError(f"{project_file} does not describe a federation") from None
 

@@ -144,8 +144,10 @@ class FederationService:
                 await _first(self.claims.caught_up.wait(), keeper)
                 log.info(
                     "federation service %s (incarnation %s) caught up; %s",
-                    self.instance, self.claims.incarnation, self.root,
-                )  # fmt: skip
+                    self.instance,
+                    self.claims.incarnation,
+                    self.root,
+                )
                 while not stop.is_set():
                     self._check(keeper, watchdog)
                     self._drop_lost()

@@ -72,8 +72,12 @@ def test_the_layout_is_the_hubs_own(hub: Path) -> None:
 
 def test_a_repo_id_resolves_to_its_snapshot_with_the_shipped_files(hub: Path, tmp_path: Path) -> None:
     snapshot = hub / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / _commit(hub)
-    for reference in (MINILM_REPO, "sentence-transformers/all-minilm-l6-v2", f"{MINILM_REPO}@main",
-                      f"{MINILM_REPO}@{_commit(hub)}"):  # fmt: skip
+    for reference in (
+        MINILM_REPO,
+        "sentence-transformers/all-minilm-l6-v2",
+        f"{MINILM_REPO}@main",
+        f"{MINILM_REPO}@{_commit(hub)}",
+    ):
         resolved = models.resolve(reference, tmp_path, hub=hub, cache=tmp_path / "cache")
         assert resolved.path == str(snapshot) and resolved.task == "embed", reference
     shipped = minilm_folder()
@@ -211,8 +215,15 @@ def test_a_repo_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_download_plan_takes_one_weight_format() -> None:
-    files = [("model.safetensors", 90), ("pytorch_model.bin", 90), ("onnx/model.onnx", 90),
-             ("tf_model.h5", 90), ("config.json", 1), ("openvino/x.bin", 90), ("m.gguf", 5)]  # fmt: skip
+    files = [
+        ("model.safetensors", 90),
+        ("pytorch_model.bin", 90),
+        ("onnx/model.onnx", 90),
+        ("tf_model.h5", 90),
+        ("config.json", 1),
+        ("openvino/x.bin", 90),
+        ("m.gguf", 5),
+    ]
     skipped, size = hub_cache.download_plan(files)
     assert size == 91 and "*.bin" in skipped
     assert hub_cache.download_plan([("pytorch_model.bin", 90), ("config.json", 1)])[1] == 91
@@ -230,8 +241,14 @@ def test_sealing_takes_group_and_other_write_off(tmp_path: Path) -> None:
 
 def _settings(tmp_path: Path, *, unsandboxed: bool = True) -> AgentSettings:
     state = tmp_path / "agent"
-    return AgentSettings(name="a", state_dir=str(state), work_dir=str(state.with_name("agent.work")),
-                         pool="private", owner_tenant="t", unsandboxed=unsandboxed)  # fmt: skip
+    return AgentSettings(
+        name="a",
+        state_dir=str(state),
+        work_dir=str(state.with_name("agent.work")),
+        pool="private",
+        owner_tenant="t",
+        unsandboxed=unsandboxed,
+    )
 
 
 def test_the_sandbox_binds_the_hub_cache_never_hf_home_nor_the_agents_state(

@@ -196,9 +196,16 @@ def test_progress_printed_by_a_script_is_found_behind_nvflares_log_prefix() -> N
 
 def _job(federation: Federation | None) -> JobRecord:
     return job_record(
-        tenant="acme", job_id="j1", name="mnist", kind="federated", shards=2, rounds=3, local_epochs=2,
-        federated=FederatedTraining(script="jobs/mnist/scripts/train.py"), federation=federation,
-    )  # fmt: skip
+        tenant="acme",
+        job_id="j1",
+        name="mnist",
+        kind="federated",
+        shards=2,
+        rounds=3,
+        local_epochs=2,
+        federated=FederatedTraining(script="jobs/mnist/scripts/train.py"),
+        federation=federation,
+    )
 
 
 def test_a_federated_shard_starts_only_once_its_federation_is_ready_with_only_its_own_kit_and_shard() -> None:

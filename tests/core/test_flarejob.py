@@ -51,8 +51,11 @@ def test_a_generated_run_runs_nvflares_fedavg_from_the_kernels_persistor_and_wri
     [controller] = server["workflows"]
     assert controller["path"] == "nvflare.app_common.workflows.fedavg.FedAvg"
     assert controller["args"] == {
-        "num_clients": 2, "num_rounds": 2, "start_round": 2, "persistor_id": flarejob.KERNEL_PERSISTOR,
-    }  # fmt: skip
+        "num_clients": 2,
+        "num_rounds": 2,
+        "start_round": 2,
+        "persistor_id": flarejob.KERNEL_PERSISTOR,
+    }
     persistor, writer = server["components"]
     assert persistor == {
         "id": flarejob.KERNEL_PERSISTOR,
@@ -77,8 +80,11 @@ def test_a_generated_run_runs_nvflares_fedavg_from_the_kernels_persistor_and_wri
 def test_a_tenant_persistor_is_the_inner_one_of_the_kernels() -> None:
     ref = persistor_ref("jobs/x/scripts/persistor.py:MyPersistor")
     assert (ref.key, ref.module, ref.cls, ref.folder) == (
-        "jobs/x/scripts/persistor.py", "persistor", "MyPersistor", "jobs/x/scripts/",
-    )  # fmt: skip
+        "jobs/x/scripts/persistor.py",
+        "persistor",
+        "MyPersistor",
+        "jobs/x/scripts/",
+    )
     assert persistor_ref("p.py:P").folder == ""
     job = flarejob.script_job(sites=SITES, script="t.py", script_args=[], framework="numpy", persistor=ref)
     docs = run_documents(job, name="r1", first_round=1, rounds=2, out_dir="/f", start_model=None)
@@ -97,11 +103,14 @@ def test_a_tenant_persistor_is_the_inner_one_of_the_kernels() -> None:
 def test_a_job_folders_clients_become_the_jobs_sites() -> None:
     assert map_sites({"app": ["@ALL"]}, SITES) == {"app": ["server", "site-1", "site-2"]}
     assert map_sites({"s": ["server"], "c": ["hospital-a", "hospital-b"]}, SITES) == {
-        "s": ["server"], "c": ["site-1", "site-2"],
-    }  # fmt: skip
+        "s": ["server"],
+        "c": ["site-1", "site-2"],
+    }
     assert map_sites({"s": ["server"], "a": ["site-2"], "b": ["lab"]}, SITES) == {
-        "s": ["server"], "a": ["site-2"], "b": ["site-1"],
-    }  # fmt: skip
+        "s": ["server"],
+        "a": ["site-2"],
+        "b": ["site-1"],
+    }
     with pytest.raises(JobFolderInvalid, match=r"names 3 clients \(a, b, c\) but the job has 2 shards"):
         map_sites({"s": ["server"], "c": ["a", "b", "c"]}, SITES)
 
@@ -133,9 +142,13 @@ def test_a_job_folder_run_keeps_the_tenants_components_and_sets_rounds_and_the_p
     ]
     assert config["components"][2]["args"] == {"start_model": "/f/r1.npz", "inner": "np"}
     # NVFlare's usual persistor id is found without persistor_id; no num_rounds: the first workflow trains.
-    plain = tenant_job(_folder({"s": ["server"], "c": SITES}, server=_server(
-        [{"id": "w", "path": SAG}], [{"id": "persistor", "path": "x.P"}]
-    )), SITES)  # fmt: skip
+    plain = tenant_job(
+        _folder(
+            {"s": ["server"], "c": SITES},
+            server=_server([{"id": "w", "path": SAG}], [{"id": "persistor", "path": "x.P"}]),
+        ),
+        SITES,
+    )
     assert (plain.workflow, plain.inner_persistor, plain.server_app) == (0, "persistor", "s")
 
 
@@ -184,8 +197,10 @@ def test_the_listing_of_a_job_folder_shows_what_is_missing() -> None:
     ]
     assert folder_problems(good, "jobs/x/flare/") == []
     assert flarejob.config_paths(k[len("jobs/x/flare/") :] for k, _ in good) == [
-        "app/config/config_fed_client.json", "app/config/config_fed_server.json", "meta.json",
-    ]  # fmt: skip
+        "app/config/config_fed_client.json",
+        "app/config/config_fed_server.json",
+        "meta.json",
+    ]
     assert folder_problems(
         [("jobs/x/flare/meta.conf", 1), ("jobs/x/flare/app/custom/t.py", 1)], "jobs/x/flare/"
     ) == [

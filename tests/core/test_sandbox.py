@@ -151,8 +151,9 @@ async def test_a_probe_torchrun_job_finds_nothing_on_any_rank(tmp_path: Path) ->
     from ops.ports import free_port
 
     host = Host(tmp_path)
-    rdzv = Rendezvous(master_addr="127.0.0.1", master_port=free_port("127.0.0.1"), nnodes=1, node_rank=0,
-                      nproc_per_node=2)  # fmt: skip
+    rdzv = Rendezvous(
+        master_addr="127.0.0.1", master_port=free_port("127.0.0.1"), nnodes=1, node_rank=0, nproc_per_node=2
+    )
     spec = WorkSpec(runtime="torchrun", command=["probe.py"], rendezvous=rdzv, cpus=2, memory_mb=4096)
     code, lines = await run_probe(host, spec, "t1")
     assert findings(lines) == [[], []], "\n".join(lines)  # both ranks
@@ -164,8 +165,15 @@ async def test_an_engine_replica_sees_only_its_own_files_and_answers_401_to_anot
 ) -> None:
     host = Host(tmp_path)
     spec = WorkSpec(runtime="vllm", options={"model": "all-minilm-l6-v2", "engine": "cpu"})
-    cmd = StartWork(tenant="globex", work_id="e1", work_kind="endpoint", assignment_id="e1-r0-e1", slot=0,
-                    epoch=1, spec=spec)  # fmt: skip
+    cmd = StartWork(
+        tenant="globex",
+        work_id="e1",
+        work_kind="endpoint",
+        assignment_id="e1-r0-e1",
+        slot=0,
+        epoch=1,
+        spec=spec,
+    )
     workdir = host.work / "e1-r0-e1"
     engine = await VllmRuntime(host.sandbox).start(spec, workdir, workload_env(cmd, workdir, gpu_indices=[]))
     try:

@@ -11,12 +11,18 @@ from tests.support.records import endpoint_record
 
 
 def test_gpu_utilisation_is_the_mean_over_the_replicas_workers_reporting_it() -> None:
-    beats = LivenessState(beats={
-        "w1": LastBeat(seq=1, time_ns=0, interval_s=1.0, gpus=[GpuTelemetry(index=0, util_pct=80.0),
-                                                               GpuTelemetry(index=1, util_pct=100.0)]),
-        "w2": LastBeat(seq=2, time_ns=0, interval_s=1.0, gpus=[GpuTelemetry(index=0)]),
-        "w3": LastBeat(seq=3, time_ns=0, interval_s=1.0, gpus=[GpuTelemetry(index=0, util_pct=0.0)]),
-    })  # fmt: skip
+    beats = LivenessState(
+        beats={
+            "w1": LastBeat(
+                seq=1,
+                time_ns=0,
+                interval_s=1.0,
+                gpus=[GpuTelemetry(index=0, util_pct=80.0), GpuTelemetry(index=1, util_pct=100.0)],
+            ),
+            "w2": LastBeat(seq=2, time_ns=0, interval_s=1.0, gpus=[GpuTelemetry(index=0)]),
+            "w3": LastBeat(seq=3, time_ns=0, interval_s=1.0, gpus=[GpuTelemetry(index=0, util_pct=0.0)]),
+        }
+    )
     assert gpu_util(beats, {"w1", "w2"}) == 90.0
     assert gpu_util(beats, {"w2"}) is None and gpu_util(beats, set()) is None
     hostile = LastBeat(

@@ -56,11 +56,29 @@ def test_prefix_routing_keeps_a_prefix_together_within_the_load_bound() -> None:
 def test_route_keys_come_from_the_header_the_user_or_the_prompts_leading_text() -> None:
     decode = msgspec.json.Decoder(RoutedBody).decode
     system = "You are a helpful assistant. " * 60
-    chat = decode(msgspec.json.encode({"model": "m", "user": "u1", "messages": [
-        {"role": "system", "content": system}, {"role": "user", "content": "question 1"}]}))  # fmt: skip
-    chat2 = decode(msgspec.json.encode({"model": "m", "messages": [
-        {"role": "system", "content": [{"type": "text", "text": system}]},
-        {"role": "user", "content": "another question"}]}))  # fmt: skip
+    chat = decode(
+        msgspec.json.encode(
+            {
+                "model": "m",
+                "user": "u1",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "question 1"},
+                ],
+            }
+        )
+    )
+    chat2 = decode(
+        msgspec.json.encode(
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": [{"type": "text", "text": system}]},
+                    {"role": "user", "content": "another question"},
+                ],
+            }
+        )
+    )
     assert route_key("session", chat, {"x-session-id": "s9"}) == "s9"
     assert route_key("session", chat, {}) == "u1"
     assert route_key("session", chat2, {}) is None

@@ -34,8 +34,9 @@ CHUNKS = _sse(
     {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hello"}}]},
     {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
 )
-USAGE_CHUNK = _sse({"id": "c1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3,
-                                                         "total_tokens": 12}})[0]  # fmt: skip
+USAGE_CHUNK = _sse(
+    {"id": "c1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}
+)[0]
 DONE = _sse("[DONE]")[0]
 
 
@@ -116,7 +117,7 @@ def test_the_meter_sums_tokens_per_replica_into_contiguous_ticks_with_unique_ids
     meter.add(ENDPOINT, REPLICA, 12)
     meter.add(ENDPOINT, REPLICA, 30)
     meter.add(ENDPOINT, REPLICA, 0)
-    (subject, tick, event_id), = meter.cut({"w1": WORKER}, later * 1_000_000)  # fmt: skip
+    ((subject, tick, event_id),) = meter.cut({"w1": WORKER}, later * 1_000_000)
     assert subject == f"meter.acme.w1.{REPLICA.assignment_id}.tokens" and event_id == f"{meter.source}-1"
     assert (tick.tokens, tick.work_kind, tick.work_id) == (42, "endpoint", "ep1")
     assert (tick.provider, tick.gpu_type, tick.pool, tick.source) == (
@@ -149,9 +150,18 @@ def _recorded(seq: int, tick: UsageTick, subject: str = "meter.acme.w1") -> Reco
 
 
 def test_the_ledger_sums_the_gateways_tokens_on_the_replicas_line_and_ignores_an_agents() -> None:
-    base = dict(work_id="ep1", work_kind="endpoint", assignment_id="ep1-s0-e1", epoch=1,
-                provider="gpuco", gpu_type="H100", pool="shared", start_ms=NOW_MS,
-                end_ms=NOW_MS + 10_000, tier="gold")  # fmt: skip
+    base = dict(
+        work_id="ep1",
+        work_kind="endpoint",
+        assignment_id="ep1-s0-e1",
+        epoch=1,
+        provider="gpuco",
+        gpu_type="H100",
+        pool="shared",
+        start_ms=NOW_MS,
+        end_ms=NOW_MS + 10_000,
+        tier="gold",
+    )
     agent = UsageTick(**base, gpu_ms=10_000, tokens=999)  # type: ignore[arg-type]
     forged = UsageTick(**base, gpu_ms=10_000, tokens=999, source="gateway-b")  # type: ignore[arg-type]
     gateway_a = UsageTick(**base, tokens=40, source="gateway-a")  # type: ignore[arg-type]
@@ -159,10 +169,15 @@ def test_the_ledger_sums_the_gateways_tokens_on_the_replicas_line_and_ignores_an
     counted = "meter.acme.w1.tokens"
     state = LEDGER.initial()
     for seq, (tick, subject) in enumerate(
-        [(agent, "meter.acme.w1"), (forged, "meter.acme.w1"), (gateway_a, counted), (gateway_b, counted),
-         (gateway_a, counted)],
+        [
+            (agent, "meter.acme.w1"),
+            (forged, "meter.acme.w1"),
+            (gateway_a, counted),
+            (gateway_b, counted),
+            (gateway_a, counted),
+        ],
         start=1,
-    ):  # fmt: skip
+    ):
         state = evolve(state, _recorded(seq, tick, subject))
     (line,) = state.lines.values()
     assert (line.gpu_ms, line.tokens, line.ticks, line.source_ranges) == (10_000, 42, 3, [(1, 1), (3, 4)])

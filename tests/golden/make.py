@@ -562,10 +562,13 @@ def _providers(s: _Scenario) -> None:
     gpuco(
         0.04,
         AgentEnrolled(
-            token_id="et1", worker_id="w-a100-1", hostname="a100-1", nats_user="agent-w-a100-1",
+            token_id="et1",
+            worker_id="w-a100-1",
+            hostname="a100-1",
+            nats_user="agent-w-a100-1",
             nats_password_bcrypt="$2b$08$" + "x" * 53,
         ),
-    )  # fmt: skip
+    )
     gpuco(8, ProviderKeyRevoked(key_id="pk1", revoked_by="provider:gpuco"))
     gpuco(9, AgentCredentialsRevoked(worker_id="w-a100-1", revoked_by="provider:gpuco"))
     s.at(
@@ -577,9 +580,13 @@ def _managed_token(s: _Scenario) -> None:
     """Added after the rest, so that the ids and times of what came before stay as committed."""
     gpuco = s.on(functools.partial(provider_subject, "gpuco"))
     token = EnrollmentTokenIssued(
-        token_id="et2", token_sha256="e" * 64, expires_ns=_ms(60) * 1_000_000, pool="managed",
-        owner_tenant="globex", region="eu-north",
-    )  # fmt: skip
+        token_id="et2",
+        token_sha256="e" * 64,
+        expires_ns=_ms(60) * 1_000_000,
+        pool="managed",
+        owner_tenant="globex",
+        region="eu-north",
+    )
     gpuco(23, token)
     gpuco(23.5, EnrollmentTokenRevoked(token_id="et2", revoked_by="provider:gpuco"))
 

@@ -158,8 +158,12 @@ def test_reported_utilisation_is_kept_per_bucket_for_eight_days() -> None:
     registry = Log(REGISTRY)
     _register(registry, "w1", 0, gpus=2)
     [point] = fleet_points(
-        registry.state, LedgerState(fleet_gpu_ms={str(BUCKETS_KEPT): 60_000}), state, BUCKETS_KEPT,
-        BUCKETS_KEPT, (BUCKETS_KEPT * BUCKET_MS + 30_000) * 1_000_000,
-    )  # fmt: skip
+        registry.state,
+        LedgerState(fleet_gpu_ms={str(BUCKETS_KEPT): 60_000}),
+        state,
+        BUCKETS_KEPT,
+        BUCKETS_KEPT,
+        (BUCKETS_KEPT * BUCKET_MS + 30_000) * 1_000_000,
+    )
     # the bucket is 30 s old: 60 GPU-seconds in 30 s are two GPUs
     assert (point.registered_gpus, point.allocated_gpus, point.util_sum, point.readings) == (2, 2.0, 80.0, 2)

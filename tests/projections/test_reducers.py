@@ -632,16 +632,28 @@ def test_endpoint_counts_replicas_failing_in_a_row_fails_and_only_its_tenant_rev
     def fail(slot: int, epoch: int, retryable: bool = False) -> None:
         a = _asg(slot, epoch, work="e1")
         ep(EndpointReplicaPlaced(assignments=[a], provenance=PROV))
-        ep(EndpointReplicaLost(assignment_id=a.assignment_id, epoch=epoch, reason=f"exit status {epoch}",
-                               log_tail=f"tail {epoch}", retryable=retryable))  # fmt: skip
-        ep(EndpointReplicaRevoked(assignment_id=a.assignment_id, worker_id="w1", slot=slot, epoch=epoch,
-                                  reason="lost"))  # fmt: skip
+        ep(
+            EndpointReplicaLost(
+                assignment_id=a.assignment_id,
+                epoch=epoch,
+                reason=f"exit status {epoch}",
+                log_tail=f"tail {epoch}",
+                retryable=retryable,
+            )
+        )
+        ep(
+            EndpointReplicaRevoked(
+                assignment_id=a.assignment_id, worker_id="w1", slot=slot, epoch=epoch, reason="lost"
+            )
+        )
 
     fail(0, 1)
     fail(0, 2, retryable=True)  # its worker was lost: not the replica's failure
     assert (ep.record.start_failures, ep.record.last_failure, ep.record.last_failure_log_tail) == (
-        1, "exit status 1", "tail 1",
-    )  # fmt: skip
+        1,
+        "exit status 1",
+        "tail 1",
+    )
     ep.up(_asg(0, 3, work="e1"), "http://a:1")  # a ready replica resets the count
     assert (ep.record.start_failures, ep.record.state) == (0, "serving")
     ep(EndpointReplicaLost(assignment_id="e1-0-3", epoch=3, reason="exit status 3", log_tail="tail 3"))
@@ -651,16 +663,22 @@ def test_endpoint_counts_replicas_failing_in_a_row_fails_and_only_its_tenant_rev
     ep(EndpointFailed(reason="2 replicas failed in a row", log_tail="tail 4"))
     failed = ep.record
     assert (failed.state, failed.desired_replicas, failed.scale_reason, missing_replicas(failed)) == (
-        "failed", 0, "2 replicas failed in a row", [],
-    )  # fmt: skip
+        "failed",
+        0,
+        "2 replicas failed in a row",
+        [],
+    )
     ep(EndpointScaled(replicas=1, reason="a request arrived at zero replicas"))  # the autoscaler: ignored
     ep(EndpointScaledToZero(idle_s=300))
     assert ep.record.state == "failed" and ep.record.desired_replicas == 0
     ep(EndpointScaled(replicas=1, reason="bounds set", min_replicas=1, max_replicas=2, by="alice"))
     revived = ep.record
     assert (revived.state, revived.failed, revived.start_failures, missing_replicas(revived)) == (
-        "deploying", False, 0, [0],
-    )  # fmt: skip
+        "deploying",
+        False,
+        0,
+        [0],
+    )
     assert revived.last_failure == "exit status 4"  # the history of why stays visible
 
 
@@ -787,8 +805,15 @@ def test_ledger_takes_tokens_only_from_the_kernels_counts() -> None:
     # shapes the ledger does not bill: a tick on a 4-token subject that is not a gateway's, a count
     # of tokens on a usage subject, a negative count
     log("meter.acme.w1.a4", _tick(assignment_id="a4"))
-    served = TokensServed(work_id="j1", assignment_id="a5", epoch=1, start_ms=APRIL_MS, end_ms=APRIL_MS + 1,
-                          tokens=7, source="gateway-a")  # fmt: skip
+    served = TokensServed(
+        work_id="j1",
+        assignment_id="a5",
+        epoch=1,
+        start_ms=APRIL_MS,
+        end_ms=APRIL_MS + 1,
+        tokens=7,
+        source="gateway-a",
+    )
     log("meter.acme.w1.a5.tick", served)
     log("meter.acme.w1", served)
     _served(log, -1, assignment_id="a6")
@@ -935,8 +960,14 @@ def test_ledger_marks_are_dropped_after_their_retention(monkeypatch: pytest.Monk
         _meter(log, t_s=2 * day + i, assignment_id=f"c{i}")
     assert "acme.w1.a1" not in state.marks
     # b0, touched a day and 3 s before that pruning, went with it; c3 came after it
-    assert sorted(state.marks) == ["acme.w1.b1", "acme.w1.b2", "acme.w1.c0", "acme.w1.c1", "acme.w1.c2",
-                                   "acme.w1.c3"]  # fmt: skip
+    assert sorted(state.marks) == [
+        "acme.w1.b1",
+        "acme.w1.b2",
+        "acme.w1.c0",
+        "acme.w1.c1",
+        "acme.w1.c2",
+        "acme.w1.c3",
+    ]
     # a retry later than the retention is counted again: the intake's sequence check is what stops it
     _meter(log, t_s=2 * day + 9, start_ms=APRIL_MS, end_ms=APRIL_MS + 10_000)
     assert state.lines["acme/2026-04/job/j1/H100/shared/v1"].ticks == 9 and state.duplicates == 1
@@ -954,15 +985,30 @@ def _churn(ticks: int, start_s: float = 0.0) -> list[tuple[str, Event, float]]:
         assignment = f"{work}-s{slot % 2}-e{epoch}"
         begin = APRIL_MS + 60_000 * round_
         if i % 5 == 4:
-            served = TokensServed(work_id=work, assignment_id=assignment, epoch=epoch, provider="p1",
-                                  gpu_type="H100", start_ms=begin, end_ms=begin + 60_000, tokens=7,
-                                  source=f"gateway-{round_ % 2}")  # fmt: skip
+            served = TokensServed(
+                work_id=work,
+                assignment_id=assignment,
+                epoch=epoch,
+                provider="p1",
+                gpu_type="H100",
+                start_ms=begin,
+                end_ms=begin + 60_000,
+                tokens=7,
+                source=f"gateway-{round_ % 2}",
+            )
             out.append((metering_subject("acme", f"w{slot}", assignment, TokensServed), served, t_s))
             continue
         if i % 97 == 0 and round_:
             begin -= 60_000  # a retry of the interval before
-        usage = _tick(work_id=work, work_kind="endpoint", assignment_id=assignment, epoch=epoch,
-                      start_ms=begin, end_ms=begin + 60_000, gpu_ms=60_000)  # fmt: skip
+        usage = _tick(
+            work_id=work,
+            work_kind="endpoint",
+            assignment_id=assignment,
+            epoch=epoch,
+            start_ms=begin,
+            end_ms=begin + 60_000,
+            gpu_ms=60_000,
+        )
         out.append((metering_subject("acme", f"w{slot}", assignment, UsageTick), usage, t_s))
     return out
 

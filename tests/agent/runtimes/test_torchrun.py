@@ -61,8 +61,12 @@ def test_the_master_port_is_stable_per_placement_and_moves_with_the_epoch() -> N
 def test_cpu_shards_meet_on_gloo_and_gpu_shards_run_a_rank_per_gpu_on_nccl() -> None:
     cpu = rendezvous(tenant="a", job_id="j", epoch=1, master_addr="10.0.0.5", nnodes=3, node_rank=2, gpus=0)
     assert (cpu.master_addr, cpu.nnodes, cpu.node_rank, cpu.nproc_per_node, cpu.backend) == (
-        "10.0.0.5", 3, 2, 1, "gloo",
-    )  # fmt: skip
+        "10.0.0.5",
+        3,
+        2,
+        1,
+        "gloo",
+    )
     gpu = rendezvous(tenant="a", job_id="j", epoch=1, master_addr="h", nnodes=2, node_rank=0, gpus=4)
     assert (gpu.nproc_per_node, gpu.backend, gpu.master_port) == (4, "nccl", cpu.master_port)
 

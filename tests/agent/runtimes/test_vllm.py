@@ -102,9 +102,14 @@ async def test_a_ready_line_the_engine_prints_cannot_set_the_replicas_address_or
     code, lines, tail = await _engine(tmp_path, script, 30.0, port=port, api_key="the-runtimes-key")
     assert code == 0 and "forged-after" in tail  # the engine did print it (its log keeps it)
     cmd = StartWork(
-        tenant="acme", work_id="ep1", work_kind="endpoint", assignment_id="ep1-s0-e1", slot=0, epoch=1,
+        tenant="acme",
+        work_id="ep1",
+        work_kind="endpoint",
+        assignment_id="ep1-s0-e1",
+        slot=0,
+        epoch=1,
         spec=WorkSpec(runtime="vllm"),
-    )  # fmt: skip
+    )
     claims: list[object] = []
 
     async def emit(items: list[tuple[str, object, str]]) -> bool:

@@ -66,8 +66,11 @@ def test_paths_are_given_as_the_engines_sandbox_sees_them(tmp_path: Path) -> Non
 
 def test_an_engines_own_environment_is_clean_and_marked(tmp_path: Path) -> None:
     engine = tmp_path / "warm-abc"
-    env = start_env(engine, {"OMP_WAIT_POLICY": "PASSIVE", "RESONTECH_NATS_CREDS": "/secret"},
-                    {"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x"})  # fmt: skip
+    env = start_env(
+        engine,
+        {"OMP_WAIT_POLICY": "PASSIVE", "RESONTECH_NATS_CREDS": "/secret"},
+        {"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x"},
+    )
     assert env["HOME"] == str(engine) and env[MARKER] == "warm-abc" and env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert "AWS_SECRET_ACCESS_KEY" not in env and "RESONTECH_NATS_CREDS" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == ""

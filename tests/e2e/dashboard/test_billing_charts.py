@@ -53,10 +53,17 @@ def day_end(day: int) -> int:
 async def meter(log: EventLog, tenant: str, worker: str, end_ms: int, gpus: int, **fields: Any) -> None:
     """One hour of ``gpus`` GPUs on ``worker`` ending at ``end_ms``, as the kernel stores a tick."""
     usage = UsageTick(
-        work_id=fields.pop("work_id", "train"), work_kind="job", assignment_id=f"{worker}-{end_ms}",
-        epoch=1, gpu_type="A100", pool="shared", start_ms=end_ms - HOUR_MS, end_ms=end_ms,
-        gpu_ms=gpus * HOUR_MS, **fields,
-    )  # fmt: skip
+        work_id=fields.pop("work_id", "train"),
+        work_kind="job",
+        assignment_id=f"{worker}-{end_ms}",
+        epoch=1,
+        gpu_type="A100",
+        pool="shared",
+        start_ms=end_ms - HOUR_MS,
+        end_ms=end_ms,
+        gpu_ms=gpus * HOUR_MS,
+        **fields,
+    )
     await log.append(metering_subject(tenant, worker, usage.assignment_id, UsageTick), usage)
 
 
@@ -145,9 +152,12 @@ async def test_a_tenant_sees_its_spend_per_day(
         )
     await meter(log, other, "w-2", day_end(day), 50, provider="prov-a", tier="gold", work_id="theirs")
     daily = await until_http(
-        server, "/v1/billing/usage/daily", key,
-        lambda body: sum(d["spend"]["micros"] > 0 for d in body["days"]) == 21, "the spend is priced",
-    )  # fmt: skip
+        server,
+        "/v1/billing/usage/daily",
+        key,
+        lambda body: sum(d["spend"]["micros"] > 0 for d in body["days"]) == 21,
+        "the spend is priced",
+    )
     theirs = await until_http(
         server,
         "/v1/billing/usage/daily",
@@ -194,15 +204,26 @@ async def test_the_operator_sees_the_fleets_gpu_utilisation(
     await log.append(job_subject(tenant, "j1", placed), placed)
     now_ms = time.time_ns() // 1_000_000
     usage = UsageTick(
-        work_id="j1", work_kind="job", assignment_id="j1-a", epoch=1, provider="prov-f", gpu_type="A100",
-        pool="shared", start_ms=now_ms - 20_000, end_ms=now_ms, gpu_ms=2 * 20_000, tier="gold",
-    )  # fmt: skip
+        work_id="j1",
+        work_kind="job",
+        assignment_id="j1-a",
+        epoch=1,
+        provider="prov-f",
+        gpu_type="A100",
+        pool="shared",
+        start_ms=now_ms - 20_000,
+        end_ms=now_ms,
+        gpu_ms=2 * 20_000,
+        tier="gold",
+    )
     await log.append(metering_subject(tenant, "w-f1", "j1-a", UsageTick), usage)
     fleet = await until_http(
-        server, "/v1/fleet/utilisation", server.operator_key,
+        server,
+        "/v1/fleet/utilisation",
+        server.operator_key,
         lambda body: body["now"]["allocated_gpus"] == 2 and sum(b["readings"] for b in body["buckets"]) == 7,
         "the fleet's placement and beats are applied",
-    )  # fmt: skip
+    )
     assert fleet["now"] == {"registered_gpus": 5, "allocated_gpus": 2, "allocated": 0.4}
     reported = [b for b in fleet["buckets"] if b["readings"]]
     assert sum(b["reported_util_pct"] * b["readings"] for b in reported) == 4 * 87.5 + 40.0 + 62.5 + 20.0

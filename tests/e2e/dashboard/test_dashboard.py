@@ -281,9 +281,18 @@ async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
     # Billing: metered usage, the month's invoice and its lines.
     hour = 3_600_000
     tick = UsageTick(
-        work_id=job, work_kind="job", assignment_id="a-1", epoch=1, provider="prov",
-        gpu_type="A100", pool="shared", start_ms=T0_MS, end_ms=T0_MS + hour, gpu_ms=hour, tier="gold",
-    )  # fmt: skip
+        work_id=job,
+        work_kind="job",
+        assignment_id="a-1",
+        epoch=1,
+        provider="prov",
+        gpu_type="A100",
+        pool="shared",
+        start_ms=T0_MS,
+        end_ms=T0_MS + hour,
+        gpu_ms=hour,
+        tier="gold",
+    )
     metered = await log.append(metering_subject(tenant, "w-1", tick.assignment_id, UsageTick), tick)
     usage = await until_http(
         server, "/v1/billing/usage", key, lambda body: body["total"]["micros"] > 0, "the usage is priced"
@@ -552,9 +561,18 @@ async def test_a_provider_sees_its_workers_with_telemetry_and_its_payouts(
     await register(log, "w-b1", "prov-b", gpus=1, util=10.0)
     hour = 3_600_000
     tick = UsageTick(
-        work_id="j1", work_kind="job", assignment_id="a-1", epoch=1, provider="prov-a",
-        gpu_type="A100", pool="shared", start_ms=T0_MS, end_ms=T0_MS + hour, gpu_ms=hour, tier="gold",
-    )  # fmt: skip
+        work_id="j1",
+        work_kind="job",
+        assignment_id="a-1",
+        epoch=1,
+        provider="prov-a",
+        gpu_type="A100",
+        pool="shared",
+        start_ms=T0_MS,
+        end_ms=T0_MS + hour,
+        gpu_ms=hour,
+        tier="gold",
+    )
     await log.append(metering_subject(tenant, "w-a1", tick.assignment_id, UsageTick), tick)
     payouts = await until_http(
         server, "/v1/billing/payouts", key, lambda body: body["total"]["micros"] > 0, "the payout is priced"

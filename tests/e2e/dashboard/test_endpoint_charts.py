@@ -55,8 +55,13 @@ async def test_an_endpoints_latency_chart_after_real_traffic(
     await registered(log, agents("c1", *SLOW_HOST))
     tenant, key = await server.tenant()
     async with coordinator(log):
-        spec = {"name": "minilm", "model": "all-MiniLM-L6-v2", "engine": "cpu", "min_replicas": 1,
-                "max_concurrency": 1}  # fmt: skip
+        spec = {
+            "name": "minilm",
+            "model": "all-MiniLM-L6-v2",
+            "engine": "cpu",
+            "min_replicas": 1,
+            "max_concurrency": 1,
+        }
         deployed = await server.request("POST", "/v1/endpoints", key, json=spec)
         assert deployed.status_code == 201, deployed.text
         endpoint = deployed.json()["endpoint_id"]

@@ -128,10 +128,15 @@ def ddp_steps(shards: list[Assignment], steps: range) -> list[Any]:
             accuracy = 1 - loss(step, a.slot) / 2.5
             events.append(
                 JobProgress(
-                    epoch=a.epoch, slot=a.slot, assignment_id=a.assignment_id, step=step,
-                    train_epoch=1 + step // 25, loss=loss(step, a.slot), metrics={"accuracy": accuracy},
+                    epoch=a.epoch,
+                    slot=a.slot,
+                    assignment_id=a.assignment_id,
+                    step=step,
+                    train_epoch=1 + step // 25,
+                    loss=loss(step, a.slot),
+                    metrics={"accuracy": accuracy},
                 )
-            )  # fmt: skip
+            )
         if step % 25 == 0:
             events.append(JobCheckpointed(epoch=1, slot=0, step=step, object_key=f"ckpt/step-{step}.pt"))
     return events
@@ -147,9 +152,13 @@ async def test_a_ddp_jobs_loss_per_shard_grows_live_and_a_stale_agent_is_never_d
         Assignment(assignment_id=f"a-{s}", worker_id=f"gpu-host-{s}", slot=s, epoch=1, gpus=1) for s in (0, 1)
     ]
     submitted = JobSubmitted(
-        name="ddp-mlp", kind="ddp", shards=2, command=["train.py"], resources=JobResources(gpus=1),
+        name="ddp-mlp",
+        kind="ddp",
+        shards=2,
+        command=["train.py"],
+        resources=JobResources(gpus=1),
         submitted_by=f"tenant:{tenant}",
-    )  # fmt: skip
+    )
     await register_gpu_hosts(server, log, [a.worker_id for a in shards])
     await append(log, tenant, job, [submitted, placed(*shards), *map(started, shards)])
     for step in range(0, 60, 10):
@@ -196,12 +205,16 @@ async def test_a_ddp_jobs_loss_per_shard_grows_live_and_a_stale_agent_is_never_d
 def federated_round(shards: list[Assignment], r: int, local_epochs: int) -> list[Any]:
     events: list[Any] = [
         JobProgress(
-            epoch=1, slot=a.slot, assignment_id=a.assignment_id, round=r, train_epoch=e,
+            epoch=1,
+            slot=a.slot,
+            assignment_id=a.assignment_id,
+            round=r,
+            train_epoch=e,
             loss=loss(10 * (r - 1) + 5 * e, a.slot),
         )
         for a in shards
         for e in range(1, local_epochs + 1)
-    ]  # fmt: skip
+    ]
     aggregated = {"loss": loss(10 * r, 0) - 0.05, "accuracy": 0.5 + 0.045 * r}
     return [
         *events,
@@ -219,9 +232,14 @@ async def test_a_federated_jobs_per_round_curve_and_its_aggregated_line_grow_liv
     job = "fedavg-1"
     shards = [Assignment(assignment_id=f"f-{s}", worker_id=f"site-host-{s}", slot=s, epoch=1) for s in (0, 1)]
     submitted = JobSubmitted(
-        name="fedavg", kind="federated", shards=2, rounds=8, local_epochs=2,
-        federated=FederatedTraining(script="jobs/fedavg/scripts/train.py"), submitted_by=f"tenant:{tenant}",
-    )  # fmt: skip
+        name="fedavg",
+        kind="federated",
+        shards=2,
+        rounds=8,
+        local_epochs=2,
+        federated=FederatedTraining(script="jobs/fedavg/scripts/train.py"),
+        submitted_by=f"tenant:{tenant}",
+    )
     ready = JobFederationReady(
         server="127.0.0.1:8002", sites=["site-1", "site-2"], kit_bucket="kits", kits=["k1", "k2"], shards=[]
     )
@@ -419,10 +437,13 @@ def random_history(rng: random.Random, n: int) -> list[Any]:
             wrong = rng.random() < 0.3
             events.append(
                 JobAssignmentRevoked(
-                    assignment_id=a.assignment_id + ("-old" if wrong else ""), worker_id=a.worker_id,
-                    slot=a.slot, epoch=a.epoch, reason="worker lost",
+                    assignment_id=a.assignment_id + ("-old" if wrong else ""),
+                    worker_id=a.worker_id,
+                    slot=a.slot,
+                    epoch=a.epoch,
+                    reason="worker lost",
                 )
-            )  # fmt: skip
+            )
             if not wrong:
                 held.pop(a.slot)
         else:

@@ -135,9 +135,12 @@ async def job_events(
     log: EventLog, tenant: str, job_id: str, predicate: Callable[[list[Any]], Any], what: str
 ) -> list[Any]:
     found = await wait_records(
-        log, "JOBS", lambda rs: predicate([r for r in rs if r.subject.startswith(f"job.{tenant}.{job_id}.")]),
-        what, TIMEOUT_S,
-    )  # fmt: skip
+        log,
+        "JOBS",
+        lambda rs: predicate([r for r in rs if r.subject.startswith(f"job.{tenant}.{job_id}.")]),
+        what,
+        TIMEOUT_S,
+    )
     return [r for r in found if r.subject.startswith(f"job.{tenant}.{job_id}.")]
 
 
@@ -231,9 +234,12 @@ async def test_a_federated_job_runs_its_sites_as_pods_and_completes(
         await submit(log, "acme", "fed1", kind="federated", shards=2)
         await job_events(log, "acme", "fed1", lambda rs: of(rs, JobPlaced), "placed")
         ready = JobFederationReady(  # the federation service's word: the FL server is up
-            server="fl.kernel.example:8123", sites=["site-1", "site-2"], kit_bucket="rt-kernel-kits",
-            kits=["kits/acme/fed1/site-1.zip", "kits/acme/fed1/site-2.zip"], shards=[],
-        )  # fmt: skip
+            server="fl.kernel.example:8123",
+            sites=["site-1", "site-2"],
+            kit_bucket="rt-kernel-kits",
+            kits=["kits/acme/fed1/site-1.zip", "kits/acme/fed1/site-2.zip"],
+            shards=[],
+        )
         await log.append(job_subject("acme", "fed1", ready), ready)
         await until(lambda: len(kube.names(JOBS, ns)) == 2, "both sites' Jobs", TIMEOUT_S)
         for job in kube.names(JOBS, ns):
@@ -348,8 +354,11 @@ async def test_a_restarted_dispatcher_leaves_no_orphan_and_reports_what_vanished
     await cancel(log, "acme", "r1", await placement(log, "acme", "r1"))
     by_hand = Cluster.from_kubeconfig(kube.kubeconfig)
     assert await by_hand.delete("batch/v1", "Job", kept, "shard-0-e1")
-    foreign = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-x", "labels": {
-        "app.kubernetes.io/managed-by": "resontech-dispatcher"}}}  # fmt: skip
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-x", "labels": {"app.kubernetes.io/managed-by": "resontech-dispatcher"}},
+    }
     await by_hand.apply([foreign])
     by_hand.close()
     await dispatch()

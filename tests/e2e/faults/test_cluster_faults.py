@@ -387,9 +387,12 @@ async def submit_in_batches(log: EventLog) -> None:
         batch = []
         for i in range(start, start + 10):
             event = JobSubmitted(
-                name=f"j{i}", kind="process", shards=1, command=["true"],
+                name=f"j{i}",
+                kind="process",
+                shards=1,
+                command=["true"],
                 resources=JobResources(cpus=0.5, memory_mb=256),
-            )  # fmt: skip
+            )
             batch.append((job_subject(f"t{i % 7}", f"j{i}", event), event, f"submit-j{i}"))
         await log.append_many(batch)
         await asyncio.sleep(0.1)

@@ -116,8 +116,17 @@ def test_endpoints_and_status_of_an_endpoint(gateway_server: GatewayServer, tmp_
     assert "serving: 8 requests per replica, then a line of 5 (up to 120 s each); routing session" in status
     as_json = json.loads(cli("status", endpoint, "--json", *auth).stdout)
     assert as_json["traffic"] == {
-        "requests": 0, "rps": 0.0, "error_rate": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0,
-        "queue_depth": 0, "in_flight": 0, "wait_p50_ms": 0.0, "wait_p99_ms": 0.0, "rejected": 0,
-    }  # fmt: skip
+        "requests": 0,
+        "rps": 0.0,
+        "error_rate": 0.0,
+        "p50_ms": 0.0,
+        "p95_ms": 0.0,
+        "p99_ms": 0.0,
+        "queue_depth": 0,
+        "in_flight": 0,
+        "wait_p50_ms": 0.0,
+        "wait_p99_ms": 0.0,
+        "rejected": 0,
+    }
     missing = cli("status", "nothing-here", *auth, ok=False)
     assert missing.returncode == 1 and missing.stderr.strip() == "error: no job or endpoint nothing-here"

@@ -125,9 +125,11 @@ async def test_a_restarted_gateway_draws_the_same_replicas_and_starts_its_traffi
     restarted = create_app(api.kernel.settings, api.kernel.gateway, kernel=api.kernel)
     transport = httpx.ASGITransport(app=restarted)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as client:
-        after = (await Api(client, api.kernel, api.operator_key).request(
-            "GET", f"/v1/endpoints/{endpoint_id}/traffic", admin
-        )).json()  # fmt: skip
+        after = (
+            await Api(client, api.kernel, api.operator_key).request(
+                "GET", f"/v1/endpoints/{endpoint_id}/traffic", admin
+            )
+        ).json()
     assert after["replicas"] == before["replicas"] and after["scale_events"] == before["scale_events"]
     assert after["traffic"] == []
     await close_proxy(api.client)

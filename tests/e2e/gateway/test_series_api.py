@@ -140,8 +140,10 @@ async def test_a_providers_earnings_per_day_and_tier_and_its_nodes_uptime(api: A
         "silver": price(ticks[1])[1],
     }
     assert days[iso_day(day - 2)] == {
-        "day": iso_day(day - 2), "total": {"micros": 0, "usd": "0.000000"}, "tiers": [],
-    }  # fmt: skip
+        "day": iso_day(day - 2),
+        "total": {"micros": 0, "usd": "0.000000"},
+        "tiers": [],
+    }
     assert earned["total"] == (await get(api, "/v1/billing/payouts", mine))["total"]
 
     # uptime: the registry's lost interval within today's observed time; nothing before it registered

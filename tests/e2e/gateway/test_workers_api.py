@@ -35,9 +35,18 @@ async def test_a_provider_sees_its_own_workers_with_work_and_earnings(api: Api) 
     ):
         await api.kernel.append(job_subject(tenant, "j1", event), event, visible_in=SCHEDULE)
     tick = UsageTick(
-        work_id="j1", work_kind="job", assignment_id=a.assignment_id, epoch=1, provider="prov-a",
-        gpu_type="A100", pool="shared", start_ms=T0_MS, end_ms=T0_MS + 600_000, gpu_ms=600_000, tier="gold",
-    )  # fmt: skip
+        work_id="j1",
+        work_kind="job",
+        assignment_id=a.assignment_id,
+        epoch=1,
+        provider="prov-a",
+        gpu_type="A100",
+        pool="shared",
+        start_ms=T0_MS,
+        end_ms=T0_MS + 600_000,
+        gpu_ms=600_000,
+        tier="gold",
+    )
     await api.kernel.append(
         metering_subject(tenant, "w-a1", tick.assignment_id, UsageTick), tick, visible_in=LEDGER
     )
@@ -51,8 +60,12 @@ async def test_a_provider_sees_its_own_workers_with_work_and_earnings(api: Api) 
     assert [g["model"] for g in w["gpus"]] == ["NVIDIA A100-SXM4-80GB"] * 2
     [work] = w["work"]
     assert (work["kind"], work["work_id"], work["state"], work["gpus"], work["tenant"]) == (
-        "job", "j1", "running", 1, None,
-    )  # fmt: skip
+        "job",
+        "j1",
+        "running",
+        1,
+        None,
+    )
     payout = price(tick)[1]
     assert payout > 0
     assert w["earnings"]["payout"]["micros"] == payout and w["earnings"]["gpu_seconds"] == 600.0

@@ -39,8 +39,9 @@ async def test_a_repo_from_the_hosts_hub_cache_serves_the_shipped_models_embeddi
     _, admin = await server.tenant()
     async with coordinator(log):
         hubbed = await deploy(server, admin, name="hubbed", model=MINILM_REPO, engine="cpu", min_replicas=1)
-        shipped = await deploy(server, admin, name="shipped", model="all-MiniLM-L6-v2", engine="cpu",
-                               min_replicas=1)  # fmt: skip
+        shipped = await deploy(
+            server, admin, name="shipped", model="all-MiniLM-L6-v2", engine="cpu", min_replicas=1
+        )
         ghost = await deploy(server, admin, name="ghost", model="nobody/not-cached", engine="cpu")
         for endpoint in (hubbed, shipped):
             await until(

@@ -232,17 +232,20 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
         # and embeddings through vLLM's pooling runner (no engine named: vLLM, as on a GPU host)
         pooled = await deploy(server, admin, name="vembed", model="all-MiniLM-L6-v2", min_replicas=1)
         await until(
-            lambda: _ready(server, admin, endpoint["endpoint_id"], 2), "two vLLM replicas ready",
+            lambda: _ready(server, admin, endpoint["endpoint_id"], 2),
+            "two vLLM replicas ready",
             timeout=VLLM_READY_S,
-        )  # fmt: skip
+        )
         await until(
             lambda: _ready(server, admin, pooled["endpoint_id"], 1), "pooling ready", timeout=VLLM_READY_S
         )
         api = client(server, admin)
         chat = await api.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=12, temperature=0,
-        )  # fmt: skip
+            model="chat",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=12,
+            temperature=0,
+        )
         assert chat.choices[0].message.content and chat.model == "chat"
         chunks = []
         stream = await api.chat.completions.create(
@@ -253,10 +256,16 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
         assert len(chunks) > 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
         # the gateway asked the engine for usage to meter it; the client, which did not, never sees it
         assert all(c.choices and c.usage is None for c in chunks)
-        asked = [c async for c in await api.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True,
-            stream_options={"include_usage": True},
-        )]  # fmt: skip
+        asked = [
+            c
+            async for c in await api.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=4,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        ]
         assert asked[-1].choices == [] and asked[-1].usage is not None and asked[-1].usage.total_tokens > 0
         completion = await api.completions.create(
             model="chat", prompt="The capital of France is", max_tokens=4, temperature=0
@@ -264,8 +273,10 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
         assert "Paris" in completion.choices[0].text
         vectors = await api.embeddings.create(model="vembed", input=["hello world", "bonjour"])
         assert [len(v.embedding) for v in vectors.data] == [384, 384] and vectors.usage.prompt_tokens > 0
-        raw = [await api.completions.with_raw_response.create(model="chat", prompt="Hi", max_tokens=2)
-               for _ in range(4)]  # fmt: skip
+        raw = [
+            await api.completions.with_raw_response.create(model="chat", prompt="Hi", max_tokens=2)
+            for _ in range(4)
+        ]
         assert Counter(r.headers["x-resontech-replica"] for r in raw) == {"0": 2, "1": 2}  # round robin
         least = chat.usage.total_tokens + asked[-1].usage.total_tokens + completion.usage.total_tokens  # type: ignore[union-attr]
         metered = await until(

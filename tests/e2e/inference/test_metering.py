@@ -136,8 +136,9 @@ async def test_engines_that_cannot_start_fail_their_endpoints_with_the_reason(
             "endpoint_id"
         ]
         # a workspace folder that is not a model: the engine starts and fails, its log says why
-        folder = await deploy(server, admin, name="notes", model="models/notes/", model_source="workspace",
-                              engine="cpu")  # fmt: skip
+        folder = await deploy(
+            server, admin, name="notes", model="models/notes/", model_source="workspace", engine="cpu"
+        )
         folder_id = folder["endpoint_id"]
         for endpoint_id in (ghost, folder_id):
             await until(

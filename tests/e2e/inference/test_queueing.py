@@ -54,9 +54,17 @@ async def test_a_burst_beyond_the_line_gets_429s_every_admitted_request_is_answe
     member = await server.key(tenant, admin, "member")
     async with coordinator(log):
         endpoint = await deploy(
-            server, admin, name="busy", model="all-MiniLM-L6-v2", engine="cpu", min_replicas=1,
-            max_replicas=2, max_concurrency=1, max_queue=2, target_rps_per_replica=1000,
-        )  # fmt: skip
+            server,
+            admin,
+            name="busy",
+            model="all-MiniLM-L6-v2",
+            engine="cpu",
+            min_replicas=1,
+            max_replicas=2,
+            max_concurrency=1,
+            max_queue=2,
+            target_rps_per_replica=1000,
+        )
         endpoint_id = endpoint["endpoint_id"]
         assert endpoint["spec"]["max_queue"] == 2 and endpoint["spec"]["routing"] == "round_robin"
         await until(lambda: _ready(server, admin, endpoint_id, 1), "a replica ready", timeout=ST_READY_S)
@@ -82,8 +90,11 @@ async def test_a_burst_beyond_the_line_gets_429s_every_admitted_request_is_answe
         await asyncio.sleep(0.2)
         async with httpx.AsyncClient(timeout=0.3) as http:
             with pytest.raises(httpx.ReadTimeout):
-                await http.post(f"{server.url}/v1/embeddings", json={"model": "busy", "input": "x"},
-                                headers={"authorization": f"Bearer {admin}"})  # fmt: skip
+                await http.post(
+                    f"{server.url}/v1/embeddings",
+                    json={"model": "busy", "input": "x"},
+                    headers={"authorization": f"Bearer {admin}"},
+                )
         await asyncio.gather(*held)
         abandoned = f'resontech_endpoint_queue_abandoned_total{{endpoint="busy",tenant="{tenant}"}} 1.0'
         await until(lambda: _has(server, abandoned), "the client that left counted", timeout=10)

@@ -135,9 +135,16 @@ async def append_history(log: EventLog) -> dict[str, int]:
     # Usage near month end: the day and month come from end_ms, not from when it was stored. Both
     # subject layouts: the kernel's (one subject per assignment) and the legacy one of older logs.
     served = TokensServed(
-        work_id="j1", assignment_id="a1", epoch=1, provider="p2", gpu_type="A100",
-        start_ms=ms("2026-02-01T09:59:50"), end_ms=ms("2026-02-01T10:00:00"), tokens=40, source="gateway-a",
-    )  # fmt: skip
+        work_id="j1",
+        assignment_id="a1",
+        epoch=1,
+        provider="p2",
+        gpu_type="A100",
+        start_ms=ms("2026-02-01T09:59:50"),
+        end_ms=ms("2026-02-01T10:00:00"),
+        tokens=40,
+        source="gateway-a",
+    )
     await log.append_many(
         [
             (metering_subject("acme", "w1", "a1", UsageTick), tick("p1", "2026-01-31T23:59:59", 3_600_000)),

@@ -392,8 +392,9 @@ async def test_an_assignments_folder_used_again_is_fresh_and_the_state_file_hold
             env={"TENANT_TOKEN": secret},
             downloads={f"scripts/{script}": url(f"scripts/{script}")},
         )
-        return StartWork(tenant=tenant, work_id="j1", work_kind="job", assignment_id=assignment,
-                         slot=0, epoch=1, spec=spec)  # fmt: skip
+        return StartWork(
+            tenant=tenant, work_id="j1", work_kind="job", assignment_id=assignment, slot=0, epoch=1, spec=spec
+        )
 
     first = start("plant.py")
     await place(stack.log, worker, first)

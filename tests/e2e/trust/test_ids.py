@@ -270,15 +270,25 @@ def test_two_tenants_endpoints_of_one_id_each_meter_their_own_tokens() -> None:
 def _start(tenant: str, work_id: str, epoch: int, *, kind: WorkKind = "job", slot: int = 0) -> StartWork:
     a = assignment_id(work_id, slot, epoch, tenant=tenant, kind=kind)
     return StartWork(
-        tenant=tenant, work_id=work_id, work_kind=kind, assignment_id=a, slot=slot, epoch=epoch,
+        tenant=tenant,
+        work_id=work_id,
+        work_kind=kind,
+        assignment_id=a,
+        slot=slot,
+        epoch=epoch,
         spec=WorkSpec(runtime="process"),
-    )  # fmt: skip
+    )
 
 
 def _stop(start: StartWork, **fields: Any) -> StopWork:
     said: dict[str, Any] = {"tenant": start.tenant, "work_kind": start.work_kind, **fields}
-    return StopWork(work_id=start.work_id, assignment_id=start.assignment_id, epoch=start.epoch,
-                    reason="cancelled", **said)  # fmt: skip
+    return StopWork(
+        work_id=start.work_id,
+        assignment_id=start.assignment_id,
+        epoch=start.epoch,
+        reason="cancelled",
+        **said,
+    )
 
 
 def test_an_agent_keeps_each_tenants_epochs_and_stops_apart(tmp_path: Path) -> None:

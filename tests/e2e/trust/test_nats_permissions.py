@@ -52,13 +52,23 @@ def test_every_claim_an_agent_makes_is_allowed_and_nothing_else() -> None:
     worker = "w-0123456789ab"
     publish = agent_permissions(worker).publish
     job = StartWork(
-        assignment_id="a1", work_id="j1", work_kind="job", tenant="acme", epoch=1, slot=0,
+        assignment_id="a1",
+        work_id="j1",
+        work_kind="job",
+        tenant="acme",
+        epoch=1,
+        slot=0,
         spec=WorkSpec(runtime="process", command=["true"]),
-    )  # fmt: skip
+    )
     replica = StartWork(
-        assignment_id="a2", work_id="e1", work_kind="endpoint", tenant="acme", epoch=1, slot=0,
+        assignment_id="a2",
+        work_id="e1",
+        work_kind="endpoint",
+        tenant="acme",
+        epoch=1,
+        slot=0,
         spec=WorkSpec(runtime="process", command=["true"]),
-    )  # fmt: skip
+    )
     emitted: list[str] = []
     for cmd in (job, replica):
         emitted += [reports.started(cmd, worker)[0], reports.rejected(cmd, worker, "no")[0]]
@@ -241,9 +251,14 @@ async def test_revoked_credentials_stop_working(stack: Stack) -> None:
 
     creds = enrolled.nats
     nc = await nats.connect(
-        creds.url, user=creds.user, password=creds.password, inbox_prefix=creds.inbox_prefix,
-        disconnected_cb=on_disconnect, max_reconnect_attempts=2, reconnect_time_wait=0.2,
-    )  # fmt: skip
+        creds.url,
+        user=creds.user,
+        password=creds.password,
+        inbox_prefix=creds.inbox_prefix,
+        disconnected_cb=on_disconnect,
+        max_reconnect_attempts=2,
+        reconnect_time_wait=0.2,
+    )
     try:
         response = await stack.client.delete(
             f"/v1/providers/{provider}/agents/{enrolled.worker_id}",

@@ -521,25 +521,44 @@ def test_a_tenants_job_and_endpoint_of_one_id_are_two_invoice_lines() -> None:
     common = {"work_id": "x", "epoch": 1, "provider": "p1", "gpu_type": "H100", "pool": "shared"}
     ticks = [
         UsageTick(
-            work_kind="job", assignment_id="a-job", start_ms=april_ms, end_ms=april_ms + hour_ms,
-            gpu_ms=hour_ms, tier="platinum", **common,
+            work_kind="job",
+            assignment_id="a-job",
+            start_ms=april_ms,
+            end_ms=april_ms + hour_ms,
+            gpu_ms=hour_ms,
+            tier="platinum",
+            **common,
         ),
         UsageTick(
-            work_kind="endpoint", assignment_id="a-ep", start_ms=april_ms, end_ms=april_ms + 2 * hour_ms,
-            gpu_ms=2 * hour_ms, tier="platinum", **common,
+            work_kind="endpoint",
+            assignment_id="a-ep",
+            start_ms=april_ms,
+            end_ms=april_ms + 2 * hour_ms,
+            gpu_ms=2 * hour_ms,
+            tier="platinum",
+            **common,
         ),
         TokensServed(
-            work_kind="endpoint", assignment_id="a-ep", start_ms=april_ms, end_ms=april_ms + 1,
-            tokens=42, source="gateway-a", **common,
+            work_kind="endpoint",
+            assignment_id="a-ep",
+            start_ms=april_ms,
+            end_ms=april_ms + 1,
+            tokens=42,
+            source="gateway-a",
+            **common,
         ),
-    ]  # fmt: skip
+    ]
     records = [
         Recorded(
-            stream="METERING", seq=i + 1, subject=metering_subject("acme", "w1", t.assignment_id, t),
-            time_ns=i, msg_id=f"m{i}", event=t,
+            stream="METERING",
+            seq=i + 1,
+            subject=metering_subject("acme", "w1", t.assignment_id, t),
+            time_ns=i,
+            msg_id=f"m{i}",
+            event=t,
         )
         for i, t in enumerate(ticks)
-    ]  # fmt: skip
+    ]
     state = LEDGER.fold(records)
     lines = {(line.work_kind, line.work_id): line for line in state.lines.values()}
     assert set(lines) == {("job", "x"), ("endpoint", "x")}  # not one line, of the first tick's kind

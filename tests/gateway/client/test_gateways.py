@@ -57,8 +57,11 @@ def test_the_config_takes_the_list_and_the_deadline() -> None:
     env = {"RESONTECH_GATEWAY_URL": "http://a,http://b", "RESONTECH_API_KEY": "k"}
     config = resolve(env=env)
     assert (config.urls, config.url, config.key, config.retry_s) == (
-        ("http://a", "http://b"), "http://a,http://b", "k", 30.0,
-    )  # fmt: skip
+        ("http://a", "http://b"),
+        "http://a,http://b",
+        "k",
+        30.0,
+    )
     assert resolve("http://only", env={}).retry_s == 0.0  # one gateway down: said at once
     assert resolve("http://a,http://b", env={"RESONTECH_GATEWAY_RETRY_S": "5"}).retry_s == 5.0
     assert resolve("http://a", env={}, retry_s=12.5).retry_s == 12.5

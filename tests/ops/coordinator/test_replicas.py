@@ -174,9 +174,13 @@ def _endpoint(**changes: object) -> EndpointRecord:
         "2": ReplicaRecord(assignment_id="a2", worker_id="w2", slot=2, epoch=1, state="starting"),
     }
     fields: dict[str, Any] = {
-        "tenant": "acme", "endpoint_id": "ep1", "name": "chat", "model": "smollm2-135m-instruct",
-        "desired_replicas": 3, "replicas": replicas,
-    }  # fmt: skip
+        "tenant": "acme",
+        "endpoint_id": "ep1",
+        "name": "chat",
+        "model": "smollm2-135m-instruct",
+        "desired_replicas": 3,
+        "replicas": replicas,
+    }
     return endpoint_record(**{**fields, **changes})
 
 

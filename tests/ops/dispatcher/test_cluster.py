@@ -45,20 +45,44 @@ def job_objects(ns: str, work: str = "job-1") -> list[dict[str, Any]]:
     }
     once = template | {"spec": template["spec"] | {"restartPolicy": "Never"}}
     return [
-        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "quota", **meta},
-         "spec": {"hard": {"requests.nvidia.com/gpu": "2", "pods": "4"}}},
-        {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "limits", **meta},
-         "spec": {"limits": [{"type": "Container", "default": {"cpu": "1"}}]}},
-        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "deny", **meta},
-         "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ranks", **meta},
-         "spec": {"clusterIP": "None", "selector": labels(work)}},
-        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "shard-0", **meta},
-         "spec": {"backoffLimit": 0, "template": once}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "replicas", **meta},
-         "spec": {"selector": {"matchLabels": labels(work)}, "template": template}},
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "quota", **meta},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "2", "pods": "4"}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "LimitRange",
+            "metadata": {"name": "limits", **meta},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "1"}}]},
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "deny", **meta},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "ranks", **meta},
+            "spec": {"clusterIP": "None", "selector": labels(work)},
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "shard-0", **meta},
+            "spec": {"backoffLimit": 0, "template": once},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "replicas", **meta},
+            "spec": {"selector": {"matchLabels": labels(work)}, "template": template},
+        },
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels(work)}},
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture
@@ -177,8 +201,10 @@ async def test_a_failed_pod_shows_its_phase_exit_code_and_log_tail(kube: Kube, c
     await kube.set_pod_phase("rt-acme-job-1", "shard-0-abcde", "Running")
     [running] = await cluster.pods(None, MANAGED)
     assert (running.phase, running.containers[0].state, running.started_at) == (
-        "Running", "running", "2026-01-01T00:00:00Z"
-    )  # fmt: skip
+        "Running",
+        "running",
+        "2026-01-01T00:00:00Z",
+    )
 
     await kube.set_pod_phase("rt-acme-job-1", "shard-0-abcde", "Failed", exit_code=137)
     kube.set_log(

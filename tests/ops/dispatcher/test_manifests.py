@@ -154,8 +154,11 @@ def test_a_process_job_is_one_pinned_indexed_job_per_shard_with_the_agents_envir
     for j, d in zip(jobs, dispatches, strict=True):
         spec = j["spec"]
         assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
-            "Indexed", 1, 1, 0,
-        )  # fmt: skip
+            "Indexed",
+            1,
+            1,
+            0,
+        )
         pod = spec["template"]["spec"]
         assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == {"kubernetes.io/hostname": d.node}
         assert spec["template"]["metadata"]["labels"][names.SHARD] == str(d.command.slot)
@@ -398,8 +401,11 @@ def test_every_pod_is_hardened_and_holds_no_credential(kind: str) -> None:
             assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
             assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-        mounting = [c["name"] for c in pod["initContainers"] + pod["containers"] if any(
-            m["name"] == "inputs" for m in c["volumeMounts"])]  # fmt: skip
+        mounting = [
+            c["name"]
+            for c in pod["initContainers"] + pod["containers"]
+            if any(m["name"] == "inputs" for m in c["volumeMounts"])
+        ]
         assert mounting in ([], ["fetch-inputs"]), "only the fetcher sees the presigned URLs"
     text = json.dumps([o for o in objects if o["kind"] != "Secret"])
     assert "X-Amz-Signature" not in text, "presigned URLs live in the inputs Secret only"
@@ -514,9 +520,14 @@ def test_commands_of_other_work_or_a_second_assignment_of_a_slot_are_refused() -
     with pytest.raises(ManifestError, match="key"):
         endpoint_manifests(endpoint(GPU_ENDPOINT), CTX, api_keys={})
     foreign = StartWork(
-        tenant="acme", work_id="e", work_kind="endpoint", assignment_id="e-s0-e1", slot=0, epoch=1,
+        tenant="acme",
+        work_id="e",
+        work_kind="endpoint",
+        assignment_id="e-s0-e1",
+        slot=0,
+        epoch=1,
         spec=WorkSpec(runtime="process", command=["x"]),
-    )  # fmt: skip
+    )
     with pytest.raises(ManifestError, match="runtime"):
         endpoint_manifests([Dispatch(foreign)], CTX, api_keys={"e-s0-e1": KEY})
 

@@ -40,9 +40,12 @@ def test_an_applied_assignment_whose_objects_vanished_is_lost_and_one_not_yet_ap
     ns = made("acme", "j-1", "job")
     gone, fresh, fine = (Held(f"j-1-s{i}-e1", "acme", "j-1", "job") for i in range(3))
     plan = reconcile(
-        [ns], [gone, fresh, fine], applied={gone.assignment_id, fine.assignment_id},
-        present={fine.assignment_id}, namespace_of=NAMESPACE_OF,
-    )  # fmt: skip
+        [ns],
+        [gone, fresh, fine],
+        applied={gone.assignment_id, fine.assignment_id},
+        present={fine.assignment_id},
+        namespace_of=NAMESPACE_OF,
+    )
     assert plan.lost == (gone,) and plan.delete == ()
 
 
