@@ -364,3 +364,23 @@ def test_the_cycle_finder_finds_a_cycle_and_only_cycles() -> None:
         frozenset({"a", "b"}),
         frozenset({"c", "d"}),
     }
+
+
+def test_no_helper_module_shadows_a_name_the_support_package_defines() -> None:
+    """``tests/support/__init__.py`` is what ``from tests.support import x`` reads; a module
+    ``tests/support/x.py`` would replace that ``x`` on the package as soon as any test imported it, and
+    the tests that ran after it in the same worker would call a module."""
+    support = REPO / "tests" / "support"
+    defined = {
+        node.name
+        for node in ast.parse((support / "__init__.py").read_text()).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    } | {
+        target.id
+        for node in ast.parse((support / "__init__.py").read_text()).body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+    modules = {path.stem for path in support.glob("*.py")} - {"__init__"}
+    assert not defined & modules, f"tests/support modules named like its names: {sorted(defined & modules)}"

@@ -26,7 +26,7 @@ from projections.schedule import Federation, JobRecord
 from schemas.commands import WorkSpec
 from schemas.jobs import FederatedTraining
 from schemas.values import Assignment
-from tests.support.records import job_record
+from tests.support.projection_records import job_record
 
 
 def test_the_project_names_the_server_after_its_host_and_the_kernel_as_admin() -> None:

@@ -24,7 +24,7 @@ from projections.schedule import ScheduleState
 from schemas.jobs import JobResources
 from schemas.values import Assignment, Gpu, GpuTelemetry
 from schemas.workers import MaintenanceWindow, WorkerPolicy
-from tests.support.records import endpoint_record, job_record, worker_record
+from tests.support.projection_records import endpoint_record, job_record, worker_record
 
 S = 1_000_000_000
 

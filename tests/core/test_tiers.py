@@ -15,7 +15,7 @@ from core.tiers import (
 from projections.candidates import tier_of, uptime_30d
 from projections.registry import WorkerRecord
 from schemas.values import Gpu
-from tests.support.records import worker_record
+from tests.support.projection_records import worker_record
 
 S = 1_000_000_000
 DAY = 86_400 * S

@@ -7,7 +7,7 @@ from gateway.autoscaler import Autoscaler, gpu_util
 from gateway.inference import InferenceProxy
 from projections.liveness import LastBeat, LivenessState
 from schemas.values import GpuTelemetry
-from tests.support.records import endpoint_record
+from tests.support.projection_records import endpoint_record
 
 
 def test_gpu_utilisation_is_the_mean_over_the_replicas_workers_reporting_it() -> None:

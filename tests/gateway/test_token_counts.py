@@ -15,7 +15,7 @@ from projections.ledger import LEDGER, evolve
 from schemas.envelope import Recorded
 from schemas.metering import UsageTick
 from schemas.values import Gpu
-from tests.support.records import endpoint_record, worker_record
+from tests.support.projection_records import endpoint_record, worker_record
 
 NOW_MS = 1_780_000_000_000
 

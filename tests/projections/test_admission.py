@@ -30,7 +30,7 @@ from schemas.jobs import JobResources
 from schemas.values import Assignment, GpuTelemetry
 from schemas.workers import WorkerPolicy
 from tests.core.test_placement import NOW, S, host, request
-from tests.support.records import changed, endpoint_record, job_record, worker_record
+from tests.support.projection_records import changed, endpoint_record, job_record, worker_record
 
 replace = msgspec.structs.replace
 _seq = iter(range(1, 1_000_000))

@@ -30,7 +30,7 @@ from projections import gangs
 from projections.schedule import Checkpoint, JobRecord
 from schemas.commands import Rendezvous, StartWork, WorkSpec
 from schemas.values import Assignment
-from tests.support.records import job_record, worker_record
+from tests.support.projection_records import job_record, worker_record
 
 S = 1_000_000_000
 TENANT = f"u{secrets.token_hex(4)}"

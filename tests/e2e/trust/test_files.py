@@ -167,7 +167,7 @@ def _reporter(log: EventLog, s3: Any, tenant: str, fed: Path) -> JobReporter:
 
 def _job(tenant: str, framework: str = "numpy") -> Any:
     from schemas.jobs import FederatedTraining
-    from tests.support.records import job_record
+    from tests.support.projection_records import job_record
 
     training = FederatedTraining(script="scripts/train.py", framework=framework)  # type: ignore[arg-type]
     return job_record(tenant=tenant, job_id="fl-1", name="fl", kind="federated", rounds=2, federated=training)

@@ -22,7 +22,7 @@ from schemas.endpoints import (
 )
 from schemas.values import Assignment, Provenance
 from tests.ops.coordinator.fakes import NOW, FakePresigner, Ticks, World
-from tests.support.records import endpoint_record
+from tests.support.projection_records import endpoint_record
 
 
 class Upkeep:
