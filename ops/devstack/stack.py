@@ -46,7 +46,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -128,8 +128,7 @@ def up(
                 return _fail(f"start-up failed: {type(exc).__name__}: {exc}")
             raise
         trap.raising = False  # from here on a signal asks for a clean stop
-        stack.mark_ready(supervised=foreground)
-        stack.announce(foreground)
+        stack.mark_ready(supervised=foreground, announce=lambda: stack.announce(foreground))
         if not foreground:
             return 0
         stack.supervise(trap.stop)
@@ -291,10 +290,12 @@ class _Stack:
         )
         return ["--enroll-token", token, "--gateway", url]
 
-    def mark_ready(self, supervised: bool) -> None:
-        """Write dev.env and mark stack.json ready; unsupervised, ``down`` signals each process."""
+    def mark_ready(self, supervised: bool, announce: Callable[[], None]) -> None:
+        """Write dev.env, ``announce`` what runs where, then mark stack.json ready (unsupervised,
+        ``down`` signals each process): whoever waits on "ready" finds the URLs already printed."""
         self._supervised = supervised
         write_private(self.data_dir / ENV_FILE, _env_file_text(self.env))
+        announce()
         self._record(ready=True)
 
     def announce(self, foreground: bool) -> None:
