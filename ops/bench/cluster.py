@@ -145,7 +145,7 @@ async def next_ack(
     cluster: NatsCluster, writer: Writer, leader: int, killed_at: float, kill: int
 ) -> float | None:
     """When the first append sent after the kill was acknowledged; ``None`` when the survivors elected
-    no leader within :data:`STALL_S` and the killed node had to be started again (see README)."""
+    no leader within :data:`STALL_S` and the killed node had to be started again (see docs/cluster.md)."""
     restarted = False
     while (acked := writer.first_ack_after(killed_at)) is None:
         if time.monotonic() - killed_at > STALL_S and not restarted:

@@ -65,7 +65,7 @@ def process_peak_rss_mb(pid: int) -> float:
 
 
 def machine() -> dict[str, Any]:
-    """Cores and CPU model, for the README's performance table."""
+    """Cores and CPU model, for docs/performance.md."""
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

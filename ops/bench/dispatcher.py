@@ -5,7 +5,7 @@ cluster, against applying the same objects straight to the same API server.
 
 A private nats-server, the intake and a coordinator in this process, the dispatcher (polling every
 0.1 s) and kmock as the cluster, with two GPU nodes (the emulator of ``tests/support/kube.py``: no real API
-server is packaged for this machine; see the README). Per trial a 2-shard DDP job is submitted; the
+server is packaged for this machine; see docs/dispatcher.md). Per trial a 2-shard DDP job is submitted; the
 clock runs from the store time of its ``job.placed`` to the moment the emulator holds both shards'
 Jobs (checked every 2 ms); then the job is cancelled as the gateway cancels it and the clock runs to
 its namespace's deletion. The baseline, in the same run: the very objects the dispatcher made for

@@ -1,6 +1,6 @@
 """Quantiles as the benchmarks quote them.
 
-Two definitions, each kept as the figures already quoted in the README were computed:
+Two definitions, each kept as the figures already quoted in docs/performance.md were computed:
 :func:`nearest_rank` (the schedule benchmark's) and :func:`percentile` (the gateway benchmark's,
 the value at index ``int(q * n)``). They differ by at most one rank.
 """
