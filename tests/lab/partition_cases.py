@@ -111,6 +111,7 @@ async def _partition(
     stop_writer, stop_minority = asyncio.Event(), asyncio.Event()
     writing = asyncio.gather(writer.run(stop_writer), roamer.run(stop_writer))
     probing: asyncio.Task[None] | None = None
+    roamed_to = ""
     try:
         await minority.control()
         tried, acked, outcomes = len(minority.attempted), len(minority.acked), Counter(minority.outcomes)
@@ -134,6 +135,7 @@ async def _partition(
                 "the majority's acknowledgements during the partition",
             )
             await _until(lambda: roamer.acked_between(moved_by) > 0, "the roamer's first acknowledgement")
+            roamed_to = roamer.connected_to  # where it is while the cut holds: after the heal it may go back
             result["leader_during"] = (await _info_via(cluster.nodes, avoid=victim))["cluster"]["leader"]
             stop_minority.set()
             await probing
@@ -160,6 +162,7 @@ async def _partition(
             await probing
     first_ack = min((t for t, _, _ in roamer.acks if t >= moved_by), default=None)
     result["roamer"] = {
+        "connected_during_partition": roamed_to,
         "connected_to": roamer.connected_to,
         "acked_during_partition": roamer.acked_between(moved_by, healed_at),
         "first_ack_after_cut_s": None if first_ack is None else round(first_ack - cut_at, 2),

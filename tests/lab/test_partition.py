@@ -90,7 +90,8 @@ def _problems(case: dict[str, Any]) -> list[str]:
     if writer["acked_during_partition"] < MAJORITY_ACKS or writer["acked_after_heal"] < MAJORITY_ACKS:
         problems.append(f"the majority did not go on: {writer}")
     roamer = case["roamer"]
-    if roamer["acked_during_partition"] == 0 or roamer["connected_to"] == minority["victim_address"]:
+    stayed = roamer["connected_during_partition"] == minority["victim_address"]
+    if roamer["acked_during_partition"] == 0 or stayed:
         problems.append(f"the roaming client did not move to the majority: {roamer}")
     if case["victim_role"] == "leader" and case["leader_during"] in (victim, None):
         problems.append(f"no new leader during the partition (leader: {case['leader_during']})")
