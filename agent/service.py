@@ -34,6 +34,10 @@ Life of an agent:
 5. On SIGTERM or SIGINT it stops taking commands, stops every workload (SIGTERM, then SIGKILL after
    ``stop_grace_s``), reports them failed with ``retryable=True`` so the kernel re-places them at once,
    and exits 0. Workloads never outlive their agent unmetered.
+
+One module past 500 lines on purpose: ``Agent`` is one lifecycle (register, take commands, run,
+report, stop) whose methods share its state; the pieces that stand alone already live beside it
+(:mod:`agent.commands`, :mod:`agent.reports`, :mod:`agent.state`, the runtimes).
 """
 
 from __future__ import annotations

@@ -371,13 +371,12 @@ def test_no_helper_module_shadows_a_name_the_support_package_defines() -> None:
     ``tests/support/x.py`` would replace that ``x`` on the package as soon as any test imported it, and
     the tests that ran after it in the same worker would call a module."""
     support = REPO / "tests" / "support"
+    body = ast.parse((support / "__init__.py").read_text()).body
     defined = {
-        node.name
-        for node in ast.parse((support / "__init__.py").read_text()).body
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        node.name for node in body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
     } | {
         target.id
-        for node in ast.parse((support / "__init__.py").read_text()).body
+        for node in body
         if isinstance(node, ast.Assign | ast.AnnAssign)
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         if isinstance(target, ast.Name)
