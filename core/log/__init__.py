@@ -7,17 +7,26 @@ idempotent, the expected-sequence headers that turn a lost race into
 quarantine of stored bytes that no longer decode. The vocabulary its callers share (header names,
 :class:`~core.wire.Position`, event ids) lives in :mod:`core.wire`, which imports no nats-py.
 
-:class:`EventLog` is the one entry point; its parts, by role:
+:class:`EventLog` (:mod:`core.log.event_log`) is the one entry point: every public method of the
+log is defined on it, and each delegates to the module that holds its machinery. It is a
+:class:`~core.log.connection.LogConnection`, its one base class; the other modules are not mixins
+but plain functions and small classes, each given what it uses (the JetStream context, the publish
+path, the node check) by :class:`EventLog`. The modules, by role:
 
-* :mod:`core.log.connection`: connecting, the reply inbox appends are acknowledged on, closing;
+* :mod:`core.log.event_log`: :class:`EventLog`, the public methods;
+* :mod:`core.log.connection`: connecting, the reply inbox appends are acknowledged on, the publish
+  path, a stream's bounds, moving away from a silent node, closing;
 * :mod:`core.log.acks`: acknowledgements settled on futures (:class:`~core.log.acks.AckTracker`,
   instead of nats-py's ``publish_async``);
+* :mod:`core.log.group_commit`: appends to one stream that wait together sent as one atomic batch;
 * :mod:`core.log.frames`: protocol frames built and cut directly: atomic batches, delivery reply
   subjects, and the raw tap the scan reads through;
-* :mod:`core.log.appending`: appends, one at a time or many in flight; every append not
-  acknowledged within ``ack_timeout_s`` fails with :class:`~core.errors.AppendTimeout`;
-* :mod:`core.log.scan`: the raw, ordered scan that projections rebuild with;
-* :mod:`core.log.reading`: decoded reads: the last event on a subject, replay, watch and follow;
+* :mod:`core.log.appending`: an append's headers and subject check, and its retries while nothing
+  answers; many appends in flight, in order. Every append not acknowledged within
+  ``ack_timeout_s`` fails with :class:`~core.errors.AppendTimeout`;
+* :mod:`core.log.scan`: the raw, ordered scan that projections rebuild with
+  (:class:`~core.log.scan.Scanner`, which keeps the connection's raw tap);
+* :mod:`core.log.reading`: decoded reads: the last event on a subject, replay, watch;
 * :mod:`core.log.decoding`: stored bytes to events, and QUARANTINE (written with its reasons by
   :meth:`EventLog.quarantine_now`, read with them by :meth:`EventLog.quarantined`);
 * :mod:`core.log.queues`: the work queues: agents' claims on INTAKE (:meth:`EventLog.pull`) and

@@ -1,16 +1,20 @@
 """Appending events: idempotent by message id, conditional on an expected sequence, one at a time or
-many in flight, each acknowledged (or failed) within the log's acknowledgement time-out."""
+many in flight, each acknowledged (or failed) within the log's acknowledgement time-out.
+
+Plain functions given how to publish (:data:`Publish`) and how to check a silent node;
+:class:`core.log.EventLog`'s appends delegate to them. An append that nothing answers is retried
+with the same message id while its stream elects a leader (:func:`patience`)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from core.errors import InvalidInput, NoResponders, ResontechError
-from core.log.connection import LogConnection, Patience
+from core.log.connection import Patience
 from core.streams import stream_for_subject, subject_mismatch
 from core.wire import (
     EXPECTED_LAST_SUBJECT_SEQ,
@@ -35,148 +39,117 @@ _FIRST_S, _MAX_S = 0.025, 0.5
 DEFAULT_MAX_IN_FLIGHT = 8192
 
 
-class Appending(LogConnection):
-    """The appends of :class:`core.log.EventLog`."""
+Publish = Callable[[str, bytes, dict[str, str], int | None], Awaitable[asyncio.Future[Position]]]
+"""How an append goes out: (subject, data, headers, expected sequence) to the future of its position
+(:meth:`core.log.connection.LogConnection._publish`)."""
 
-    async def append(
-        self,
-        subject: str,
-        event: Event,
-        *,
-        event_id: str | None = None,
-        expected_seq: int | None = None,
-        expected_filter: str | None = None,
-    ) -> Position:
-        """Append one event and wait for the server's acknowledgement.
 
-        Args:
-            subject: the full subject (build it with :mod:`core.streams`).
-            event: the event.
-            event_id: the event's unique id (``Nats-Msg-Id``); generate once and reuse on retry, so
-                that a retried append is stored once. Default: a new id.
-            expected_seq: append only if the last sequence on ``subject`` (or on
-                ``expected_filter``) is exactly this; 0 means "nothing there yet".
-            expected_filter: a subject filter, possibly with wildcards, that the expected-sequence
-                check spans (``job.acme.j1.>``: "no event of this job since I read it").
+def append_headers(event_id: str, expected_seq: int | None, expected_filter: str | None) -> dict[str, str]:
+    """An append's headers: its message id and, when given, the expected last sequence on its
+    subject (or on ``expected_filter``).
 
-        Raises:
-            ConcurrencyConflict: the expected sequence did not match; re-read and re-decide.
-            AppendTimeout: no acknowledgement within ``ack_timeout_s``; retry with the same id.
-            AppendRejected: the server refused the message; :class:`~core.errors.NoResponders` when
-                nothing answered for :data:`NO_RESPONDERS_RETRY_S` (no stream captures the subject),
-                or for :data:`LEADERLESS_RETRY_S` on a stream of ours (it has no leader).
-        """
-        headers = {MSG_ID: event_id or new_event_id()}
-        if expected_seq is not None:
-            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
-            if expected_filter is not None:
-                headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_filter
-        elif expected_filter is not None:
-            raise ValueError("expected_filter needs expected_seq")
-        ours = _check_subject(subject, event)
-        data = encode(event)
-        patience: Patience | None = None
-        while True:
-            future = await self._publish(subject, data, headers, expected_seq)
-            try:
-                return await future
-            except NoResponders:
-                # Nothing was stored; the same message id makes the retry safe in any case.
-                patience = patience or self._patience(ours)
-                if not await patience.wait():
-                    raise
+    Raises:
+        ValueError: ``expected_filter`` without ``expected_seq``.
+    """
+    headers = {MSG_ID: event_id}
+    if expected_seq is not None:
+        headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
+        if expected_filter is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_filter
+    elif expected_filter is not None:
+        raise ValueError("expected_filter needs expected_seq")
+    return headers
 
-    async def submit(
-        self, subject: str, event: Event, *, event_id: str, expected_seq: int | None = None
-    ) -> asyncio.Future[Position]:
-        """Publish one event and return the future of its acknowledgement, without waiting for it:
-        appends submitted one after another are stored in that order (one connection), and their
-        acknowledgements overlap. The future fails as one attempt of :meth:`append` would (a stream
-        without a leader is not waited for).
-        """
-        _check_subject(subject, event)
-        headers = {MSG_ID: event_id}
-        if expected_seq is not None:
-            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
-        return await self._publish(subject, encode(event), headers, expected_seq)
 
-    async def append_many(
-        self,
-        items: Iterable[tuple[str, Event] | tuple[str, Event, str]],
-        *,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-    ) -> list[Position]:
-        """Append many independent events at a high rate, in order, with bounded publishes in flight.
+async def until_answered(
+    publish: Publish,
+    silent: Callable[[], None],
+    message: Message,
+    expected_seq: int | None,
+) -> Position:
+    """Publish one append and wait for its acknowledgement; one that nothing answered is sent again
+    (same message id) for as long as :func:`patience` allows.
 
-        Each item is ``(subject, event)`` or ``(subject, event, event_id)``. Returns their positions
-        in the same order. Every acknowledgement has the log's time-out. A batch waits out a stream
-        with no leader as :meth:`append` does (the events from the first one nothing answered are
-        sent again, with the same ids); an election in the middle of a batch can store an event
-        after a later one that was answered before it.
-
-        Raises:
-            AppendTimeout / AppendRejected: the first failure; earlier events are stored, later ones
-                may or may not be. Retrying the whole batch with the same event ids is safe.
-        """
-        messages = [_message(item) for item in items]
-        positions: list[Position] = []
-        patience: Patience | None = None
-        while True:
-            stored, failure = await self._in_order(messages, len(positions), max_in_flight)
-            positions += stored
-            if failure is None:
-                return positions
-            if not isinstance(failure, NoResponders):
-                raise failure
-            patience = patience or self._patience(messages[len(positions)][3])
-            if not await patience.wait():
-                raise failure
-
-    async def _in_order(
-        self, messages: list[Message], start: int, max_in_flight: int
-    ) -> tuple[list[Position], ResontechError | None]:
-        """Publish ``messages[start:]`` with at most ``max_in_flight`` unanswered; the positions of those
-        stored before the first failure, and that failure (``None``: all stored)."""
-        futures: list[asyncio.Future[Position]] = []
-        window: deque[asyncio.Future[Position]] = deque()
-        publish = self._publish
-        failure: ResontechError | None = None
+    Raises:
+        AppendTimeout / AppendRejected / ConcurrencyConflict: as :meth:`core.log.EventLog.append`.
+    """
+    subject, data, headers, ours = message
+    waiting: Patience | None = None
+    while True:
+        future = await publish(subject, data, headers, expected_seq)
         try:
-            for subject, data, headers, _ in itertools.islice(messages, start, None):
-                future = await publish(subject, data, headers)
-                futures.append(future)
-                window.append(future)
-                if len(window) >= max_in_flight:
-                    await window.popleft()
-                    while window and window[0].done():
-                        window.popleft().result()
-        except ResontechError as exc:  # publishing stops at a failure; which one came first is below
-            failure = exc
-        except BaseException:
-            for future in futures:
-                future.add_done_callback(_consume)
-            raise
-        stored: list[Position] = []
-        for i, future in enumerate(futures):
-            try:
-                stored.append(await future)
-            except ResontechError as exc:
-                for later in futures[i + 1 :]:  # consumed, so that none is "never retrieved"
-                    later.add_done_callback(_consume)
-                return stored, exc
-        return stored, failure
+            return await future
+        except NoResponders:
+            # Nothing was stored; the same message id makes the retry safe in any case.
+            waiting = waiting or patience(ours, silent)
+            if not await waiting.wait():
+                raise
 
-    def _patience(self, ours: bool) -> Patience:
-        """How long an append waits for a stream that nothing answers: :data:`LEADERLESS_RETRY_S` for
-        a stream of ours (it is electing a leader, or the node is cut off from it: the node is
-        checked), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of ours captures."""
-        if ours:
-            return Patience(LEADERLESS_RETRY_S, first_s=_FIRST_S, max_s=_MAX_S, silent=self._silent)
-        return Patience(NO_RESPONDERS_RETRY_S, first_s=_FIRST_S, max_s=_MAX_S)
 
-    async def publish_raw(self, subject: str, data: bytes, event_id: str | None = None) -> Position:
-        """Store bytes as they are (no encoding): for tools and tests that write foreign messages."""
-        return await (await self._publish(subject, data, {MSG_ID: event_id or new_event_id()}))
+async def append_in_order(
+    publish: Publish, silent: Callable[[], None], messages: list[Message], max_in_flight: int
+) -> list[Position]:
+    """Publish ``messages`` in order with at most ``max_in_flight`` unanswered; from the first that
+    nothing answered they are sent again (same ids) for as long as :func:`patience` allows.
+
+    Raises:
+        AppendTimeout / AppendRejected: the first failure (see :meth:`core.log.EventLog.append_many`).
+    """
+    positions: list[Position] = []
+    waiting: Patience | None = None
+    while True:
+        stored, failure = await _in_order(publish, messages, len(positions), max_in_flight)
+        positions += stored
+        if failure is None:
+            return positions
+        if not isinstance(failure, NoResponders):
+            raise failure
+        waiting = waiting or patience(messages[len(positions)][3], silent)
+        if not await waiting.wait():
+            raise failure
+
+
+async def _in_order(
+    publish: Publish, messages: list[Message], start: int, max_in_flight: int
+) -> tuple[list[Position], ResontechError | None]:
+    """Publish ``messages[start:]`` with at most ``max_in_flight`` unanswered; the positions of those
+    stored before the first failure, and that failure (``None``: all stored)."""
+    futures: list[asyncio.Future[Position]] = []
+    window: deque[asyncio.Future[Position]] = deque()
+    failure: ResontechError | None = None
+    try:
+        for subject, data, headers, _ in itertools.islice(messages, start, None):
+            future = await publish(subject, data, headers, None)
+            futures.append(future)
+            window.append(future)
+            if len(window) >= max_in_flight:
+                await window.popleft()
+                while window and window[0].done():
+                    window.popleft().result()
+    except ResontechError as exc:  # publishing stops at a failure; which one came first is below
+        failure = exc
+    except BaseException:
+        for future in futures:
+            future.add_done_callback(_consume)
+        raise
+    stored: list[Position] = []
+    for i, future in enumerate(futures):
+        try:
+            stored.append(await future)
+        except ResontechError as exc:
+            for later in futures[i + 1 :]:  # consumed, so that none is "never retrieved"
+                later.add_done_callback(_consume)
+            return stored, exc
+    return stored, failure
+
+
+def patience(ours: bool, silent: Callable[[], None]) -> Patience:
+    """How long an append waits for a stream that nothing answers: :data:`LEADERLESS_RETRY_S` for
+    a stream of ours (it is electing a leader, or the node is cut off from it: ``silent`` checks
+    the node), :data:`NO_RESPONDERS_RETRY_S` for a subject no stream of ours captures."""
+    if ours:
+        return Patience(LEADERLESS_RETRY_S, first_s=_FIRST_S, max_s=_MAX_S, silent=silent)
+    return Patience(NO_RESPONDERS_RETRY_S, first_s=_FIRST_S, max_s=_MAX_S)
 
 
 Message = tuple[str, bytes, dict[str, str], bool]
@@ -184,12 +157,17 @@ Message = tuple[str, bytes, dict[str, str], bool]
 its subject. A plain tuple: a batch makes one per event."""
 
 
-def _message(item: tuple[str, Event] | tuple[str, Event, str]) -> Message:
+def message(item: tuple[str, Event] | tuple[str, Event, str]) -> Message:
+    """One item of :meth:`core.log.EventLog.append_many` as it goes on the wire (a new id if none).
+
+    Raises:
+        InvalidInput: the event is not the one its subject names.
+    """
     event_id = item[2] if len(item) == 3 else new_event_id()
-    return item[0], encode(item[1]), {MSG_ID: event_id}, _check_subject(item[0], item[1])
+    return item[0], encode(item[1]), {MSG_ID: event_id}, check_subject(item[0], item[1])
 
 
-def _check_subject(subject: str, event: Event) -> bool:
+def check_subject(subject: str, event: Event) -> bool:
     """Refuse an event whose type is not the one its subject names (see :func:`subject_mismatch`);
     whether a stream of ours captures ``subject`` (one that does not is left to the server: no
     responders)."""

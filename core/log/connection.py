@@ -1,5 +1,10 @@
 """The log's connection to NATS: connecting with the deployment's credentials, the reply inbox that
-JetStream acknowledges appends on, and closing without dropping an append in flight."""
+JetStream acknowledges appends on, the publish path every append takes, a stream's bounds, moving
+away from a silent node, and closing without dropping an append in flight.
+
+:class:`LogConnection` is the one base class of :class:`core.log.EventLog`; the other modules of
+the package are given what they use of it (its JetStream context, its publish path, its node
+check) rather than inheriting it."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from nats.js import api
 
 from core.errors import LogUnavailable
 from core.log.acks import AckTracker
-from core.log.frames import RawTap, batch_frames
+from core.log.frames import batch_frames
 from core.log.group_commit import GroupCommit
 from core.settings import Settings
 from core.wire import Position
@@ -74,8 +79,8 @@ class Bounds(NamedTuple):
 
 
 class LogConnection:
-    """One NATS connection, its JetStream context and its acknowledgement inbox: what every part of
-    :class:`core.log.EventLog` shares.
+    """One NATS connection, its JetStream context and its acknowledgement inbox: the base of
+    :class:`core.log.EventLog`, whose methods hand these to the package's functions.
 
     Appends are published with a reply subject on the log's own inbox and matched to their
     acknowledgements by :class:`core.log.acks.AckTracker` (see :mod:`core.log.acks` for why not nats-py's
@@ -93,7 +98,6 @@ class LogConnection:
         self._inbox = ""
         self._tokens = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
-        self._raw_tap: RawTap | None = None
         self._group = GroupCommit(self._publish_now, self._publish_batch) if settings.group_commit else None
         self._acks.on_expired = self._silent
         self._may_move = len(settings.nats_url.split(",")) > 1 and not settings.nats_js_api_prefix

@@ -1,6 +1,9 @@
 """Taking messages off work-queue streams: agents' claims on INTAKE (:meth:`EventLog.pull`, raw,
 for the intake to check) and each worker's commands on COMMANDS (:meth:`EventLog.commands`,
-decoded). A message leaves its queue only when acknowledged."""
+decoded). A message leaves its queue only when acknowledged.
+
+Plain async generators on a JetStream context, which :class:`core.log.EventLog`'s ``pull`` and
+``commands`` return; :class:`Pulled` is what ``pull`` hands out."""
 
 from __future__ import annotations
 
@@ -11,95 +14,82 @@ from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from core.clock import ns_of
-from core.log.decoding import Decoding
+from core.log.decoding import DecodeRecord
 from core.log.scan import all_subjects
 from core.streams import command_consumer, command_subject
 from core.wire import MSG_ID
 from schemas.envelope import Recorded
 
 
-class WorkQueues(Decoding):
-    """The work-queue consumers of :class:`core.log.EventLog`."""
+async def pull(
+    js: JetStreamContext, stream: str, durable: str, *, batch: int, wait_s: float
+) -> AsyncGenerator[list[Pulled], None]:
+    """:meth:`core.log.EventLog.pull` on ``js``: batches of up to ``batch`` messages, an empty one
+    after ``wait_s`` without any (or while disconnected)."""
+    sub = await js.pull_subscribe(
+        all_subjects(stream),
+        durable=durable,
+        stream=stream,
+        config=api.ConsumerConfig(ack_wait=60.0, max_ack_pending=20_000),
+    )
+    try:
+        while True:
+            try:
+                messages = await sub.fetch(batch, timeout=wait_s)
+            except (TimeoutError, nats.errors.TimeoutError):
+                messages = []
+            except nats.errors.Error:
+                await asyncio.sleep(wait_s)  # disconnected: nats-py reconnects by itself
+                messages = []
+            yield [Pulled(msg) for msg in messages]
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
 
-    async def pull(
-        self, stream: str, durable: str, *, batch: int = 256, wait_s: float = 1.0
-    ) -> AsyncGenerator[list[Pulled], None]:
-        """Yield batches of undecoded messages from the durable pull consumer ``durable`` on a
-        work-queue ``stream`` (created if missing), forever; an empty batch after ``wait_s`` without
-        any. Each message leaves the stream once acknowledged (:meth:`Pulled.ack`); one not
-        acknowledged within 60 s is delivered again, to this consumer or another instance sharing it.
-        """
-        sub = await self._js.pull_subscribe(
-            all_subjects(stream),
-            durable=durable,
-            stream=stream,
-            config=api.ConsumerConfig(ack_wait=60.0, max_ack_pending=20_000),
-        )
-        try:
-            while True:
-                try:
-                    messages = await sub.fetch(batch, timeout=wait_s)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    messages = []
-                except nats.errors.Error:
-                    await asyncio.sleep(wait_s)  # disconnected: nats-py reconnects by itself
-                    messages = []
-                yield [Pulled(msg) for msg in messages]
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
 
-    async def commands(
-        self, worker_id: str, *, batch: int = 16, wait_s: float = 1.0
-    ) -> AsyncGenerator[tuple[Recorded[Any], Callable[[], Awaitable[None]]], None]:
-        """Yield the commands addressed to one worker, each with its ``ack``, oldest first, forever.
-
-        Commands wait on the worker's durable consumer (``agent-<worker_id>`` on COMMANDS, a work
-        queue): they survive the agent's restarts and reconnects, and a command leaves the queue
-        only when acknowledged. A command not acknowledged within 30 s (or handed back when the
-        iterator is closed) is delivered again, so
-        handlers must be idempotent by command id (``Recorded.msg_id``). A command that fails to
-        decode is quarantined and acknowledged.
-        """
-        subject = command_subject(worker_id)
-        decode_record = self.record_decoder("COMMANDS")
-        sub = await self._js.pull_subscribe(
-            subject,
-            durable=command_consumer(worker_id),
-            stream="COMMANDS",
-            config=api.ConsumerConfig(ack_wait=30.0, max_ack_pending=1000),
-        )
-        messages: list[Msg] = []
-        try:
-            while True:
-                try:
-                    messages = await sub.fetch(batch, timeout=wait_s)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except nats.errors.Error:
-                    await asyncio.sleep(wait_s)  # disconnected: nats-py reconnects by itself
-                    continue
-                for msg in messages:
-                    meta = msg.metadata
-                    time_ns = ns_of(meta.timestamp)
-                    msg_id = (msg.headers or {}).get(MSG_ID, "")
-                    record = decode_record(msg.subject, meta.sequence.stream, time_ns, msg_id, msg.data)
-                    if record is None:
-                        await msg.ack()
-                        continue
-                    yield record, msg.ack
-        finally:
-            # Handed out but not acknowledged (the agent is stopping): back to the queue now rather
-            # than after the ack wait.
+async def commands(
+    js: JetStreamContext, worker_id: str, decode_record: DecodeRecord, *, batch: int, wait_s: float
+) -> AsyncGenerator[tuple[Recorded[Any], Callable[[], Awaitable[None]]], None]:
+    """:meth:`core.log.EventLog.commands` on ``js``, each command decoded with ``decode_record``
+    (one it quarantines instead is acknowledged and skipped)."""
+    subject = command_subject(worker_id)
+    sub = await js.pull_subscribe(
+        subject,
+        durable=command_consumer(worker_id),
+        stream="COMMANDS",
+        config=api.ConsumerConfig(ack_wait=30.0, max_ack_pending=1000),
+    )
+    messages: list[Msg] = []
+    try:
+        while True:
+            try:
+                messages = await sub.fetch(batch, timeout=wait_s)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except nats.errors.Error:
+                await asyncio.sleep(wait_s)  # disconnected: nats-py reconnects by itself
+                continue
             for msg in messages:
-                if not msg._ackd:
-                    with contextlib.suppress(Exception):
-                        await msg.nak()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                meta = msg.metadata
+                time_ns = ns_of(meta.timestamp)
+                msg_id = (msg.headers or {}).get(MSG_ID, "")
+                record = decode_record(msg.subject, meta.sequence.stream, time_ns, msg_id, msg.data)
+                if record is None:
+                    await msg.ack()
+                    continue
+                yield record, msg.ack
+    finally:
+        # Handed out but not acknowledged (the agent is stopping): back to the queue now rather
+        # than after the ack wait.
+        for msg in messages:
+            if not msg._ackd:
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
 
 
 class Pulled:

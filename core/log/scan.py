@@ -5,6 +5,10 @@ here, so a scan reads an acknowledgement-free pull consumer in batches, and
 :class:`core.log.frames.RawTap` takes its messages off the connection's parser as bytes (about 3 us a
 message, ~250k/s); where the tap cannot attach, nats-py's ordered push consumer. A work-queue
 stream is read by sequence instead: a consumer would take its messages away.
+
+:class:`Scanner` is a small class, not a mixin: :class:`core.log.EventLog` builds one with what a scan
+uses (the NATS client and its JetStream context, the stream bounds, the node check) and its
+:meth:`~core.log.EventLog.scan`, ``replay`` and ``replay_raw`` go through it.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from core.clock import NS_PER_S, ns_of
 from core.errors import LogUnavailable
-from core.log.connection import ELECTION_S, UNANSWERED, LogConnection, Patience
+from core.log.connection import ELECTION_S, UNANSWERED, Bounds, Patience
 from core.log.frames import Frame, RawTap, Sink, parse_reply
 from core.streams import BY_NAME
 from core.wire import MSG_ID
@@ -42,8 +47,24 @@ _SCAN_CONSUMER_IDLE_S = 60.0
 """The server deletes a scan's consumer by itself this long after its last request (a crashed scan)."""
 
 
-class Scanning(LogConnection):
-    """The scans of :class:`core.log.EventLog`."""
+class Scanner:
+    """The scans of one connection (:meth:`core.log.EventLog.scan`), given what they use: the NATS
+    client (its parser tapped, inboxes for pull consumers), its JetStream context, the JetStream API
+    prefix, the stream bounds a scan ends at (:meth:`~core.log.connection.LogConnection.stream_bounds`)
+    and the node check to tell when nothing answers."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        *,
+        api_prefix: str,
+        bounds: Callable[[str], Awaitable[Bounds]],
+        silent: Callable[[], None],
+    ) -> None:
+        self.nc, self.js, self.api_prefix = nc, js, api_prefix
+        self.bounds, self.silent = bounds, silent
+        self._raw_tap: RawTap | None = None
 
     async def scan(
         self,
@@ -67,7 +88,7 @@ class Scanning(LogConnection):
         """
         if BY_NAME[stream].retention == "workqueue":
             return await self._scan_work_queue(stream, on_message, start_seq=start_seq, until_seq=until_seq)
-        bounds = await self.stream_bounds(stream)
+        bounds = await self.bounds(stream)
         end = bounds.last_seq if until_seq is None else min(until_seq, bounds.last_seq)
         if end < max(start_seq, bounds.first_seq, 1):
             return 0
@@ -80,7 +101,7 @@ class Scanning(LogConnection):
             subjects=subjects,
         )
         if self._raw_tap is None:
-            self._raw_tap = RawTap.attach(self._nc)
+            self._raw_tap = RawTap.attach(self.nc)
         tap = self._raw_tap
         if tap is None:
             return await self._scan_ordered(read, on_message)
@@ -108,7 +129,7 @@ class Scanning(LogConnection):
         last = 0  # the sequence of the last message delivered
         count = 0
         consumer: _PullConsumer | None = None
-        catching_up = _CatchUp(self, read)
+        catching_up = _CatchUp(self.js, read)
         try:
             while True:
                 if consumer is not None:
@@ -176,7 +197,7 @@ class Scanning(LogConnection):
                 done.set_result(None)
 
         config = read.consumer_config(0)
-        sub = await self._js.subscribe(
+        sub = await self.js.subscribe(
             read.subjects or all_subjects(read.stream),
             stream=read.stream,
             cb=deliver,
@@ -206,12 +227,12 @@ class Scanning(LogConnection):
         until_seq: int | None,
     ) -> int:
         """Read a work-queue stream by sequence (direct get): a consumer would take the messages away."""
-        bounds = await self.stream_bounds(stream)
+        bounds = await self.bounds(stream)
         last = bounds.last_seq if until_seq is None else min(until_seq, bounds.last_seq)
         count = 0
         for seq in range(max(start_seq, bounds.first_seq), last + 1):
             try:
-                raw = await self._js.get_msg(stream, seq=seq, direct=True)
+                raw = await self.js.get_msg(stream, seq=seq, direct=True)
             except nats.js.errors.NotFoundError:
                 continue  # acknowledged by its worker and removed
             time_ns = ns_of(raw.time)
@@ -275,23 +296,20 @@ class _PullConsumer:
     """
 
     def __init__(
-        self, log: LogConnection, tap: RawTap, sub: Any, inbox: str, stream: str, name: str, target: int
+        self, scanner: Scanner, tap: RawTap, sub: Any, inbox: str, stream: str, name: str, target: int
     ) -> None:
-        self._log, self._tap, self._sub, self._inbox = log, tap, sub, inbox
+        self._scanner, self._tap, self._sub, self._inbox = scanner, tap, sub, inbox
         self._stream, self.name = stream, name
-        prefix = log.settings.nats_js_api_prefix or api.DEFAULT_PREFIX
-        self._next = f"{prefix}.CONSUMER.MSG.NEXT.{stream}.{name}"
+        self._next = f"{scanner.api_prefix}.CONSUMER.MSG.NEXT.{stream}.{name}"
         self.target = target
         self.requested = 0
         self.delivered = 0
 
     @classmethod
-    async def open(
-        cls, log: LogConnection, tap: RawTap, read: _Read, after: int, sink: Sink
-    ) -> _PullConsumer:
+    async def open(cls, scanner: Scanner, tap: RawTap, read: _Read, after: int, sink: Sink) -> _PullConsumer:
         """Create the consumer, starting after sequence ``after`` (0: where the scan starts), its
         inbox tapped into ``sink``."""
-        nc = log._nc
+        nc = scanner.nc
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         tap.add(sub._id, sink)
@@ -301,7 +319,7 @@ class _PullConsumer:
         config.num_replicas = 1
         config.inactive_threshold = _SCAN_CONSUMER_IDLE_S
         try:
-            info = await _add_consumer(log, read.stream, config)
+            info = await _add_consumer(scanner, read.stream, config)
         except BaseException:
             tap.remove(sub._id)
             with contextlib.suppress(Exception):
@@ -310,7 +328,7 @@ class _PullConsumer:
         target = int(info.num_pending or 0)
         if after or read.start_time is None:  # no more than the sequences up to the scan's end
             target = min(target, read.end - (after + 1 if after else read.start_seq) + 1)
-        return cls(log, tap, sub, inbox, read.stream, info.name, max(0, target))
+        return cls(scanner, tap, sub, inbox, read.stream, info.name, max(0, target))
 
     async def request_ahead(self) -> None:
         """Ask for more messages while fewer than :data:`_SCAN_AHEAD` batches are outstanding."""
@@ -318,7 +336,7 @@ class _PullConsumer:
         while self.requested < self.target and self.requested - self.delivered <= room:
             batch = min(_SCAN_BATCH, self.target - self.requested)
             body = b'{"batch":%d,"expires":%d}' % (batch, _SCAN_REQUEST_EXPIRES_NS)
-            await self._log._nc.publish(self._next, body, reply=self._inbox)
+            await self._scanner.nc.publish(self._next, body, reply=self._inbox)
             self.requested += batch
 
     async def close(self) -> None:
@@ -327,7 +345,7 @@ class _PullConsumer:
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
         with contextlib.suppress(Exception):
-            await self._log._js.delete_consumer(self._stream, self.name)
+            await self._scanner.js.delete_consumer(self._stream, self.name)
 
 
 class _Outcome(enum.Enum):
@@ -407,8 +425,8 @@ class _CatchUp:
     new consumer; one that delivers nothing for :data:`_CATCH_UP_S` raises :class:`LogUnavailable`.
     """
 
-    def __init__(self, log: LogConnection, read: _Read) -> None:
-        self._log, self._read = log, read
+    def __init__(self, js: JetStreamContext, read: _Read) -> None:
+        self._js, self._read = js, read
         self._last = -1
         self._waiting_since = 0.0
         self._pause = 0.05
@@ -444,24 +462,24 @@ class _CatchUp:
         subjects = read.subjects or all_subjects(read.stream)
         if last == 0 and read.start_time is not None:
             # nothing delivered from a start time: is the newest message the scan takes recent enough?
-            newest = await self._log._js.get_msg(read.stream, subject=subjects)
+            newest = await self._js.get_msg(read.stream, subject=subjects)
             return ns_of(newest.time) >= ns_of(read.start_time)
         after = last + 1 if last else read.start_seq
-        found = await self._log._js.get_msg(read.stream, seq=after, subject=subjects, next=True)
+        found = await self._js.get_msg(read.stream, seq=after, subject=subjects, next=True)
         seq = found.seq or 0
         return seq <= read.end and (read.until_ns is None or ns_of(found.time) <= read.until_ns)
 
 
-async def _add_consumer(log: LogConnection, stream: str, config: api.ConsumerConfig) -> api.ConsumerInfo:
+async def _add_consumer(scanner: Scanner, stream: str, config: api.ConsumerConfig) -> api.ConsumerInfo:
     """Create an (ephemeral, self-expiring) consumer, trying again while nothing answers.
 
     Raises:
         LogUnavailable: still no answer after :data:`ELECTION_S`.
     """
-    patience = Patience(ELECTION_S, first_s=0.1, max_s=1.0, silent=log._silent)
+    patience = Patience(ELECTION_S, first_s=0.1, max_s=1.0, silent=scanner.silent)
     while True:
         try:
-            return await log._js.add_consumer(stream, config)
+            return await scanner.js.add_consumer(stream, config)
         except UNANSWERED as exc:
             if not await patience.wait():
                 raise LogUnavailable(f"the {stream} stream did not answer: {type(exc).__name__}") from None

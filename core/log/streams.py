@@ -1,5 +1,6 @@
 """Setting up the deployment: every stream of :mod:`core.streams`'s table created on the server, or
-its configuration brought up to date, and the bucket projection snapshots are stored in."""
+its configuration brought up to date, and the bucket projection snapshots are stored in: a plain
+function on a JetStream context, which :meth:`core.log.EventLog.ensure_streams` calls."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import nats.js.errors
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from core.errors import LogUnavailable
-from core.log.connection import LogConnection
 from core.log.snapshots import SNAPSHOT_BUCKET
-from core.streams import DUPLICATE_WINDOW_S, STREAMS, StreamSpec
+from core.streams import DUPLICATE_WINDOW_S, StreamSpec
 
 STREAM_CREATE_ATTEMPTS = 12
 STREAM_STORE_ERROR = 10049
@@ -24,31 +24,30 @@ NO_PEERS_ERROR = 10005
 all see online (just started, or one restarting) cannot place an R3 stream yet."""
 
 
-class StreamSetup(LogConnection):
-    """The stream administration of :class:`core.log.EventLog`."""
+async def ensure_streams(js: JetStreamContext, streams: Sequence[StreamSpec], *, replicas: int) -> None:
+    """Create every stream of ``streams`` with ``replicas`` replicas, or update its configuration to
+    the table; then the snapshot bucket (:data:`~core.log.snapshots.SNAPSHOT_BUCKET`), if missing.
 
-    async def ensure_streams(self, streams: Sequence[StreamSpec] = STREAMS) -> None:
-        """Create every stream, or update its configuration to the table in :mod:`core.streams`.
+    A stream's persist mode is fixed at its creation (the server refuses to change it): an existing
+    stream keeps the one it has.
 
-        A stream's persist mode is fixed at its creation (the server refuses to change it): an
-        existing stream keeps the one it has."""
-        jsm = self._js
-        for spec in streams:
-            config = _stream_config(spec, self.settings.stream_replicas)
-            try:
-                await _add_stream(jsm, config)
-            except nats.js.errors.BadRequestError:
-                existing = await jsm.stream_info(spec.name)
-                config.persist_mode = existing.config.persist_mode
-                if config.persist_mode == api.PersistMode.ASYNC:
-                    config.allow_atomic = None  # refused together
-                await jsm.update_stream(config)
-            except nats.js.errors.ServiceUnavailableError as exc:
-                raise LogUnavailable(f"JetStream is not available: {exc}") from None
-        with contextlib.suppress(nats.js.errors.BadRequestError):
-            await jsm.create_object_store(
-                SNAPSHOT_BUCKET, config=api.ObjectStoreConfig(replicas=self.settings.stream_replicas)
-            )
+    Raises:
+        LogUnavailable: JetStream is not available.
+    """
+    for spec in streams:
+        config = _stream_config(spec, replicas)
+        try:
+            await _add_stream(js, config)
+        except nats.js.errors.BadRequestError:
+            existing = await js.stream_info(spec.name)
+            config.persist_mode = existing.config.persist_mode
+            if config.persist_mode == api.PersistMode.ASYNC:
+                config.allow_atomic = None  # refused together
+            await js.update_stream(config)
+        except nats.js.errors.ServiceUnavailableError as exc:
+            raise LogUnavailable(f"JetStream is not available: {exc}") from None
+    with contextlib.suppress(nats.js.errors.BadRequestError):
+        await js.create_object_store(SNAPSHOT_BUCKET, config=api.ObjectStoreConfig(replicas=replicas))
 
 
 async def _add_stream(jsm: Any, config: api.StreamConfig) -> None:
