@@ -383,3 +383,41 @@ def test_no_helper_module_shadows_a_name_the_support_package_defines() -> None:
     }
     modules = {path.stem for path in support.glob("*.py")} - {"__init__"}
     assert not defined & modules, f"tests/support modules named like its names: {sorted(defined & modules)}"
+
+
+def _test_modules_imported(tree: ast.Module) -> list[str]:
+    """The ``tests/**/test_*.py`` modules ``tree`` imports, anywhere in it (in a function too)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [
+            name
+            for name in names
+            if name.startswith("tests.")
+            and name.rpartition(".")[2].startswith("test_")
+            and (REPO / f"{name.replace('.', '/')}.py").is_file()
+        ]
+    return found
+
+
+def test_no_module_under_tests_imports_a_test_module() -> None:
+    """A helper that tests of two files share lives in ``tests/support/`` (or in a ``fakes.py`` beside
+    the tests of one package): imported from a ``test_*.py`` module, it drags that module's tests and
+    imports along, and an edit to one test file breaks another."""
+    assert _test_modules_imported(ast.parse("from tests.core.test_placement import host")) == [
+        "tests.core.test_placement"
+    ]
+    assert _test_modules_imported(ast.parse("def f():\n    from tests.core import test_placement")) == [
+        "tests.core.test_placement"
+    ]
+    wrong = [
+        f"{path.relative_to(REPO).as_posix()} -> {name}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for name in _test_modules_imported(ast.parse(path.read_text()))
+    ]
+    assert not wrong, "test modules imported (move the helper to tests/support/):\n" + "\n".join(wrong)

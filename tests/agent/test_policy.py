@@ -6,32 +6,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent.policy import decide, in_maintenance, load_policy
 from core.errors import ConfigError
-from schemas.commands import StartWork, WorkSpec
+from schemas.commands import StartWork
 from schemas.workers import MaintenanceWindow, WorkerPolicy
+from tests.support.agent_commands import cmd
 
 # Monday 2026-06-01 10:30 UTC
 MONDAY_1030_NS = int(datetime(2026, 6, 1, 10, 30, tzinfo=UTC).timestamp()) * 1_000_000_000
-
-
-def cmd(
-    tenant: str = "acme", gpus: int = 0, price: int = 0, options: dict[str, str] | None = None, **kw: Any
-) -> StartWork:
-    return StartWork(
-        tenant=tenant,
-        work_id=kw.pop("work_id", "j1"),
-        work_kind=kw.pop("work_kind", "job"),
-        assignment_id=kw.pop("assignment_id", "a1"),
-        slot=kw.pop("slot", 0),
-        epoch=kw.pop("epoch", 1),
-        spec=WorkSpec(runtime="process", command=["true"], gpus=gpus, options=options or {}, **kw),
-        price_micros_per_gpu_hour=price,
-    )
 
 
 # -- policy ----------------------------------------------------------------------------------------

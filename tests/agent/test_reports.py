@@ -9,7 +9,7 @@ from agent import reports
 from agent.protocol import CheckpointLine, ProgressLine, ProtocolError, ReadyLine, parse_line
 from schemas.endpoints import EndpointReplicaLost
 from schemas.jobs import JobFailed, JobShardCompleted
-from tests.agent.test_policy import cmd
+from tests.support.agent_commands import cmd
 
 
 def test_protocol_lines() -> None:

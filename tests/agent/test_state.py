@@ -8,7 +8,7 @@ import pytest
 
 from agent.state import CommandState, recovery_record
 from core.errors import ConfigError
-from tests.agent.test_policy import cmd
+from tests.support.agent_commands import cmd
 
 
 def test_command_state_is_bounded_and_persisted(tmp_path: Path) -> None:

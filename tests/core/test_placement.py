@@ -4,7 +4,6 @@ waiting, the candidates built from the projections, and the index agreeing with 
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -24,40 +23,10 @@ from projections.schedule import ScheduleState
 from schemas.jobs import JobResources
 from schemas.values import Assignment, Gpu, GpuTelemetry
 from schemas.workers import MaintenanceWindow, WorkerPolicy
+from tests.support.placement_hosts import NOW, S, host, outcome, placement_request, utc
 from tests.support.projection_records import endpoint_record, job_record, worker_record
 
-S = 1_000_000_000
-
-
-def utc(day: int, hour: int, minute: int = 0) -> int:
-    """Unix ns of 2026-03-<day> <hour>:<minute> UTC (March 1st is a Sunday, 2nd a Monday)."""
-    return int(datetime(2026, 3, day, hour, minute, tzinfo=UTC).timestamp()) * S
-
-
-NOW = utc(4, 12)  # a Wednesday, noon
 replace = msgspec.structs.replace
-
-
-def host(worker_id: str, **kw: Any) -> Candidate:
-    """An idle, available, gold A100 host with 4 x 40 GB, beating now."""
-    fields: dict[str, Any] = {
-        "worker_id": worker_id,
-        "gpu_family": "A100",
-        "gpus_total": 4,
-        "vram_usable_mb": [40960] * 4,
-        "vram_limit_mb": [40960] * 4,
-        "uptime": 0.97,
-        "tier": "gold",
-        "last_beat_ns": NOW,
-    }
-    fields.update(kw)
-    return Candidate(**fields)
-
-
-def request(**kw: Any) -> PlacementRequest:
-    fields: dict[str, Any] = {"work_id": "j1", "tenant": "acme", "slots": [0], "gpus": 1, "epoch": 1}
-    fields.update(kw)
-    return PlacementRequest(**fields)
 
 
 def placed(result: Placed | Unplaceable) -> Placed:
@@ -110,7 +79,7 @@ FILTER_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("reason", "worker", "req"), FILTER_CASES)
 def test_every_filter_reason(reason: str, worker: dict[str, Any], req: dict[str, Any]) -> None:
-    result = failed(place(request(**req), [host("w1", **worker)], now_ns=NOW))
+    result = failed(place(placement_request(**req), [host("w1", **worker)], now_ns=NOW))
     assert result.provenance.filtered == {reason: 1}
     assert result.provenance.candidates == 1
 
@@ -121,7 +90,7 @@ def test_every_reason_is_covered() -> None:
 
 def test_first_failing_filter_is_counted() -> None:
     worker = host("w1", state="cordoned", gpus_used=4, policy=POLICY(allowed_tenants=["x"]))
-    assert failed(place(request(), [worker], now_ns=NOW)).provenance.filtered == {"state": 1}
+    assert failed(place(placement_request(), [worker], now_ns=NOW)).provenance.filtered == {"state": 1}
 
 
 def test_pool_lanes() -> None:
@@ -131,39 +100,43 @@ def test_pool_lanes() -> None:
     )
     private = host("p1", pool="private", owner_tenant="acme")
     fleet = [managed, lending, private]
-    assert workers(place(request(pool="managed", slots=[0, 1]), fleet, now_ns=NOW)) == ["m1", "m2"]
-    assert workers(place(request(tenant="other"), fleet, now_ns=NOW)) == ["m2"]  # backfill
-    assert workers(place(request(pool="private"), fleet, now_ns=NOW)) == ["p1"]
-    assert failed(place(request(pool="private", tenant="other"), fleet, now_ns=NOW)).permanent
+    assert workers(place(placement_request(pool="managed", slots=[0, 1]), fleet, now_ns=NOW)) == ["m1", "m2"]
+    assert workers(place(placement_request(tenant="other"), fleet, now_ns=NOW)) == ["m2"]  # backfill
+    assert workers(place(placement_request(pool="private"), fleet, now_ns=NOW)) == ["p1"]
+    assert failed(place(placement_request(pool="private", tenant="other"), fleet, now_ns=NOW)).permanent
 
 
 def test_vram_fit_uses_the_least_of_free_gpus_and_usable_vram() -> None:
     # 2 GPUs taken; telemetry says 3 have 40 GB free: only 2 are free to assign
     worker = host("w1", gpus_used=2, vram_usable_mb=[0, 40960, 40960, 40960])
-    assert workers(place(request(gpus=2, vram_mb=40960), [worker], now_ns=NOW)) == ["w1"]
-    assert failed(place(request(gpus=3), [worker], now_ns=NOW)).provenance.filtered == {"gpus": 1}
+    assert workers(place(placement_request(gpus=2, vram_mb=40960), [worker], now_ns=NOW)) == ["w1"]
+    assert failed(place(placement_request(gpus=3), [worker], now_ns=NOW)).provenance.filtered == {"gpus": 1}
 
 
 def test_list_price_is_the_default_tenant_price() -> None:
     a100 = list_price_micros("A100", "shared")
     worker = host("w1", policy=POLICY(min_price_micros_per_gpu_hour=a100))
-    assert workers(place(request(), [worker], now_ns=NOW)) == ["w1"]
+    assert workers(place(placement_request(), [worker], now_ns=NOW)) == ["w1"]
     dearer = host("w1", policy=POLICY(min_price_micros_per_gpu_hour=a100 + 1))
-    assert failed(place(request(), [dearer], now_ns=NOW)).provenance.filtered == {"policy_price": 1}
+    assert failed(place(placement_request(), [dearer], now_ns=NOW)).provenance.filtered == {"policy_price": 1}
     lent = replace(dearer, pool="managed", owner_tenant="acme")
-    assert workers(place(request(pool="managed"), [lent], now_ns=NOW)) == ["w1"]  # managed pays +25%
-    cpu_work = request(gpus=0)  # CPU work pays no GPU-hour: the GPU price policy does not apply
+    assert workers(place(placement_request(pool="managed"), [lent], now_ns=NOW)) == [
+        "w1"
+    ]  # managed pays +25%
+    cpu_work = placement_request(gpus=0)  # CPU work pays no GPU-hour: the GPU price policy does not apply
     assert workers(place(cpu_work, [dearer], now_ns=NOW)) == ["w1"]
 
 
 def test_cpu_work_on_a_host_without_gpus() -> None:
     cpu_host = host("c1", gpu_family="cpu", gpus_total=0, vram_usable_mb=[], vram_limit_mb=[], cpus=4)
-    result = placed(place(request(gpus=0, cpus=2, slots=[0, 1], gpu_type="A100"), [cpu_host], now_ns=NOW))
+    result = placed(
+        place(placement_request(gpus=0, cpus=2, slots=[0, 1], gpu_type="A100"), [cpu_host], now_ns=NOW)
+    )
     assert [a.worker_id for a in result.assignments] == ["c1", "c1"]
     assert [a.gpus for a in result.assignments] == [0, 0]
-    assert failed(place(request(gpus=0, cpus=2, slots=[0, 1, 2]), [cpu_host], now_ns=NOW)).permanent
+    assert failed(place(placement_request(gpus=0, cpus=2, slots=[0, 1, 2]), [cpu_host], now_ns=NOW)).permanent
     full_gpu_host = host("g1", gpus_used=4)  # every GPU taken, CPU work still fits
-    assert workers(place(request(gpus=0), [full_gpu_host], now_ns=NOW)) == ["g1"]
+    assert workers(place(placement_request(gpus=0), [full_gpu_host], now_ns=NOW)) == ["g1"]
 
 
 # --- maintenance windows --------------------------------------------------------------------------
@@ -198,13 +171,13 @@ def test_maintenance_windows(windows: list[tuple[int, int, int]], now: int, insi
 
 def test_score_terms() -> None:
     worker = host("w1", uptime=0.98, tier="platinum", region="eu-west-1", gpus_used=1, util=0.2)
-    card = placed(place(request(region="eu-west-1"), [worker], now_ns=NOW)).provenance.top[0]
+    card = placed(place(placement_request(region="eu-west-1"), [worker], now_ns=NOW)).provenance.top[0]
     assert card.terms == {"uptime": 0.98, "tier": 1.0, "geo": 1.0, "load": 1 - 0.5 * 0.25}
     assert card.score == pytest.approx(0.98 * 0.875)
-    near = placed(place(request(region="eu-central-1"), [worker], now_ns=NOW)).provenance.top[0]
-    far = placed(place(request(region="us-east-1"), [worker], now_ns=NOW)).provenance.top[0]
+    near = placed(place(placement_request(region="eu-central-1"), [worker], now_ns=NOW)).provenance.top[0]
+    far = placed(place(placement_request(region="us-east-1"), [worker], now_ns=NOW)).provenance.top[0]
     assert (near.terms["geo"], far.terms["geo"]) == (0.85, 0.7)
-    hot = placed(place(request(), [replace(worker, util=0.9)], now_ns=NOW)).provenance.top[0]
+    hot = placed(place(placement_request(), [replace(worker, util=0.9)], now_ns=NOW)).provenance.top[0]
     assert hot.terms["load"] == pytest.approx(0.55)  # live utilisation beats the assigned share
 
 
@@ -216,7 +189,7 @@ def test_ranking_order_and_weights() -> None:
         host("d-gold-near", tier="gold", uptime=0.99, region="eu-west-1"),
         host("e-gold-busy", tier="gold", uptime=0.99, region="eu-west-1", gpus_used=3),
     ]
-    req = request(region="eu-west-1")
+    req = placement_request(region="eu-west-1")
     order = [c.worker_id for c in placed(place(req, fleet, now_ns=NOW)).provenance.top]
     assert order == ["b-platinum", "d-gold-near", "c-gold-far", "e-gold-busy", "a-silver"]
     # without tier factors the silver host (0.91 x far 0.7) overtakes the busy gold one (0.99 x 0.625)
@@ -227,7 +200,7 @@ def test_ranking_order_and_weights() -> None:
 
 def test_ties_break_by_worker_id() -> None:
     fleet = [host(w) for w in ("w3", "w1", "w2")]
-    assert workers(place(request(slots=[0, 1]), fleet, now_ns=NOW)) == ["w1", "w2"]
+    assert workers(place(placement_request(slots=[0, 1]), fleet, now_ns=NOW)) == ["w1", "w2"]
 
 
 # --- gang and spread -------------------------------------------------------------------------------
@@ -235,24 +208,26 @@ def test_ties_break_by_worker_id() -> None:
 
 def test_gang_is_all_or_nothing() -> None:
     fleet = [host("w1", gpus_used=3), host("w2", gpus_used=3)]
-    result = failed(place(request(slots=[0, 1, 2]), fleet, now_ns=NOW))
+    result = failed(place(placement_request(slots=[0, 1, 2]), fleet, now_ns=NOW))
     assert not result.permanent
     assert "room for only 2" in result.reason
-    assert len(placed(place(request(slots=[0, 1]), fleet, now_ns=NOW)).assignments) == 2
+    assert len(placed(place(placement_request(slots=[0, 1]), fleet, now_ns=NOW)).assignments) == 2
 
 
 def test_spread_first_then_round_robin() -> None:
     fleet = [host("w1", uptime=0.99), host("w2", uptime=0.98), host("w3", gpus_used=2)]
-    assert workers(place(request(slots=[0, 1, 2]), fleet, now_ns=NOW)) == ["w1", "w2", "w3"]
+    assert workers(place(placement_request(slots=[0, 1, 2]), fleet, now_ns=NOW)) == ["w1", "w2", "w3"]
     # 7 slots of 1 GPU on capacities 4, 4, 2: one each, then a second each, then w1 and w2
-    seven = place(request(slots=list(range(7))), fleet, now_ns=NOW)
+    seven = place(placement_request(slots=list(range(7))), fleet, now_ns=NOW)
     assert workers(seven) == ["w1", "w2", "w3", "w1", "w2", "w3", "w1"]
-    assert failed(place(request(slots=list(range(11))), fleet, now_ns=NOW)).reason.startswith("waiting")
+    assert failed(place(placement_request(slots=list(range(11))), fleet, now_ns=NOW)).reason.startswith(
+        "waiting"
+    )
 
 
 def test_assignments_are_deterministic_and_idempotent() -> None:
     fleet = [host(f"w{i}", uptime=0.9 + i / 100, util=(i % 3) / 10) for i in range(10)]
-    req = request(work_id="job-7", slots=[2, 5], epoch=4)
+    req = placement_request(work_id="job-7", slots=[2, 5], epoch=4)
     first = placed(place(req, fleet, now_ns=NOW))
     ref = work_ref("acme", "job", "job-7")
     assert [a.assignment_id for a in first.assignments] == [f"{ref}-s2-e4", f"{ref}-s5-e4"]
@@ -274,7 +249,11 @@ def test_waiting_says_why() -> None:
         host("t4", gpu_family="T4"),
     ]
     result = failed(
-        place(request(slots=[0, 1], gpu_type="NVIDIA A100-SXM4-40GB", vram_mb=40960), fleet, now_ns=NOW)
+        place(
+            placement_request(slots=[0, 1], gpu_type="NVIDIA A100-SXM4-40GB", vram_mb=40960),
+            fleet,
+            now_ns=NOW,
+        )
     )
     assert not result.permanent
     assert result.reason == (
@@ -286,26 +265,28 @@ def test_waiting_says_why() -> None:
 
 def test_permanent_when_the_fleet_could_never_hold_it() -> None:
     fleet = [host("w1"), host("w2", state="lost"), host("w3", state="deregistered", gpus_total=8)]
-    assert failed(place(request(gpus=8), fleet, now_ns=NOW)).permanent  # the 8-GPU host is gone
-    assert failed(place(request(vram_mb=80000), fleet, now_ns=NOW)).permanent
-    assert failed(place(request(gpu_type="H100"), fleet, now_ns=NOW)).permanent
+    assert failed(place(placement_request(gpus=8), fleet, now_ns=NOW)).permanent  # the 8-GPU host is gone
+    assert failed(place(placement_request(vram_mb=80000), fleet, now_ns=NOW)).permanent
+    assert failed(place(placement_request(gpu_type="H100"), fleet, now_ns=NOW)).permanent
     assert (
-        failed(place(request(pool="managed"), fleet, now_ns=NOW)).reason
+        failed(place(placement_request(pool="managed"), fleet, now_ns=NOW)).reason
         == "tenant acme has no managed workers"
     )
-    assert failed(place(request(slots=list(range(9)), gpus=1), fleet, now_ns=NOW)).permanent
+    assert failed(place(placement_request(slots=list(range(9)), gpus=1), fleet, now_ns=NOW)).permanent
     lost_only = fleet[1:2]
-    assert not failed(place(request(slots=list(range(4))), lost_only, now_ns=NOW)).permanent  # it may return
+    assert not failed(
+        place(placement_request(slots=list(range(4))), lost_only, now_ns=NOW)
+    ).permanent  # it may return
 
 
 def test_empty_shared_pool_waits() -> None:
-    result = failed(place(request(), [], now_ns=NOW))
+    result = failed(place(placement_request(), [], now_ns=NOW))
     assert (result.permanent, result.reason) == (False, "waiting: no workers in the shared pool")
 
 
 def test_explain() -> None:
     fleet = [host("w1"), host("w2", state="cordoned")]
-    lines = explain(placed(place(request(), fleet, now_ns=NOW)).provenance)
+    lines = explain(placed(place(placement_request(), fleet, now_ns=NOW)).provenance)
     assert lines[0] == "2 workers considered (policy rank-v1)"
     assert lines[1] == "  1 filtered out: cordoned, lost, deregistered or not verified yet"
     assert lines[2].startswith("  #1 w1: score 0.873 = uptime 0.970 x tier 0.900 x geo 1.000 x load 1.000")
@@ -449,16 +430,6 @@ def random_request(rng: random.Random, n: int) -> PlacementRequest:
     )
 
 
-def outcome(result: Placed | Unplaceable) -> Any:
-    """What the index must reproduce: the assignments and the ranking; or whether the failure is
-    permanent (then its reason), the workers that fit and how many were filtered."""
-    p = result.provenance
-    if isinstance(result, Placed):
-        return result.assignments, p.top, p.candidates
-    reason = result.reason if result.permanent else result.reason.split(";")[0]
-    return result.permanent, reason, p.top, p.candidates, sum(p.filtered.values())
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_index_gives_the_plain_scan_decision(seed: int) -> None:
     rng = random.Random(seed)
@@ -485,26 +456,26 @@ def test_index_gives_the_plain_scan_decision(seed: int) -> None:
 def test_index_inspects_few_workers() -> None:
     fleet = [host(f"w{i:04d}", uptime=1.0 - i / 10_000) for i in range(2000)]
     index = CandidateIndex(fleet)
-    result = placed(index.place(request(slots=[0, 1]), now_ns=NOW))
+    result = placed(index.place(placement_request(slots=[0, 1]), now_ns=NOW))
     assert workers(result) == ["w0000", "w0001"]
     assert result.provenance.filtered == {"pruned": 1995}
     with pytest.raises(ValueError, match="weights"):
-        index.place(request(), RankWeights(geo_far=0.1), now_ns=NOW)
+        index.place(placement_request(), RankWeights(geo_far=0.1), now_ns=NOW)
 
 
 def test_index_updates() -> None:
     index = CandidateIndex(
         [host("w1", gpus_total=1, vram_usable_mb=[40960], vram_limit_mb=[40960]), host("w2")]
     )
-    first = placed(index.place(request(), now_ns=NOW)).assignments[0]
+    first = placed(index.place(placement_request(), now_ns=NOW)).assignments[0]
     assert first.worker_id == "w1"
     index.take(first)
-    assert workers(index.place(request(), now_ns=NOW)) == ["w2"]
+    assert workers(index.place(placement_request(), now_ns=NOW)) == ["w2"]
     index.release(first)
     index.remove("w2")
-    assert workers(index.place(request(), now_ns=NOW)) == ["w1"]
+    assert workers(index.place(placement_request(), now_ns=NOW)) == ["w1"]
     index.upsert(replace(index.get("w1"), state="cordoned"))  # type: ignore[type-var]
-    assert failed(index.place(request(), now_ns=NOW)).provenance.filtered == {"state": 1}
+    assert failed(index.place(placement_request(), now_ns=NOW)).provenance.filtered == {"state": 1}
     assert len(index) == 1
 
 
@@ -516,10 +487,12 @@ def test_equal_scores_rank_by_base_score_then_worker_id() -> None:
     a = host("w5", uptime=0.96, tier="silver", region="eu-central-1", **vram)
     b = host("w6", uptime=0.9, tier="gold", util=1.0, region="eu-central-1", **vram)
     fleet = [a, b, *(host(f"w{i}", region="us-east-1") for i in range(4))]
-    req = request(region="us-east-1")
+    req = placement_request(region="us-east-1")
     plain = placed(place(req, fleet, now_ns=NOW))
     assert [(c.worker_id, c.score) for c in plain.provenance.top[3:]] == [("w3", 0.873), ("w6", 0.2835)]
-    assert [c.worker_id for c in placed(place(request(), fleet[:2], now_ns=NOW)).provenance.top] == [
+    assert [
+        c.worker_id for c in placed(place(placement_request(), fleet[:2], now_ns=NOW)).provenance.top
+    ] == [
         "w6",
         "w5",
     ]
@@ -528,9 +501,9 @@ def test_equal_scores_rank_by_base_score_then_worker_id() -> None:
 
 def test_index_beat_keeps_workers_from_looking_silent() -> None:
     index = CandidateIndex([host("w1", last_beat_ns=NOW - 10 * S)])
-    assert failed(index.place(request(), now_ns=NOW)).provenance.filtered == {"silent": 1}
+    assert failed(index.place(placement_request(), now_ns=NOW)).provenance.filtered == {"silent": 1}
     index.beat("w1", NOW - S, 1.0)
-    assert workers(index.place(request(), now_ns=NOW)) == ["w1"]
+    assert workers(index.place(placement_request(), now_ns=NOW)) == ["w1"]
     index.beat("unknown", NOW, 1.0)  # ignored
 
 
@@ -547,6 +520,6 @@ def test_bands_group_workers_and_never_hide_one_that_fits() -> None:
     fits = host("w2", gpus_total=1, vram_usable_mb=[40_000], vram_limit_mb=[81_920], uptime=0.5)
     full = host("w3", gpus_total=1, cpus=8, cpus_used=8.0)  # no CPU left: on a shelf no CPU work reads
     index = CandidateIndex([near, fits, full])
-    result = placed(index.place(request(vram_mb=40_000, cpus=1.0), now_ns=NOW))
+    result = placed(index.place(placement_request(vram_mb=40_000, cpus=1.0), now_ns=NOW))
     assert workers(result) == ["w2"] and result.provenance.filtered == {"vram": 1, "pruned": 1}
-    assert workers(index.place(request(vram_mb=40_000), now_ns=NOW)) == ["w3"]  # needs no CPU
+    assert workers(index.place(placement_request(vram_mb=40_000), now_ns=NOW)) == ["w3"]  # needs no CPU

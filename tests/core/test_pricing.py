@@ -10,7 +10,7 @@ from fractions import Fraction
 import msgspec
 
 from core.pricing import PRICE_TABLES, PriceTable, gpu_family, price, round_half_up, table_at
-from tests.projections.test_reducers import APRIL_MS, HOUR_MS, _tick
+from tests.support.reducer_builders import APRIL_MS, HOUR_MS, usage_tick
 
 
 def test_round_half_up_is_exact() -> None:
@@ -29,8 +29,8 @@ def test_table_at_picks_the_latest_table_in_effect() -> None:
     assert table_at(APRIL_MS - 1, tables) is v1
     assert table_at(APRIL_MS, tables) is v2
     assert table_at(APRIL_MS + 10**12, tables) is v2
-    assert price(_tick(end_ms=APRIL_MS), tables)[2] == 2
-    assert price(_tick(start_ms=0, end_ms=APRIL_MS - 1), tables)[2] == 1
+    assert price(usage_tick(end_ms=APRIL_MS), tables)[2] == 2
+    assert price(usage_tick(start_ms=0, end_ms=APRIL_MS - 1), tables)[2] == 1
 
 
 def test_version_one_table() -> None:
@@ -45,33 +45,33 @@ def test_version_one_table() -> None:
 
 
 def test_price_one_gpu_hour() -> None:
-    assert price(_tick()) == (2_490_000, 1_992_000, 1)
-    assert price(_tick(pool="managed")) == (3_112_500, 2_490_000, 1)
-    assert price(_tick(pool="private")) == (0, 0, 1)
-    assert price(_tick(tier="gold")) == (2_490_000, 1_867_500, 1)
-    assert price(_tick(tier="unverified")) == (2_490_000, 0, 1)
-    assert price(_tick(tier="diamond")) == (2_490_000, 0, 1)
-    assert price(_tick(gpu_type="B200")) == (500_000, 400_000, 1)
-    assert price(_tick(gpu_type="cpu", gpu_ms=0, cpu_ms=8 * HOUR_MS)) == (160_000, 128_000, 1)
-    assert price(_tick(gpu_ms=0)) == (0, 0, 1)
+    assert price(usage_tick()) == (2_490_000, 1_992_000, 1)
+    assert price(usage_tick(pool="managed")) == (3_112_500, 2_490_000, 1)
+    assert price(usage_tick(pool="private")) == (0, 0, 1)
+    assert price(usage_tick(tier="gold")) == (2_490_000, 1_867_500, 1)
+    assert price(usage_tick(tier="unverified")) == (2_490_000, 0, 1)
+    assert price(usage_tick(tier="diamond")) == (2_490_000, 0, 1)
+    assert price(usage_tick(gpu_type="B200")) == (500_000, 400_000, 1)
+    assert price(usage_tick(gpu_type="cpu", gpu_ms=0, cpu_ms=8 * HOUR_MS)) == (160_000, 128_000, 1)
+    assert price(usage_tick(gpu_ms=0)) == (0, 0, 1)
 
 
 def test_price_rounds_half_up_from_milliseconds() -> None:
     # 60 ms on an H100: 60 * 2_490_000 / 3_600_000 = 41.5 micros exactly -> 42.
-    charge, payout, _ = price(_tick(gpu_ms=60))
+    charge, payout, _ = price(usage_tick(gpu_ms=60))
     assert (charge, payout) == (42, 34)  # 42 * 0.8 = 33.6 -> 34
-    assert price(_tick(gpu_ms=59))[0] == 41  # 40.808...
-    assert price(_tick(gpu_ms=1))[0] == 1  # 0.6917 -> 1
+    assert price(usage_tick(gpu_ms=59))[0] == 41  # 40.808...
+    assert price(usage_tick(gpu_ms=1))[0] == 1  # 0.6917 -> 1
     # one tick of 10 s on two GPUs at +25%: 20_000 * 2_490_000 * 125 / 360_000_000 = 17_291.67 -> 17_292
-    assert price(_tick(gpu_ms=20_000, pool="managed"))[0] == 17_292
-    assert all(type(x) is int for x in price(_tick(gpu_ms=12_345, cpu_ms=6_789)))
+    assert price(usage_tick(gpu_ms=20_000, pool="managed"))[0] == 17_292
+    assert all(type(x) is int for x in price(usage_tick(gpu_ms=12_345, cpu_ms=6_789)))
 
 
 def test_price_matches_exact_rational_arithmetic() -> None:
     rng = random.Random(2026)
     table = PRICE_TABLES[0]
     for _ in range(2_000):
-        tick = _tick(
+        tick = usage_tick(
             gpu_ms=rng.randrange(0, 10**9),
             cpu_ms=rng.randrange(0, 10**9),
             gpu_type=rng.choice(["H100", "T4", "cpu", "X1"]),

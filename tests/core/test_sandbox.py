@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import secrets
@@ -28,17 +27,10 @@ from core.errors import ConfigError
 from core.files import write_private
 from core.placement.rules import lanes
 from core.placement.values import Candidate
-from core.sandbox import ETC, Sandbox, group_members, python_paths
+from core.sandbox import Sandbox, group_members, python_paths
 from schemas.commands import Rendezvous, StartWork, WorkSpec
 from schemas.workers import WorkerPolicy
-
-PROBE = Path(__file__).parents[1] / "support" / "probe.py"
-ETC_SEEN = [f"/etc/{name}" for name in ETC]
-"""The ``/etc`` entries a workload may see; the probe reports any other file there."""
-
-
-def digest(value: str) -> str:
-    return hashlib.sha256(value.encode()).hexdigest()
+from tests.support.sandbox_probe import ETC_SEEN, PROBE, digest, read_proc
 
 
 def findings(lines: list[str]) -> list[list[str]]:
@@ -214,10 +206,6 @@ async def start(sandbox: Sandbox, spec: WorkSpec, workdir: Path) -> Any:
     """``spec`` started by the process runtime in ``sandbox``, as the agent starts it."""
     env = workload_env(command(workdir.name, workdir.name, spec), workdir, gpu_indices=[])
     return await ProcessRuntime(sandbox).start(spec, workdir, env)
-
-
-def read_proc(pid: int, name: str) -> bytes:
-    return Path(f"/proc/{pid}/{name}").read_bytes()
 
 
 def assert_own_view(group: int, workdir: Path, host: Host) -> None:

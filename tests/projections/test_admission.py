@@ -29,7 +29,7 @@ from projections.schedule import JobRecord, ScheduleState, job_key
 from schemas.jobs import JobResources
 from schemas.values import Assignment, GpuTelemetry
 from schemas.workers import WorkerPolicy
-from tests.core.test_placement import NOW, S, host, request
+from tests.support.placement_hosts import NOW, S, host, placement_request
 from tests.support.projection_records import changed, endpoint_record, job_record, worker_record
 
 replace = msgspec.structs.replace
@@ -196,7 +196,7 @@ def test_managed_preempts_shared_on_its_reserved_hardware() -> None:
     fleet = [lending("m1", gpus_used=4), host("s1", gpus_used=4)]
     shared_on_m1 = running(job("x", tenant="beta", gpus=4), "m1")
     shared_on_s1 = running(job("y", tenant="beta", gpus=4), "s1")
-    req = request(pool="managed", gpus=2, work_id="mine")
+    req = placement_request(pool="managed", gpus=2, work_id="mine")
     victims = preemption_victims(req, fleet, schedule(shared_on_m1, shared_on_s1), endpoints(), now_ns=NOW)
     assert victims == [Victim("beta/x", shared_on_m1.assignments["0"], "job", 0)]
     # once it has stopped, the request fits
@@ -211,15 +211,17 @@ def test_fewest_victims_then_lowest_priority_then_newest() -> None:
     high = running(job("high", tenant="beta", gpus=1, priority=9), "m1")
     wide = running(job("wide", tenant="gamma", gpus=1, shards=1), "m1")
     jobs = schedule(old_low, new_low, high, wide)
-    one = preemption_victims(request(pool="managed"), fleet, jobs, endpoints(), now_ns=NOW)
+    one = preemption_victims(placement_request(pool="managed"), fleet, jobs, endpoints(), now_ns=NOW)
     assert [v.key for v in one] == ["gamma/wide"]  # newest of the lowest priority
-    two = preemption_victims(request(pool="managed", gpus=3), fleet, jobs, endpoints(), now_ns=NOW)
+    two = preemption_victims(placement_request(pool="managed", gpus=3), fleet, jobs, endpoints(), now_ns=NOW)
     assert [v.key for v in two] == ["gamma/wide", "beta/new-low", "beta/old-low"]
     # one 2-GPU victim of higher priority beats two 1-GPU ones
     big = running(job("big", tenant="beta", gpus=2, priority=5), "m2")
     pair = [lending("m2", gpus_used=2, gpus_total=2, vram_usable_mb=[40960] * 2), *fleet]
     jobs = schedule(old_low, new_low, high, wide, big)
-    victims = preemption_victims(request(pool="managed", gpus=2), pair, jobs, endpoints(), now_ns=NOW)
+    victims = preemption_victims(
+        placement_request(pool="managed", gpus=2), pair, jobs, endpoints(), now_ns=NOW
+    )
     assert [v.key for v in victims] == ["beta/big"]
 
 
@@ -227,9 +229,13 @@ def test_managed_reclaims_shared_endpoint_replicas_last() -> None:
     fleet = [lending("m1", gpus_used=2, gpus_total=2, vram_usable_mb=[40960] * 2, vram_limit_mb=[40960] * 2)]
     shared_job = running(job("x", tenant="beta", gpus=1), "m1")
     table = endpoints(endpoint("e", ("m1", "ready")))
-    one = preemption_victims(request(pool="managed"), fleet, schedule(shared_job), table, now_ns=NOW)
+    one = preemption_victims(
+        placement_request(pool="managed"), fleet, schedule(shared_job), table, now_ns=NOW
+    )
     assert [(v.key, v.kind) for v in one] == [("beta/x", "job")]
-    both = preemption_victims(request(pool="managed", gpus=2), fleet, schedule(shared_job), table, now_ns=NOW)
+    both = preemption_victims(
+        placement_request(pool="managed", gpus=2), fleet, schedule(shared_job), table, now_ns=NOW
+    )
     assert [(v.key, v.kind, v.assignment.gpus) for v in both] == [
         ("beta/x", "job", 1),
         ("beta/e", "endpoint", 1),
@@ -240,13 +246,14 @@ def test_priority_preemption_only_within_a_tenant() -> None:
     fleet = [host("s1", gpus_used=4)]
     mine = running(job("mine", gpus=4, priority=1), "s1")
     theirs = running(job("theirs", tenant="beta", gpus=4, priority=0), "s1")
-    urgent = request(priority=5)
+    urgent = placement_request(priority=5)
     assert [v.key for v in preemption_victims(urgent, fleet, schedule(mine), endpoints(), now_ns=NOW)] == [
         "acme/mine"
     ]
     assert preemption_victims(urgent, fleet, schedule(theirs), endpoints(), now_ns=NOW) == []
     assert (
-        preemption_victims(request(priority=1), fleet, schedule(mine), endpoints(), now_ns=NOW) == []
+        preemption_victims(placement_request(priority=1), fleet, schedule(mine), endpoints(), now_ns=NOW)
+        == []
     )  # not lower
     table = endpoints(endpoint("e", ("s1", "ready"), tenant="acme"))
     assert (
@@ -259,15 +266,20 @@ def test_no_preemption_when_impossible_or_needless() -> None:
     jobs = schedule(shared_on_m1)
     reserved_for_other = [lending("m1", gpus_used=4, owner_tenant="other")]
     assert (
-        preemption_victims(request(pool="managed"), reserved_for_other, jobs, endpoints(), now_ns=NOW) == []
+        preemption_victims(
+            placement_request(pool="managed"), reserved_for_other, jobs, endpoints(), now_ns=NOW
+        )
+        == []
     )
-    too_big = request(pool="managed", gpus=8)
+    too_big = placement_request(pool="managed", gpus=8)
     assert preemption_victims(too_big, [lending("m1", gpus_used=4)], jobs, endpoints(), now_ns=NOW) == []
     cordoned = [lending("m1", gpus_used=4, state="cordoned")]
-    assert preemption_victims(request(pool="managed"), cordoned, jobs, endpoints(), now_ns=NOW) == []
+    assert (
+        preemption_victims(placement_request(pool="managed"), cordoned, jobs, endpoints(), now_ns=NOW) == []
+    )
     fits = [lending("m1", gpus_used=4), host("m2", **LENDING)]
-    assert preemption_victims(request(pool="managed"), fits, jobs, endpoints(), now_ns=NOW) == []
-    itself = request(pool="managed", tenant="beta", work_id="x")
+    assert preemption_victims(placement_request(pool="managed"), fits, jobs, endpoints(), now_ns=NOW) == []
+    itself = placement_request(pool="managed", tenant="beta", work_id="x")
     assert (
         preemption_victims(
             itself, [lending("m1", gpus_used=4, owner_tenant="beta")], jobs, endpoints(), now_ns=NOW

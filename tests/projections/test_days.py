@@ -27,7 +27,7 @@ from projections.registry import RegistryState, daily_uptime
 from schemas.values import Gpu, GpuTelemetry
 from schemas.workers import Heartbeat, WorkerDeregistered, WorkerLost, WorkerRecovered, WorkerRegistered
 from tests.golden.make import HISTORY, load_history, stream_records
-from tests.projections.test_reducers import Log, roundtrips
+from tests.support.reducer_builders import Log, roundtrips
 
 HOUR = 3600
 DAY = 86_400

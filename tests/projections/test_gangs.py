@@ -16,7 +16,7 @@ from schemas.commands import StopWork
 from schemas.jobs import JobFailed, JobShardCompleted, JobSubmitted
 from schemas.values import Assignment
 from schemas.workers import WorkerLost
-from tests.projections.test_reducers import Job, Log, _asg, _register, _verify
+from tests.support.reducer_builders import Job, Log, asg, register, verify
 
 S = 1_000_000_000
 GRACE = 4 * S
@@ -26,8 +26,8 @@ def _workers(*lost: str) -> dict[str, WorkerRecord]:
     """w1..w3 registered and verified; ``lost`` declared lost."""
     log = Log(REGISTRY)
     for worker in ("w1", "w2", "w3"):
-        _register(log, worker)
-        _verify(log, worker)
+        register(log, worker)
+        verify(log, worker)
     for worker in lost:
         log(f"worker.{worker}.lost", WorkerLost(silent_s=3.0, last_heartbeat_seq=1), 5.0)
     workers: dict[str, WorkerRecord] = log.state.workers
@@ -37,7 +37,7 @@ def _workers(*lost: str) -> dict[str, WorkerRecord]:
 def _gang(log: Log, shards: int = 2) -> tuple[Job, list[Assignment]]:
     job = Job(log)
     job.submit(shards=shards)
-    held = [_asg(slot, 1, f"w{slot + 1}") for slot in range(shards)]
+    held = [asg(slot, 1, f"w{slot + 1}") for slot in range(shards)]
     job.place(*held)
     for a in held:
         job.start(a)

@@ -19,7 +19,7 @@ from schemas.jobs import (
     JobSubmitted,
 )
 from schemas.values import Provenance
-from tests.projections.test_reducers import Job, Log, _asg
+from tests.support.reducer_builders import Job, Log, asg
 
 PROV = Provenance(candidates=2)
 
@@ -67,7 +67,7 @@ def test_admission_orders_the_admitted_and_says_why_the_others_wait() -> None:
 
 
 def test_a_placement_is_appended_whole() -> None:
-    a0, a1 = _asg(0, 1, "w1"), _asg(1, 1, "w2")
+    a0, a1 = asg(0, 1, "w1"), asg(1, 1, "w2")
     placed = lifecycle.placed(Placed(assignments=[a0, a1], provenance=PROV))
     assert placed == JobPlaced(assignments=[a0, a1], provenance=PROV)
 
@@ -75,7 +75,7 @@ def test_a_placement_is_appended_whole() -> None:
 def test_a_job_that_never_fits_and_holds_nothing_is_rejected_whatever_it_could_preempt() -> None:
     log = Log(SCHEDULE)
     _submit(log, "big", gpus=8)
-    victim = Victim(job_key("acme", "small"), _asg(0, 1, "w1", "small"), "job")
+    victim = Victim(job_key("acme", "small"), asg(0, 1, "w1", "small"), "job")
     never = Unplaceable(reason="no worker has 8 GPUs", provenance=PROV, permanent=True)
     outcome = lifecycle.unplaced(_record(log, "big"), never, [victim], log.state)
     assert outcome == lifecycle.Unplaced(
@@ -87,7 +87,7 @@ def test_a_job_that_never_fits_and_holds_nothing_is_rejected_whatever_it_could_p
 def test_a_job_that_holds_shards_is_never_rejected_but_queued_with_why_once() -> None:
     log = Log(SCHEDULE)
     job = _submit(log, "j1", shards=2)
-    job.place(_asg(0, 1))
+    job.place(asg(0, 1))
     never = Unplaceable(reason="no room", provenance=PROV, permanent=True)
     assert not lifecycle.rejects(_record(log, "j1"), never)
     outcome = lifecycle.unplaced(_record(log, "j1"), never, [], log.state)
@@ -99,13 +99,13 @@ def test_a_job_that_holds_shards_is_never_rejected_but_queued_with_why_once() ->
 def test_preemption_revokes_each_job_victim_and_checkpoints_and_stops_it() -> None:
     log = Log(SCHEDULE)
     small = _submit(log, "small", priority=0)
-    held = _asg(0, 1, "w1", "small")
+    held = asg(0, 1, "w1", "small")
     small.place(held)
     _submit(log, "urgent", priority=5)
     victims = [
         Victim(job_key("acme", "small"), held, "job", 0),
-        Victim("acme/e1", _asg(0, 1, "w2", "e1"), "endpoint"),  # the autoscaler's, never preempted
-        Victim(job_key("acme", "gone"), _asg(0, 1, "w3", "gone"), "job"),  # not in the schedule
+        Victim("acme/e1", asg(0, 1, "w2", "e1"), "endpoint"),  # the autoscaler's, never preempted
+        Victim(job_key("acme", "gone"), asg(0, 1, "w3", "gone"), "job"),  # not in the schedule
     ]
     busy = Unplaceable(reason="no GPU free", provenance=PROV)
     outcome = lifecycle.unplaced(_record(log, "urgent"), busy, victims, log.state)
@@ -127,7 +127,7 @@ def test_preemption_revokes_each_job_victim_and_checkpoints_and_stops_it() -> No
 def test_a_live_job_completes_once_every_shard_is_done() -> None:
     log = Log(SCHEDULE)
     job = _submit(log, "j1", shards=2)
-    a0, a1 = _asg(0, 1, "w1"), _asg(1, 1, "w2")
+    a0, a1 = asg(0, 1, "w1"), asg(1, 1, "w2")
     job.place(a0, a1)
     for a in (a0, a1):
         job.start(a)

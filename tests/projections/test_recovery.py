@@ -10,7 +10,7 @@ from projections.schedule import JobRecord, job_key
 from schemas.jobs import JobAssignmentRevoked, JobFailed, JobRejected, JobSubmitted
 from schemas.values import Assignment
 from schemas.workers import WorkerLost, WorkerRecovered
-from tests.projections.test_reducers import Job, Log, _asg, _register, _verify
+from tests.support.reducer_builders import Job, Log, asg, register, verify
 
 S = 1_000_000_000
 
@@ -37,7 +37,7 @@ def test_a_shard_stopped_by_its_agent_is_retried_until_its_third_stop_fails_the_
     log = Log(SCHEDULE)
     job = _process_job(log, shards=1)
     for epoch in range(1, MAX_SHARD_ATTEMPTS + 1):
-        a = _asg(0, epoch)
+        a = asg(0, epoch)
         job.place(a)
         _fail(job, a, retryable=True, reason=f"agent stopped ({epoch})")
         decided = recovery.settle_failures(_record(log))
@@ -53,7 +53,7 @@ def test_a_shard_stopped_by_its_agent_is_retried_until_its_third_stop_fails_the_
 def test_a_shard_that_failed_on_its_own_fails_the_job_at_once_naming_the_lowest_slot() -> None:
     log = Log(SCHEDULE)
     job = _process_job(log, shards=3)
-    a0, a1, a2 = _asg(0, 1), _asg(1, 1, "w2"), _asg(2, 1, "w3")
+    a0, a1, a2 = asg(0, 1), asg(1, 1, "w2"), asg(2, 1, "w3")
     job.place(a0, a1, a2)
     _fail(job, a2, retryable=False, reason="Traceback: KeyError")
     _fail(job, a0, retryable=True, reason="agent stopped")
@@ -64,7 +64,7 @@ def test_a_shard_that_failed_on_its_own_fails_the_job_at_once_naming_the_lowest_
 def test_nothing_to_settle_for_a_healthy_job_a_finished_one_or_a_gang() -> None:
     log = Log(SCHEDULE)
     job = _process_job(log, shards=1)
-    a = _asg(0, 1)
+    a = asg(0, 1)
     job.place(a)
     assert recovery.settle_failures(_record(log)) == []
     _fail(job, a, retryable=True)
@@ -74,7 +74,7 @@ def test_nothing_to_settle_for_a_healthy_job_a_finished_one_or_a_gang() -> None:
 def test_a_lost_worker_gives_back_its_unfinished_assignments_and_rejected_ones_are_placed_elsewhere() -> None:
     log = Log(SCHEDULE)
     job = _process_job(log, shards=2)
-    a0, a1 = _asg(0, 1, "w1"), _asg(1, 1, "w2")
+    a0, a1 = asg(0, 1, "w1"), asg(1, 1, "w2")
     job.place(a0, a1)
     assert recovery.revocations_on(_record(log), "w1", "worker lost") == [recovery.revoked(a0, "worker lost")]
     assert recovery.revocations_on(_record(log), "w9", "worker lost") == []
@@ -86,8 +86,8 @@ def test_a_lost_worker_gives_back_its_unfinished_assignments_and_rejected_ones_a
 
 def test_loss_and_recovery_of_a_worker() -> None:
     log = Log(REGISTRY)
-    _register(log, "w1", 0.0)
-    _verify(log, "w1", 1.0)
+    register(log, "w1", 0.0)
+    verify(log, "w1", 1.0)
     record = log.state.workers["w1"]
     beat = LastBeat(seq=7, time_ns=10 * S, interval_s=1.0)
     lost = recovery.lost(record, beat, now_ns=14 * S)

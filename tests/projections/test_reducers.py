@@ -15,7 +15,6 @@ from core.streams import (
     job_subject,
     metering_subject,
     provider_subject,
-    stream_for_subject,
     tenant_subject,
     worker_subject,
 )
@@ -50,24 +49,21 @@ from schemas.endpoints import (
 )
 from schemas.envelope import Recorded
 from schemas.jobs import (
-    JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
-    JobPlaced,
     JobProgress,
     JobQueued,
     JobRejected,
     JobRoundCompleted,
     JobShardCompleted,
-    JobStarted,
     JobSubmitted,
 )
 from schemas.metering import TokensServed, UsageTick
 from schemas.providers import ProviderKeyRevoked
 from schemas.tenants import QuotaSet
-from schemas.values import Assignment, Gpu, Provenance
+from schemas.values import Assignment, Gpu
 from schemas.workers import (
     Heartbeat,
     WorkerCordoned,
@@ -78,43 +74,21 @@ from schemas.workers import (
     WorkerRecovered,
     WorkerRegistered,
     WorkerUncordoned,
-    WorkerVerified,
 )
-
-S = 1_000_000_000
-HOUR_MS = 3_600_000
-APRIL_MS = 1_775_001_600_000  # 2026-04-01T00:00:00Z
-
-
-class Log:
-    """A tiny stand-in for one stream: numbers records and folds them into a projection's state."""
-
-    def __init__(self, projection: Projection[Any]) -> None:
-        self.projection = projection
-        self.state = projection.initial()
-        self.seq = 0
-        self.records: list[Recorded[Any]] = []
-
-    def __call__(self, subject: str, event: Event, t_s: float = 0.0) -> Recorded[Any]:
-        assert stream_for_subject(subject).name == self.projection.stream
-        self.seq += 1
-        record: Recorded[Any] = Recorded(
-            stream=self.projection.stream,
-            seq=self.seq,
-            subject=subject,
-            time_ns=round(t_s * S),
-            msg_id=f"m{self.seq}",
-            event=event,
-        )
-        self.records.append(record)
-        self.state = self.projection.evolve(self.state, record)
-        return record
-
-
-def roundtrips(projection: Projection[Any], state: msgspec.Struct) -> None:
-    decoded = msgspec.json.decode(canonical_json(state), type=projection.state_type)
-    assert decoded == state
-    assert state_hash(decoded) == state_hash(state)
+from tests.support.reducer_builders import (
+    APRIL_MS,
+    HOUR_MS,
+    PROV,
+    Endpoint,
+    Job,
+    Log,
+    S,
+    asg,
+    register,
+    roundtrips,
+    usage_tick,
+    verify,
+)
 
 
 def test_projection_table() -> None:
@@ -142,46 +116,18 @@ def test_projection_table() -> None:
 # --- pricing ------------------------------------------------------------------------------------
 
 
-def _tick(**kw: Any) -> UsageTick:
-    fields: dict[str, Any] = {
-        "work_id": "j1",
-        "work_kind": "job",
-        "assignment_id": "a1",
-        "epoch": 1,
-        "provider": "p1",
-        "gpu_type": "H100",
-        "pool": "shared",
-        "start_ms": APRIL_MS,
-        "end_ms": APRIL_MS + HOUR_MS,
-        "gpu_ms": HOUR_MS,
-        "tier": "platinum",
-    }
-    fields.update(kw)
-    return UsageTick(**fields)
-
-
 # --- registry -----------------------------------------------------------------------------------
-
-
-def _register(log: Log, worker: str, t_s: float = 0.0, **kw: Any) -> None:
-    fields: dict[str, Any] = {"provider": "p1", "hostname": f"{worker}.example", "cpus": 8}
-    fields.update(kw)
-    log(worker_subject(worker, WorkerRegistered), WorkerRegistered(**fields), t_s)
-
-
-def _verify(log: Log, worker: str, t_s: float = 0.0) -> None:
-    log(worker_subject(worker, WorkerVerified), WorkerVerified(challenge_id=f"c-{worker}"), t_s)
 
 
 def test_registry_register_cordon_and_reregister() -> None:
     log = Log(REGISTRY)
-    _register(log, "w1", gpus=[Gpu(index=0, model="T4", vram_total_mb=15_000, vram_free_mb=15_000)])
-    _register(log, "w2")
+    register(log, "w1", gpus=[Gpu(index=0, model="T4", vram_total_mb=15_000, vram_free_mb=15_000)])
+    register(log, "w2")
     state: RegistryState = log.state
     assert [w.state for w in state.workers.values()] == ["unverified", "unverified"]
     assert available(state) == []  # no tenant work before verification
-    _verify(log, "w1")
-    _verify(log, "w2")
+    verify(log, "w1")
+    verify(log, "w2")
     assert [w.worker_id for w in available(state)] == ["w1", "w2"]
     assert state.workers["w1"].since_ns == 0 and state.workers["w1"].last_change_seq == 3
 
@@ -189,7 +135,7 @@ def test_registry_register_cordon_and_reregister() -> None:
     assert state.workers["w1"].state == "cordoned"
     assert [w.worker_id for w in available(state)] == ["w2"]
 
-    _register(log, "w1", 7, driver="560.1", cpus=16)  # an agent restart: new hardware facts, same cordon
+    register(log, "w1", 7, driver="560.1", cpus=16)  # an agent restart: new hardware facts, same cordon
     w1 = state.workers["w1"]
     assert (
         w1.state,
@@ -212,14 +158,14 @@ def test_registry_register_cordon_and_reregister() -> None:
     log(worker_subject("w1", WorkerUncordoned), WorkerUncordoned(by="ops"))
     uncordoned = state.workers["w1"]
     assert (uncordoned.state, uncordoned.cordon_reason) == ("unverified", "")
-    _verify(log, "w1", 9)
+    verify(log, "w1", 9)
     assert (state.workers["w1"].state, state.workers["w1"].verified_ns) == ("available", 9 * S)
     roundtrips(REGISTRY, state)
 
 
 def test_registry_lost_and_recovered_accumulate_downtime() -> None:
     log = Log(REGISTRY)
-    _register(log, "w1", 100)
+    register(log, "w1", 100)
     log(worker_subject("w1", WorkerCordoned), WorkerCordoned(reason="r", by="ops"), 105)
     log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 110)
     log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=9), 115)  # already lost: keeps the first
@@ -244,8 +190,8 @@ def test_registry_lost_and_recovered_accumulate_downtime() -> None:
 
 def test_registry_deregistration_closes_downtime_and_excludes_its_interval() -> None:
     log = Log(REGISTRY)
-    _register(log, "w1", 0)
-    _verify(log, "w1", 0)
+    register(log, "w1", 0)
+    verify(log, "w1", 0)
     log(worker_subject("w1", WorkerLost), WorkerLost(silent_s=3), 50)
     log(worker_subject("w1", WorkerDeregistered), WorkerDeregistered(reason="sold"), 60)
     state: RegistryState = log.state
@@ -256,7 +202,7 @@ def test_registry_deregistration_closes_downtime_and_excludes_its_interval() -> 
     assert state.workers["w1"] == msgspec.structs.replace(w1, last_seq=w1.last_seq + 1)
     assert available(state) == []
 
-    _register(log, "w1", 100)  # the same (no) GPUs: still verified
+    register(log, "w1", 100)  # the same (no) GPUs: still verified
     w1 = state.workers["w1"]
     assert (w1.state, w1.excluded_ns, w1.deregistered_ns, w1.since_ns) == ("available", 40 * S, None, 0)
     assert uptime(w1, 160 * S) == pytest.approx(1 - 10 / 120)
@@ -303,50 +249,6 @@ def test_liveness_keeps_the_latest_beat() -> None:
 # --- schedule -----------------------------------------------------------------------------------
 
 
-def _asg(slot: int, epoch: int, worker: str = "w1", work: str = "j1") -> Assignment:
-    return Assignment(
-        assignment_id=f"{work}-{slot}-{epoch}", worker_id=worker, slot=slot, epoch=epoch, gpus=1
-    )
-
-
-PROV = Provenance(candidates=1)
-
-
-class Job:
-    """One job's subject tree on a :class:`Log` of JOBS."""
-
-    def __init__(self, log: Log, job_id: str = "j1", tenant: str = "acme") -> None:
-        self.log, self.tenant, self.job_id = log, tenant, job_id
-
-    def __call__(self, event: Event, t_s: float = 0.0) -> Recorded[Any]:
-        return self.log(job_subject(self.tenant, self.job_id, event), event, t_s)
-
-    def submit(self, shards: int = 2, priority: int = 0) -> None:
-        self(JobSubmitted(name=self.job_id, kind="ddp", shards=shards, priority=priority))
-
-    def place(self, *assignments: Assignment) -> None:
-        self(JobPlaced(assignments=list(assignments), provenance=PROV))
-
-    def start(self, a: Assignment) -> None:
-        self(JobStarted(assignment_id=a.assignment_id, worker_id=a.worker_id, slot=a.slot, epoch=a.epoch))
-
-    def revoke(self, a: Assignment, reason: str = "worker lost") -> None:
-        self(
-            JobAssignmentRevoked(
-                assignment_id=a.assignment_id,
-                worker_id=a.worker_id,
-                slot=a.slot,
-                epoch=a.epoch,
-                reason=reason,
-            )
-        )
-
-    @property
-    def record(self) -> Any:
-        state: ScheduleState = self.log.state
-        return state.jobs[job_key(self.tenant, self.job_id)]
-
-
 def test_schedule_lifecycle_to_running() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
@@ -354,12 +256,12 @@ def test_schedule_lifecycle_to_running() -> None:
     assert (job.record.state, job.record.submitted_seq, job.record.last_seq) == ("queued", 1, 1)
     job(JobQueued(reason="no H100 free"))
     assert job.record.queue_reason == "no H100 free"
-    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job.place(asg(0, 1), asg(1, 1, "w2"))
     assert (job.record.state, job.record.epoch, sorted(job.record.assignments)) == ("placed", 1, ["0", "1"])
     assert job.record.queue_reason == ""
-    job.start(_asg(0, 1))
+    job.start(asg(0, 1))
     assert job.record.state == "running" and job.record.started == {"0": 1}
-    job.start(_asg(1, 1, "w2"))
+    job.start(asg(1, 1, "w2"))
     assert missing_slots(job.record) == []
     assert [a.assignment_id for _, a in active_assignments(log.state, "w2")] == ["j1-1-1"]
     roundtrips(SCHEDULE, log.state)
@@ -369,25 +271,25 @@ def test_schedule_revocation_requeues_and_replacement_supersedes() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit()
-    job.place(_asg(0, 1), _asg(1, 1, "w2"))
-    job.start(_asg(0, 1))
-    job.start(_asg(1, 1, "w2"))
+    job.place(asg(0, 1), asg(1, 1, "w2"))
+    job.start(asg(0, 1))
+    job.start(asg(1, 1, "w2"))
 
-    job.revoke(_asg(1, 1, "w2"))
+    job.revoke(asg(1, 1, "w2"))
     record = job.record
     assert (record.state, sorted(record.assignments), record.started) == ("queued", ["0"], {"0": 1})
     assert (missing_slots(record), record.revocations, record.queue_reason) == ([1], 1, "worker lost")
     assert [j.job_id for j in pending(log.state)] == ["j1"]
 
-    job.revoke(_asg(1, 1, "w2"))  # a repeated revocation: no assignment to take back
+    job.revoke(asg(1, 1, "w2"))  # a repeated revocation: no assignment to take back
     assert job.record.revocations == 1
-    job.place(_asg(1, 1, "w3"))  # an epoch the job has already seen: stale placement
+    job.place(asg(1, 1, "w3"))  # an epoch the job has already seen: stale placement
     assert missing_slots(job.record) == [1]
 
-    job.place(_asg(1, 2, "w3"))
+    job.place(asg(1, 2, "w3"))
     record = job.record
     assert (record.state, record.epoch, record.assignments["1"].worker_id) == ("running", 2, "w3")
-    job.revoke(_asg(1, 1, "w2"))  # the old assignment of slot 1 again: the new one survives
+    job.revoke(asg(1, 1, "w2"))  # the old assignment of slot 1 again: the new one survives
     assert job.record.assignments["1"].epoch == 2 and job.record.state == "running"
     assert pending(log.state) == []
 
@@ -396,16 +298,16 @@ def test_schedule_ignores_events_of_a_stale_epoch() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit(shards=1)
-    job.place(_asg(0, 1))
-    job.start(_asg(0, 1))
+    job.place(asg(0, 1))
+    job.start(asg(0, 1))
     job(JobProgress(epoch=1, slot=0, step=10, loss=2.0))
-    job.revoke(_asg(0, 1))
+    job.revoke(asg(0, 1))
     job(JobProgress(epoch=1, slot=0, step=11, loss=1.9))  # revoked: nobody's progress
     assert job.record.progress.step == 10
-    job.place(_asg(0, 2, "w2"))
-    job.start(_asg(0, 1))  # the zombie starts again: stale
+    job.place(asg(0, 2, "w2"))
+    job.start(asg(0, 1))  # the zombie starts again: stale
     assert job.record.state == "placed" and job.record.started == {}
-    job.start(_asg(0, 2, "w2"))
+    job.start(asg(0, 2, "w2"))
     before = job.record
 
     job(JobProgress(epoch=1, slot=0, step=99, loss=9.9))
@@ -434,10 +336,10 @@ def test_schedule_failures_and_rejections() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit(shards=1)
-    job.place(_asg(0, 1))
+    job.place(asg(0, 1))
     job(JobRejected(assignment_id="j1-0-1", worker_id="w1", epoch=1, reason="tenant not allowed"))
     assert job.record.rejected_by == {"w1": "tenant not allowed"}
-    job.start(_asg(0, 1))
+    job.start(asg(0, 1))
     job(JobFailed(reason="OOM", epoch=1, slot=0, log_tail="killed"))  # a shard failure: counted
     assert (job.record.state, job.record.failures, job.record.log_tail) == ("running", 1, "killed")
     job(JobFailed(reason="flaky", epoch=1, retryable=True))  # retryable: counted, not terminal
@@ -467,13 +369,13 @@ def test_schedule_terminal_states_are_sticky(terminal: Event) -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit(shards=1)
-    job.place(_asg(0, 1))
-    job.start(_asg(0, 1))
+    job.place(asg(0, 1))
+    job.start(asg(0, 1))
     job(terminal, t_s=9)
     ended = job.record
     assert ended.state in {"completed", "cancelled", "failed"} and ended.ended_ns == 9 * S
-    job.revoke(_asg(0, 1))
-    job.place(_asg(0, 2))
+    job.revoke(asg(0, 1))
+    job.place(asg(0, 2))
     job(JobProgress(epoch=1, slot=0, step=5))
     job(JobRoundCompleted(round=7))
     job(JobCompleted(outputs=["other"]))
@@ -492,13 +394,13 @@ def test_schedule_a_completed_job_has_every_current_shard_done() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job(JobSubmitted(name="fl", kind="federated", shards=3, rounds=2))
-    first, second, third = _asg(0, 1), _asg(1, 1, "w2"), _asg(2, 1, "w3")
+    first, second, third = asg(0, 1), asg(1, 1, "w2"), asg(2, 1, "w3")
     job.place(first, second, third)
     for a in (first, second, third):
         job.start(a)
     job(JobShardCompleted(assignment_id=third.assignment_id, worker_id="w3", slot=2, epoch=1))
     job.revoke(first)  # lost after the last round: the job completes all the same
-    job.place(_asg(0, 2, "w4"))
+    job.place(asg(0, 2, "w4"))
     job(JobCompleted(outputs=["jobs/fl/model_out/model.npz"]), t_s=30)
     record = job.record
     assert (record.state, record.ended_ns) == ("completed", 30 * S)
@@ -518,7 +420,7 @@ def test_schedule_pending_order_and_unknown_jobs() -> None:
     Job(log, "mid").submit(priority=3)
     placed = Job(log, "placed")
     placed.submit(priority=9, shards=1)
-    placed.place(_asg(0, 1, work="placed"))
+    placed.place(asg(0, 1, work="placed"))
     Job(log, "low").submit(priority=99)  # a duplicate submission changes nothing
     state: ScheduleState = log.state
     assert "acme/ghost" not in state.jobs
@@ -539,31 +441,13 @@ def test_schedule_round_completed_only_moves_forward() -> None:
 # --- endpoints ----------------------------------------------------------------------------------
 
 
-class Endpoint:
-    def __init__(self, log: Log, endpoint_id: str = "e1") -> None:
-        self.log, self.endpoint_id = log, endpoint_id
-
-    def __call__(self, event: Event, t_s: float = 0.0) -> None:
-        self.log(endpoint_subject("acme", self.endpoint_id, event), event, t_s)
-
-    @property
-    def record(self) -> Any:
-        state: EndpointsState = self.log.state
-        return state.endpoints[f"acme/{self.endpoint_id}"]
-
-    def up(self, a: Assignment, address: str) -> None:
-        self(EndpointReplicaPlaced(assignments=[a], provenance=PROV))
-        self(EndpointReplicaStarting(assignment_id=a.assignment_id, worker_id=a.worker_id, epoch=a.epoch))
-        self(EndpointReplicaReady(assignment_id=a.assignment_id, epoch=a.epoch, address=address))
-
-
 def test_endpoint_lifecycle_and_fencing() -> None:
     log = Log(ENDPOINTS)
     ep = Endpoint(log)
     ep(EndpointDeployed(name="chat", model="m", min_replicas=0, max_replicas=3, scale_to_zero_after_s=60))
     assert (ep.record.state, ep.record.desired_replicas, missing_replicas(ep.record)) == ("deploying", 1, [0])
 
-    r0, r1 = _asg(0, 1, "w1", "e1"), _asg(1, 2, "w2", "e1")
+    r0, r1 = asg(0, 1, "w1", "e1"), asg(1, 2, "w2", "e1")
     ep(EndpointReplicaPlaced(assignments=[r0], provenance=PROV))
     assert ep.record.replicas["0"].state == "placed" and ep.record.state == "deploying"
     ep(EndpointReplicaStarting(assignment_id=r0.assignment_id, worker_id="w1", epoch=1))
@@ -579,7 +463,7 @@ def test_endpoint_lifecycle_and_fencing() -> None:
     assert (ep.record.replicas["0"].state, ep.record.replicas["0"].reason) == ("lost", "worker lost")
     assert [r.slot for r in ready_replicas(ep.record)] == [1] and ep.record.state == "serving"
 
-    ep(EndpointReplicaPlaced(assignments=[_asg(0, 2, "w3", "e1")], provenance=PROV))  # stale epoch
+    ep(EndpointReplicaPlaced(assignments=[asg(0, 2, "w3", "e1")], provenance=PROV))  # stale epoch
     assert ep.record.replicas["0"].assignment_id == r0.assignment_id
     ep(
         EndpointReplicaRevoked(assignment_id="e1-1-2", worker_id="w2", slot=0, epoch=2, reason="x")
@@ -587,7 +471,7 @@ def test_endpoint_lifecycle_and_fencing() -> None:
     assert "0" in ep.record.replicas
     ep(EndpointReplicaRevoked(assignment_id=r0.assignment_id, worker_id="w1", slot=0, epoch=1, reason="lost"))
     assert missing_replicas(ep.record) == [0]
-    r0b = _asg(0, 3, "w3", "e1")
+    r0b = asg(0, 3, "w3", "e1")
     ep(EndpointReplicaPlaced(assignments=[r0b], provenance=PROV))
     ep(EndpointReplicaReady(assignment_id=r0b.assignment_id, epoch=2, address="http://zombie"))  # wrong epoch
     ep(EndpointReplicaReady(assignment_id=r0.assignment_id, epoch=1, address="http://zombie"))  # revoked
@@ -599,7 +483,7 @@ def test_endpoint_scale_to_zero_and_back_and_delete() -> None:
     log = Log(ENDPOINTS)
     ep = Endpoint(log)
     ep(EndpointDeployed(name="chat", model="m", min_replicas=1, max_replicas=2))
-    a = _asg(0, 1, "w1", "e1")
+    a = asg(0, 1, "w1", "e1")
     ep.up(a, "http://a:1")
     ep(EndpointScaledToZero(idle_s=300.0))
     record = ep.record
@@ -608,7 +492,7 @@ def test_endpoint_scale_to_zero_and_back_and_delete() -> None:
     assert ep.record.replicas == {}
     ep(EndpointScaled(replicas=1, reason="request at zero"))
     assert (ep.record.state, missing_replicas(ep.record)) == ("deploying", [0])
-    ep.up(_asg(0, 2, "w2", "e1"), "http://b:2")
+    ep.up(asg(0, 2, "w2", "e1"), "http://b:2")
     assert ep.record.state == "serving"
     ep(EndpointDeleted(by="alice"), t_s=50)
     deleted = ep.record
@@ -630,7 +514,7 @@ def test_endpoint_counts_replicas_failing_in_a_row_fails_and_only_its_tenant_rev
     ep(EndpointDeployed(name="emb", model="does/not/exist", max_replicas=2))
 
     def fail(slot: int, epoch: int, retryable: bool = False) -> None:
-        a = _asg(slot, epoch, work="e1")
+        a = asg(slot, epoch, work="e1")
         ep(EndpointReplicaPlaced(assignments=[a], provenance=PROV))
         ep(
             EndpointReplicaLost(
@@ -654,7 +538,7 @@ def test_endpoint_counts_replicas_failing_in_a_row_fails_and_only_its_tenant_rev
         "exit status 1",
         "tail 1",
     )
-    ep.up(_asg(0, 3, work="e1"), "http://a:1")  # a ready replica resets the count
+    ep.up(asg(0, 3, work="e1"), "http://a:1")  # a ready replica resets the count
     assert (ep.record.start_failures, ep.record.state) == (0, "serving")
     ep(EndpointReplicaLost(assignment_id="e1-0-3", epoch=3, reason="exit status 3", log_tail="tail 3"))
     ep(EndpointReplicaRevoked(assignment_id="e1-0-3", worker_id="w1", slot=0, epoch=3, reason="lost"))
@@ -694,7 +578,7 @@ def test_endpoint_events_before_deploy_are_ignored() -> None:
 
 def _meter(log: Log, tenant: str = "acme", worker: str = "w1", t_s: float = 0.0, **kw: Any) -> Recorded[Any]:
     """A usage tick on its assignment's subject (the kernel's layout)."""
-    tick = _tick(**kw)
+    tick = usage_tick(**kw)
     return log(metering_subject(tenant, worker, tick.assignment_id, UsageTick), tick, t_s)
 
 
@@ -766,10 +650,10 @@ def test_ledger_reads_the_legacy_layouts_like_the_kernels() -> None:
     legacy, current = Log(LEDGER), Log(LEDGER)
     for i in range(3):
         interval = {"start_ms": APRIL_MS + i * 10_000, "end_ms": APRIL_MS + (i + 1) * 10_000}
-        usage = _tick(gpu_ms=10_000, tokens=999, **interval)  # an agent's claim of tokens: ignored
+        usage = usage_tick(gpu_ms=10_000, tokens=999, **interval)  # an agent's claim of tokens: ignored
         legacy("meter.acme.w1", usage)
         _meter(current, gpu_ms=10_000, tokens=999, **interval)
-        counted = _tick(gpu_ms=0, tokens=40 + i, source="gateway-a", **interval)
+        counted = usage_tick(gpu_ms=0, tokens=40 + i, source="gateway-a", **interval)
         legacy("meter.acme.w1.tokens", counted)
         _served(current, 40 + i, work_kind="job", **interval)
     old: LedgerState = legacy.state
@@ -794,9 +678,9 @@ def test_ledger_reads_the_legacy_layouts_like_the_kernels() -> None:
 def test_ledger_takes_tokens_only_from_the_kernels_counts() -> None:
     log = Log(LEDGER)
     _meter(log, tokens=500)  # the kernel's usage tick carries the agent's claim: not billed
-    log("meter.acme.w1", _tick(assignment_id="a2", tokens=500))  # nor on the legacy agent subject
+    log("meter.acme.w1", usage_tick(assignment_id="a2", tokens=500))  # nor on the legacy agent subject
     _served(log, 40)
-    log("meter.acme.w1.tokens", _tick(assignment_id="a3", gpu_ms=0, tokens=2, source="gateway-b"))
+    log("meter.acme.w1.tokens", usage_tick(assignment_id="a3", gpu_ms=0, tokens=2, source="gateway-b"))
     state: LedgerState = log.state
     # the endpoint j1's count, and the legacy tick's (of the job j1): each on its own kind's line
     assert state.lines["acme/2026-04/endpoint/j1/H100/shared/v1"].tokens == 40
@@ -804,7 +688,7 @@ def test_ledger_takes_tokens_only_from_the_kernels_counts() -> None:
     assert state.invalid == 0
     # shapes the ledger does not bill: a tick on a 4-token subject that is not a gateway's, a count
     # of tokens on a usage subject, a negative count
-    log("meter.acme.w1.a4", _tick(assignment_id="a4"))
+    log("meter.acme.w1.a4", usage_tick(assignment_id="a4"))
     served = TokensServed(
         work_id="j1",
         assignment_id="a5",
@@ -1000,7 +884,7 @@ def _churn(ticks: int, start_s: float = 0.0) -> list[tuple[str, Event, float]]:
             continue
         if i % 97 == 0 and round_:
             begin -= 60_000  # a retry of the interval before
-        usage = _tick(
+        usage = usage_tick(
             work_id=work,
             work_kind="endpoint",
             assignment_id=assignment,
@@ -1038,11 +922,11 @@ def test_ledger_fold_is_the_same_however_it_is_chunked(monkeypatch: pytest.Monke
     log = Log(LEDGER)
     for subject, event, t_s in _churn(6_000):
         log(subject, event, 300 * t_s)  # minutes stored 5 hours apart: marks expire on the way
-    legacy = _tick(assignment_id="old", start_ms=APRIL_MS, end_ms=APRIL_MS + 60_000)
+    legacy = usage_tick(assignment_id="old", start_ms=APRIL_MS, end_ms=APRIL_MS + 60_000)
     log("meter.acme.w9", legacy, 10**7)
     log("meter.acme.w9", legacy, 10**7)
     log("meter.acme.w9.tokens", msgspec.structs.replace(legacy, tokens=3, source="gateway-a"), 10**7)
-    log("meter.acme.w9", _tick(gpu_ms=-5), 10**7)
+    log("meter.acme.w9", usage_tick(gpu_ms=-5), 10**7)
     expected = state_hash(log.state)
     assert log.state.duplicates > 0 and log.state.invalid == 1
     assert len(log.state.marks) < 100  # the marks of the older assignments were pruned on the way
@@ -1096,7 +980,7 @@ def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit(shards=2)
-    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job.place(asg(0, 1), asg(1, 1, "w2"))
 
     def shard_done(a: Assignment) -> None:
         done = JobShardCompleted(
@@ -1104,12 +988,12 @@ def test_schedule_shard_completion_counts_only_the_current_assignment() -> None:
         )
         job(done)
 
-    shard_done(_asg(0, 1))
-    shard_done(_asg(1, 0, "w9"))  # a zombie of an older epoch: ignored
+    shard_done(asg(0, 1))
+    shard_done(asg(1, 0, "w9"))  # a zombie of an older epoch: ignored
     assert job.record.done == {"0": 1}
-    job.revoke(_asg(1, 1, "w2"))
-    job.place(_asg(1, 2, "w3"))
-    shard_done(_asg(1, 2, "w3"))
+    job.revoke(asg(1, 1, "w2"))
+    job.place(asg(1, 2, "w3"))
+    shard_done(asg(1, 2, "w3"))
     assert job.record.done == {"0": 1, "1": 2}
     assert job.record.state != "completed"  # completion is the coordinator's job.completed event
     roundtrips(SCHEDULE, log.state)
@@ -1138,13 +1022,13 @@ def test_schedule_remembers_failed_shards_until_they_are_placed_again() -> None:
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit(shards=2)
-    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job.place(asg(0, 1), asg(1, 1, "w2"))
     job(JobFailed(reason="exit status 7", epoch=1, slot=1, log_tail="boom"))
     job(JobFailed(reason="agent stopped", epoch=1, slot=0, retryable=True))
     assert job.record.failed_slots == {"1": False, "0": True}
     assert job.record.state != "failed"  # the coordinator decides: fail the job or retry the shard
-    job.revoke(_asg(0, 1), "retry: agent stopped")
-    job.place(_asg(0, 2, "w3"))
+    job.revoke(asg(0, 1), "retry: agent stopped")
+    job.place(asg(0, 2, "w3"))
     assert job.record.failed_slots == {"1": False}
 
 
@@ -1152,11 +1036,11 @@ def test_schedule_counts_each_slots_retryable_failures_over_its_epochs() -> None
     log = Log(SCHEDULE)
     job = Job(log)
     job.submit(shards=2)
-    job.place(_asg(0, 1), _asg(1, 1, "w2"))
+    job.place(asg(0, 1), asg(1, 1, "w2"))
     job(JobFailed(reason="agent stopped", epoch=1, slot=0, retryable=True))
     job(JobFailed(reason="exit status 7", epoch=1, slot=1))  # not retryable: not a retry
-    job.revoke(_asg(0, 1), "retry: agent stopped")
-    job.place(_asg(0, 2, "w3"))
+    job.revoke(asg(0, 1), "retry: agent stopped")
+    job.place(asg(0, 2, "w3"))
     job(JobFailed(reason="agent restarted", epoch=2, slot=0, retryable=True))
     job(JobFailed(reason="agent stopped", epoch=1, slot=0, retryable=True))  # a stale epoch: fenced
     assert job.record.retries == {"0": 2}

@@ -23,7 +23,7 @@ from schemas.endpoints import (
 )
 from schemas.values import Assignment, Provenance
 from schemas.workers import WorkerLost
-from tests.projections.test_reducers import Endpoint, Log, _register, _verify
+from tests.support.reducer_builders import Endpoint, Log, register, verify
 
 PROV = Provenance(candidates=1)
 
@@ -112,8 +112,8 @@ def test_a_placement_a_start_and_a_missing_model() -> None:
 def test_gone_workers_are_the_lost_and_the_deregistered() -> None:
     log = Log(REGISTRY)
     for worker in ("w1", "w2"):
-        _register(log, worker)
-        _verify(log, worker)
+        register(log, worker)
+        verify(log, worker)
     log("worker.w2.lost", WorkerLost(silent_s=3.0, last_heartbeat_seq=1), 5.0)
     assert replica_upkeep.gone_workers(log.state.workers) == {"w2"}
 

@@ -2,10 +2,14 @@
 
 Provider accounts are created by appending ``provider.created`` and ``provider.api_key_issued`` (the
 provider-accounts routes are another area's); workers by appending ``worker.registered`` and a
-heartbeat, as an agent would.
+heartbeat, as an agent would. :func:`provider` and :func:`token` go through the provider-accounts
+routes instead, as the operator and a provider would: for the tests of those routes and of enrollment.
 """
 
 from __future__ import annotations
+
+import secrets
+from typing import Any
 
 from core.streams import heartbeat_subject, provider_subject, worker_subject
 from gateway.auth import new_key
@@ -60,3 +64,20 @@ async def register_worker(
     if beat:
         heartbeat = Heartbeat(interval_s=30.0, cpu_pct=12.5, memory_used_mb=2048)
         await api.kernel.append(heartbeat_subject(worker_id), heartbeat, visible_in=LIVENESS)
+
+
+async def provider(api: Api, name: str | None = None) -> tuple[str, str]:
+    """Create a provider; returns ``(provider id, its first key)``."""
+    name = name or f"p-{secrets.token_hex(4)}"
+    response = await api.request(
+        "POST", "/v1/providers", api.operator_key, json={"provider": name, "display_name": "GPU Co"}
+    )
+    assert response.status_code == 201, response.text
+    return name, response.json()["api_key"]["key"]
+
+
+async def token(api: Api, name: str, key: str, **body: Any) -> dict[str, Any]:
+    response = await api.request("POST", f"/v1/providers/{name}/enrollment-tokens", key, json=body)
+    assert response.status_code == 201, response.text
+    result: dict[str, Any] = response.json()
+    return result

@@ -1,25 +1,32 @@
-"""Helpers for the federated tests: a workspace with an example's code and shards, and the kernel
-services (coordinator, federation service) as processes."""
+"""Helpers for the federated tests: a workspace with an example's code and shards, the kernel
+services (coordinator, federation service) as processes, waiting on a job's records and on its
+processes to stop, and FedAvg computed by hand to check a trained model against."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.log import EventLog
 from core.objects import bucket_for, provision, s3_client
-from core.proctags import kill_tagged
+from core.proctags import kill_tagged, tagged_pids
 from core.settings import Settings
 from core.streams import job_subject
 from ops.federation.server import TAG
-from schemas.jobs import FederatedTraining, JobResources, JobSubmitted
-from tests.support import REPO
+from schemas.jobs import FederatedTraining, JobFailed, JobPlaced, JobResources, JobSubmitted
+from tests.support import REPO, of, records
 
 EXAMPLES = REPO / "examples"
 TENANT = "acme"
@@ -109,6 +116,13 @@ async def submit(
     return job_id
 
 
+TEST_LEASE_S = "20"
+"""The federation service's claim lease here (the default is 8 s). On a loaded machine (a CI run beside
+other work) the service went 8 s without a stored renewal now and then: it fenced its own FL server and
+started the run again, correctly, but these tests check runs that nothing interrupted. The tests of
+lapses and takeovers (``tests/e2e/training/test_federation_claims.py``) run their own instances."""
+
+
 class Kernel:
     """The coordinator and the federation service as processes (``resontech coordinator`` and
     ``resontech federation``), as the dev stack runs them: NVFlare's admin client threads must not
@@ -117,7 +131,7 @@ class Kernel:
     def __init__(self, settings: Settings, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RESONTECH_")}
-        self.env.update(env or {})
+        self.env.update({"RESONTECH_FEDERATION_LEASE_S": TEST_LEASE_S, **(env or {})})
         self.env.update(
             RESONTECH_NATS_URL=settings.nats_url,
             RESONTECH_S3_ENDPOINT=settings.s3_endpoint,
@@ -173,3 +187,69 @@ def kernel(settings: Settings, data_dir: Path, env: dict[str, str] | None = None
             k.stop(service)
         for job_dir in k.federations.glob("*/*"):  # nothing of NVFlare outlives the test
             kill_tagged(TAG, f"{job_dir.parent.name}/{job_dir.name}")
+
+
+HEARTBEAT = ("--heartbeat", "2.0")
+"""Agents beat every 2 s (lost after 6 s of silence): NVFlare keeps these two cores busy, and at 1 s a
+loaded machine lost a healthy client's host now and then (its client was placed again)."""
+
+
+async def wait_for(
+    log: EventLog, kind: type, what: str, timeout: float = 120.0, subjects: str | None = None
+) -> list[Any]:
+    """The JOBS records once one of ``kind`` is there (or the job failed)."""
+    deadline = time.monotonic() + timeout
+    found: list[Any] = []
+    while time.monotonic() < deadline:
+        found = await records(log, "JOBS", subjects)
+        if of(found, kind) or of(found, JobFailed, slot=None):
+            return found
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
+
+
+def fedavg_by_hand(
+    shards: Path, *, rounds: int, epochs: int, lr: float, w0: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the example's FedAvg computes, without NVFlare: each site's gradient descent from the global
+    model (at first every weight ``w0``, the bias 0), then the average weighted by sample count."""
+    sites = []
+    for path in sorted(shards.glob("shard-*.zip")):
+        with zipfile.ZipFile(path) as archive, np.load(io.BytesIO(archive.read("data.npz"))) as data:
+            sites.append((data["x"], data["y"]))
+    w, b = np.full(sites[0][0].shape[1], w0), np.zeros(1)
+    for _ in range(rounds):
+        results = []
+        for x, y in sites:
+            lw, lb = w, b
+            for _ in range(epochs):
+                error = x @ lw + lb - y
+                lw, lb = lw - lr * 2 * x.T @ error / len(y), lb - lr * 2 * np.mean(error, keepdims=True)
+            results.append((lw, lb, len(y)))
+        total = sum(n for _, _, n in results)
+        w = sum(lw * n for lw, _, n in results) / total
+        b = sum(lb * n for _, lb, n in results) / total
+    return w, b
+
+
+def _cmdline(pid: int) -> str:
+    """What a process runs (empty once it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return ""
+
+
+async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
+    """Every client of the job and its FL server are gone (the job's end stops them)."""
+    assignments = [a.assignment_id for placed in of(found, JobPlaced) for a in placed.assignments]
+
+    def left() -> list[str]:
+        pids = [p for a in assignments for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", a)]
+        pids += tagged_pids(TAG, f"{TENANT}/{job}")
+        return [line for p in pids if (line := _cmdline(p))]
+
+    deadline = time.monotonic() + timeout
+    while (still := left()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+    assert not still, f"still running {timeout:.0f}s after the job ended: {still}"

@@ -5,6 +5,9 @@ no sockets. Tests that need a real server (WebSockets, the browser, SDK uploads)
 ``gateway_server``: ``python -m ops.cli gateway`` (granian) in a child process on a free loopback
 port, on the same fresh streams; ``serve_gateway(RESONTECH_GATEWAY_FEED_QUEUE="8")`` starts one with
 extra settings.
+
+The requests tests of several API areas repeat sit at the end: :func:`spec` and :func:`submit` a job,
+:func:`deploy_body` and :func:`deploy` an endpoint (each returns the response, whatever its status).
 """
 
 from __future__ import annotations
@@ -186,3 +189,27 @@ async def serve_gateway(
 async def gateway_server(serve_gateway: ServeGateway) -> GatewayServer:
     """A served gateway (granian, real sockets) on the test's fresh streams, with the operator key."""
     return await serve_gateway()
+
+
+# -- requests the jobs and endpoints API tests repeat ------------------------------------------------------
+
+SPEC: dict[str, Any] = {"name": "hello", "kind": "process", "command": ["python", "-c", "print(1)"]}
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    return {**SPEC, **changes}
+
+
+async def submit(api: Api, key: str | None, body: dict[str, Any], **kwargs: Any) -> Any:
+    return await api.request("POST", "/v1/jobs", key, json=body, **kwargs)
+
+
+DEPLOY: dict[str, Any] = {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def deploy_body(**changes: Any) -> dict[str, Any]:
+    return {**DEPLOY, **changes}
+
+
+async def deploy(api: Api, key: str | None, body: dict[str, Any], **kwargs: Any) -> Any:
+    return await api.request("POST", "/v1/endpoints", key, json=body, **kwargs)

@@ -4,7 +4,9 @@ fixtures ``secured`` and ``stack`` are in conftest.
 
 The gateway runs in-process (over httpx), with the sync of the server's agent users
 (``resontech nats-auth``) and the intake beside it, all with the kernel's credentials; agents enroll
-through the gateway and connect with their own.
+through the gateway and connect with their own. :func:`raw_agent` is an enrolled agent's credentials
+in a plain NATS client, as an attacker would use them; :func:`violation` waits for the server to refuse
+one of its publications or subscriptions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 
 from agent.enroll import apply, enroll
 from agent.settings import load_agent_settings
@@ -151,3 +154,37 @@ async def running_stack(server: NatsServer, store: ObjectStoreServer, root: Path
 def agent_settings(enrolled: Enrolled, state_dir: Path, base: Settings) -> Settings:
     _, core = apply(enrolled, load_agent_settings(state_dir.parent, {"state_dir": str(state_dir)}), base)
     return core
+
+
+# -- an enrolled agent's credentials in a plain NATS client ------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def raw_agent(enrolled: Enrolled) -> AsyncIterator[tuple[nats.NATS, list[str]]]:
+    """A plain NATS client with the agent's credentials, and the server's errors it receives."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc).lower())
+
+    creds = enrolled.nats
+    nc = await nats.connect(
+        creds.url,
+        user=creds.user,
+        password=creds.password,
+        inbox_prefix=creds.inbox_prefix,
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        yield nc, errors
+    finally:
+        await nc.close()
+
+
+async def violation(errors: list[str], subject: str) -> None:
+    """Wait until ``errors`` (of :func:`raw_agent`) hold the server's permissions violation on ``subject``."""
+    await until(
+        lambda: any("permissions violation" in e and subject.lower() in e for e in errors),
+        f"violation {subject}",
+    )

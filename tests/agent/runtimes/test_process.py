@@ -20,7 +20,7 @@ from agent.runtimes.process import ProcessRuntime, reap_orphans
 from core.cgroups import detect
 from core.sandbox import Sandbox
 from schemas.commands import WorkSpec
-from tests.agent.test_policy import cmd
+from tests.support.agent_commands import cmd
 
 
 def test_workload_env_is_clean_and_never_holds_credentials(tmp_path: Path) -> None:

@@ -11,11 +11,9 @@ import asyncio
 import itertools
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import nats
@@ -28,9 +26,8 @@ from core.cgroups import detect
 from core.log import EventLog
 from core.pricing import gpu_family
 from core.settings import Settings
-from core.streams import command_subject
 from ops.devstack.natsserver import NatsServer
-from schemas.commands import StartWork, StopWork, WorkSpec
+from schemas.commands import StopWork
 from schemas.jobs import (
     JobCheckpointed,
     JobFailed,
@@ -48,47 +45,12 @@ from tests.support import (
     AgentProcess,
     IntakeProcess,
     of,
-    place,
     records,
     registered,
     until,
     wait_records,
 )
-
-
-def start_work(
-    command: list[str], *, work_id: str = "j1", assignment_id: str = "j1-s0-e1", epoch: int = 1, **kw: Any
-) -> StartWork:
-    options = kw.pop("options", {})
-    return StartWork(
-        tenant=kw.pop("tenant", "acme"),
-        work_id=work_id,
-        work_kind="job",
-        assignment_id=assignment_id,
-        slot=kw.pop("slot", 0),
-        epoch=epoch,
-        spec=WorkSpec(
-            runtime="process",
-            command=command,
-            options=options,
-            env=kw.pop("env", {}),
-            tier=kw.pop("tier", "unverified"),
-            gpus=kw.pop("gpus", 0),
-        ),
-        **kw,
-    )
-
-
-def py(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
-
-
-async def send(log: EventLog, worker_id: str, command: Any, event_id: str | None = None) -> None:
-    """Send a command as the coordinator would: a start only once its work is placed in the log."""
-    if isinstance(command, StartWork):
-        await place(log, worker_id, command)
-    await log.append(command_subject(worker_id), command, event_id=event_id)
-
+from tests.support.work import py, send, start_work
 
 # -- registration and heartbeats -------------------------------------------------------------------
 

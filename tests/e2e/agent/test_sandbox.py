@@ -17,9 +17,9 @@ from core.log import EventLog
 from core.sandbox import python_paths
 from schemas.jobs import JobCompleted, JobFailed, JobRejected, JobShardCompleted, JobStarted
 from schemas.workers import WorkerRegistered
-from tests.core.test_sandbox import ETC_SEEN, PROBE, digest, read_proc
-from tests.e2e.agent.test_agent import py, send, start_work
 from tests.support import AgentProcess, of, records, registered, wait_records
+from tests.support.sandbox_probe import ETC_SEEN, PROBE, digest, read_proc
+from tests.support.work import py, send, start_work
 
 EXAMPLES_DIR = Path(__file__).parents[3] / "examples"
 
@@ -112,8 +112,16 @@ class ProbingPersistor(ModelPersistor):
 async def test_probes_in_nvflare_clients_and_the_fl_server_find_nothing(
     log: EventLog, settings: Any, agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
-    from tests.e2e.training.test_federated import HEARTBEAT, all_stopped, wait_for
-    from tests.support.federated import TENANT, kernel, submit, upload, upload_example
+    from tests.support.federated import (
+        HEARTBEAT,
+        TENANT,
+        all_stopped,
+        kernel,
+        submit,
+        upload,
+        upload_example,
+        wait_for,
+    )
 
     hosts = [agents("fl-probe-a", *HEARTBEAT), agents("fl-probe-b", *HEARTBEAT)]
     for host in hosts:

@@ -15,8 +15,7 @@ from core.streams import job_subject, tenant_subject
 from schemas.commands import StopWork
 from schemas.jobs import JobAssignmentRevoked, JobFailed, JobPlaced, JobQueued, JobResources, JobSubmitted
 from schemas.tenants import QuotaSet, TenantCreated
-from tests.e2e.coordinator.test_coordinator import coordinator
-from tests.support import AgentProcess, of, records, registered, wait_records
+from tests.support import AgentProcess, coordinator, of, records, registered, wait_records
 
 
 def gpu_agent(agents: Callable[..., AgentProcess], name: str, gpus: int, *extra: str) -> AgentProcess:

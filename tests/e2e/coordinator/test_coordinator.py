@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -16,13 +15,13 @@ from schemas.jobs import (
     JobFailed,
     JobPlaced,
     JobQueued,
-    JobResources,
     JobShardCompleted,
     JobStarted,
     JobSubmitted,
 )
 from schemas.workers import Heartbeat, WorkerCordoned, WorkerLost
 from tests.support import AgentProcess, coordinator, of, records, registered, until, wait_records
+from tests.support.work import py, submit
 
 CHECKPOINT_THEN_SLEEP = """
 import os, time
@@ -32,19 +31,6 @@ resumed = int(resume == "jobs/long/checkpoints/long/ckpt-1")
 print('RESONTECH_PROGRESS {"step": 2, "metrics": {"resumed": %d}}' % resumed, flush=True)
 time.sleep(0 if resume else 120)
 """
-
-
-def py(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
-
-
-async def submit(
-    log: EventLog, job_id: str, command: list[str], *, shards: int = 1, tenant: str = "acme"
-) -> None:
-    event = JobSubmitted(
-        name=job_id, kind="process", shards=shards, command=command, resources=JobResources()
-    )
-    await log.append(job_subject(tenant, job_id, event), event, event_id=f"submit-{tenant}-{job_id}")
 
 
 async def test_a_submitted_job_runs_on_an_agent_and_completes(

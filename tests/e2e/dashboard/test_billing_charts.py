@@ -21,7 +21,7 @@ from schemas.jobs import JobPlaced, JobSubmitted
 from schemas.metering import UsageTick
 from schemas.values import Assignment, GpuTelemetry, Provenance
 from schemas.workers import Heartbeat, WorkerLost, WorkerRecovered
-from tests.e2e.dashboard.test_dashboard import money, provider_key, register, until_http
+from tests.support.dashboard import known_provider_key, money, register_with_telemetry, until_http
 from tests.support.gateway import GatewayServer
 from tests.support.pages import open_dashboard
 
@@ -89,11 +89,11 @@ async def test_a_provider_sees_its_earnings_per_day_and_tier_and_its_nodes_uptim
 ) -> None:
     server = gateway_server
     tenant, _ = await server.tenant()
-    key = await provider_key(log, server, "prov-a")
-    await provider_key(log, server, "prov-b")
-    await register(log, "w-a1", "prov-a", gpus=2, util=87.5)
-    await register(log, "w-a2", "prov-a", gpus=1, util=40.0)
-    await register(log, "w-b1", "prov-b", gpus=1, util=10.0)
+    key = await known_provider_key(log, server, "prov-a")
+    await known_provider_key(log, server, "prov-b")
+    await register_with_telemetry(log, "w-a1", "prov-a", gpus=2, util=87.5)
+    await register_with_telemetry(log, "w-a2", "prov-a", gpus=1, util=40.0)
+    await register_with_telemetry(log, "w-b1", "prov-b", gpus=1, util=10.0)
     day = today()
     for back in range(14):
         await meter(
@@ -189,8 +189,8 @@ async def test_the_operator_sees_the_fleets_gpu_utilisation(
 ) -> None:
     server = gateway_server
     tenant, _ = await server.tenant()
-    await register(log, "w-f1", "prov-f", gpus=4, util=87.5)
-    await register(log, "w-f2", "prov-f", gpus=1, util=40.0)
+    await register_with_telemetry(log, "w-f1", "prov-f", gpus=4, util=87.5)
+    await register_with_telemetry(log, "w-f2", "prov-f", gpus=1, util=40.0)
     await asyncio.sleep(2 * MIN_BEAT_GAP_NS / 1e9)  # a worker's beats count one per gap: after its first
     for worker, util in (("w-f1", 62.5), ("w-f2", 20.0)):
         beat = Heartbeat(interval_s=30.0, gpus=[GpuTelemetry(index=0, util_pct=util)])

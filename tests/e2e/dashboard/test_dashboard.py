@@ -27,10 +27,8 @@ from core.streams import (
     heartbeat_subject,
     job_subject,
     metering_subject,
-    provider_subject,
     worker_subject,
 )
-from gateway.auth import new_key
 from gateway.dashboard import STATIC
 from projections import SCHEDULE
 from schemas.endpoints import (
@@ -42,12 +40,12 @@ from schemas.endpoints import (
 )
 from schemas.jobs import JobFailed, JobPlaced, JobProgress, JobStarted, JobSubmitted
 from schemas.metering import UsageTick
-from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
-from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
-from tests.e2e.inference.test_inference import SLOW_HOST, ST_READY_S, _engine_pid
+from schemas.workers import Heartbeat, WorkerRegistered
 from tests.support import REPO, AgentProcess, coordinator, registered
+from tests.support.dashboard import known_provider_key, money, ms, register_with_telemetry, until_http
 from tests.support.gateway import GatewayServer, ServeGateway
+from tests.support.inference import SLOW_HOST, ST_READY_S, engine_pid
 from tests.support.pages import open_dashboard
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -97,22 +95,6 @@ async def append_job_events(log: EventLog, tenant: str, job_id: str, *events: An
     for event in events:
         seq = (await log.append(job_subject(tenant, job_id, event), event)).seq
     return seq
-
-
-def money(amount: dict[str, Any]) -> str:
-    """An amount as the page shows it: dollars, at least two decimals, trailing zeros dropped."""
-    dollars, cents = amount["usd"].split(".")
-    return f"${int(dollars):,}.{cents.rstrip('0').ljust(2, '0')}"
-
-
-async def until_http(server: GatewayServer, path: str, key: str, check: Any, what: str) -> Any:
-    """Poll a GET until ``check(body)`` holds (the served gateway applies appended events shortly)."""
-    for _ in range(200):
-        response = await server.request("GET", path, key)
-        if response.status_code == 200 and check(response.json()):
-            return response.json()
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 async def test_a_tenant_watches_its_jobs_live_and_cancels_one(
@@ -404,13 +386,6 @@ async def test_the_operator_picks_a_tenant_and_pages_through_a_thousand_jobs(
     assert dashboard.errors == []
 
 
-def ms(value: float) -> str:
-    """A latency as the page shows it (dom.js ``fmt.ms``)."""
-    if value < 10:
-        return f"{value:.1f} ms"
-    return f"{round(value)} ms" if value < 1000 else f"{value / 1000:.2f} s"
-
-
 async def check_cli(server: GatewayServer, key: str, endpoint: str, tmp_path: Path) -> None:
     """``resontech endpoints`` and ``status`` show the API's traffic figures; ``--json`` all of them."""
     body = (await server.request("GET", f"/v1/endpoints/{endpoint}", key)).json()
@@ -496,7 +471,7 @@ async def test_an_endpoint_serving_traffic_shows_its_figures_live_in_the_page_an
 
         # A failure: the engine dies while its agent is paused (nothing has reported it lost yet),
         # so the gateway has no replica left for the next request and answers 503.
-        engine = _engine_pid([replica["address"]])
+        engine = engine_pid([replica["address"]])
         assert agent.proc is not None
         os.kill(agent.proc.pid, signal.SIGSTOP)
         try:
@@ -518,47 +493,15 @@ async def test_an_endpoint_serving_traffic_shows_its_figures_live_in_the_page_an
     assert dashboard.errors == []
 
 
-async def provider_key(log: EventLog, server: GatewayServer, provider: str) -> str:
-    created = ProviderCreated(display_name=provider, created_by="operator")
-    await log.append(provider_subject(provider, created), created)
-    key_id, key, sha = new_key()
-    issued = ProviderKeyIssued(key_id=key_id, key_sha256=sha, label="test", issued_by="operator")
-    await log.append(provider_subject(provider, issued), issued)
-    await until_http(server, "/v1/me", key, lambda body: body["kind"] == "provider", "the key is known")
-    return key
-
-
-async def register(log: EventLog, worker_id: str, provider: str, gpus: int, util: float) -> None:
-    registered = WorkerRegistered(
-        provider=provider,
-        hostname=f"host-{worker_id}",
-        region="eu-west",
-        gpus=[
-            Gpu(index=i, model="NVIDIA A100-SXM4-80GB", vram_total_mb=81_920, vram_free_mb=81_920)
-            for i in range(gpus)
-        ],
-        cpus=32,
-        memory_mb=256_000,
-        agent_version="test",
-    )
-    await log.append(worker_subject(worker_id, registered), registered)
-    await log.append(worker_subject(worker_id, WorkerVerified), WorkerVerified(by="test"))
-    readings = [
-        GpuTelemetry(index=i, util_pct=util, mem_used_mb=40_000, temp_c=61.0, power_w=290.0)
-        for i in range(gpus)
-    ]
-    await log.append(heartbeat_subject(worker_id), Heartbeat(interval_s=30.0, gpus=readings, cpu_pct=20.0))
-
-
 async def test_a_provider_sees_its_workers_with_telemetry_and_its_payouts(
     gateway_server: GatewayServer, log: EventLog, browser: Browser, tmp_path: Path
 ) -> None:
     server = gateway_server
     tenant, _ = await server.tenant()
-    key = await provider_key(log, server, "prov-a")
-    await provider_key(log, server, "prov-b")
-    await register(log, "w-a1", "prov-a", gpus=2, util=87.5)
-    await register(log, "w-b1", "prov-b", gpus=1, util=10.0)
+    key = await known_provider_key(log, server, "prov-a")
+    await known_provider_key(log, server, "prov-b")
+    await register_with_telemetry(log, "w-a1", "prov-a", gpus=2, util=87.5)
+    await register_with_telemetry(log, "w-b1", "prov-b", gpus=1, util=10.0)
     hour = 3_600_000
     tick = UsageTick(
         work_id="j1",

@@ -15,10 +15,10 @@ import openai
 from playwright.async_api import Browser, expect
 
 from core.log import EventLog
-from tests.e2e.dashboard.test_dashboard import ms
-from tests.e2e.inference.test_inference import SLOW_HOST, ST_READY_S
 from tests.support import AgentProcess, coordinator, registered
+from tests.support.dashboard import ms
 from tests.support.gateway import GatewayServer
+from tests.support.inference import SLOW_HOST, ST_READY_S
 from tests.support.pages import open_dashboard
 
 PHASE_S = 25.0

@@ -43,9 +43,9 @@ from schemas.jobs import (
 )
 from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
 from schemas.workers import Heartbeat, WorkerRegistered
-from tests.e2e.inference.test_inference import SLOW_HOST
 from tests.support import AgentProcess, coordinator, registered
 from tests.support.gateway import GatewayServer
+from tests.support.inference import SLOW_HOST
 from tests.support.pages import Dashboard, open_dashboard
 
 LIVE_MS = 30_000

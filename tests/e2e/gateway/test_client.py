@@ -28,8 +28,8 @@ from schemas.api.jobs import Job, JobEventItem, SubmitJob
 from schemas.api.tenants import KeyInfo, Tenant
 from schemas.api.workspace import WorkspaceObject
 from schemas.jobs import JobCompleted
-from tests.e2e.gateway.test_feed import progress, submit
 from tests.support import REPO
+from tests.support.feed import progress, submit
 from tests.support.gateway import GatewayServer, ServeGateway
 
 

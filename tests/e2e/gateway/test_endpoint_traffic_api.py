@@ -22,8 +22,8 @@ from gateway.app import create_app
 from projections import ENDPOINTS
 from schemas._base import Event
 from schemas.endpoints import EndpointScaled
-from tests.e2e.inference.test_replica_keys import served, serving_endpoint
 from tests.support.gateway import Api
+from tests.support.inference import served, serving_endpoint
 
 
 def appender(api: Api) -> Any:

@@ -13,17 +13,7 @@ from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced, EndpointR
 from schemas.values import Assignment, Provenance
 from tests.support import records
 from tests.support.accounts import provider_key, register_worker
-from tests.support.gateway import Api
-
-DEPLOY: dict[str, Any] = {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-
-
-def deploy_body(**changes: Any) -> dict[str, Any]:
-    return {**DEPLOY, **changes}
-
-
-async def deploy(api: Api, key: str | None, body: dict[str, Any], **kwargs: Any) -> Any:
-    return await api.request("POST", "/v1/endpoints", key, json=body, **kwargs)
+from tests.support.gateway import Api, deploy, deploy_body
 
 
 async def test_deploy_get_and_list(api: Api, log: EventLog) -> None:

@@ -21,36 +21,14 @@ from schemas.providers import ProviderCreated, ProviderKeyIssued
 from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
 from schemas.workers import Heartbeat, WorkerRegistered
 from tests.support import records
+from tests.support.feed import auth, open_feed, progress, recv, submit
 from tests.support.gateway import Api, GatewayServer, ServeGateway
 
 FAST_PING = {"RESONTECH_GATEWAY_FEED_PING_S": "0.3"}
 
 
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
 def cursor_of(text: str) -> dict[str, int]:
     return {name: int(seq) for name, seq in (part.split(":") for part in text.split(","))}
-
-
-async def recv(ws: WebSocket, timeout: float = 15.0) -> dict[str, Any]:
-    message = json.loads(await asyncio.wait_for(ws.recv(), timeout))
-    assert isinstance(message, dict)
-    return message
-
-
-async def open_feed(
-    server: GatewayServer, key: str, query: str = "", *, header: bool = True, **options: Any
-) -> WebSocket:
-    """A connected feed, past its ``feed.ready`` (unless it replays with ``after``: that comes first)."""
-    ws = await connect(f"{server.ws_url}/v1/feed{query}", auth(key) if header else None, **options)
-    if not header:
-        await ws.send(json.dumps({"kind": "auth", "key": key}))
-    if "after=" not in query:
-        ready = await recv(ws)
-        assert ready["kind"] == "feed.ready", ready
-    return ws
 
 
 async def refused(
@@ -95,16 +73,6 @@ async def until_known(server: GatewayServer, key: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the gateway never learned the key")
-
-
-async def submit(log: EventLog, tenant: str, job: str) -> int:
-    event = JobSubmitted(name=job, kind="process", shards=1)
-    return (await log.append(job_subject(tenant, job, event), event)).seq
-
-
-async def progress(log: EventLog, tenant: str, job: str, step: int, **extra: Any) -> int:
-    event = JobProgress(epoch=1, step=step, loss=1.0 / (step + 1), **extra)
-    return (await log.append(job_subject(tenant, job, event), event)).seq
 
 
 async def deploy(log: EventLog, tenant: str, endpoint: str) -> int:

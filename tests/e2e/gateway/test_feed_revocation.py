@@ -18,7 +18,7 @@ from core.log import EventLog
 from gateway.feed import FeedHub, Subscriber
 from gateway.feed_filter import FeedFilter
 from gateway.wsclient import ConnectionClosed
-from tests.e2e.gateway.test_feed import open_feed, progress, recv, submit
+from tests.support.feed import open_feed, progress, recv, submit
 from tests.support.gateway import ServeGateway
 
 CLOSE_WITHIN_S = 1.5

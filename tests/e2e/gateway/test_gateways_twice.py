@@ -27,9 +27,9 @@ from gateway.client import ApiError
 from ops.ports import free_port
 from schemas.api.jobs import Job
 from schemas.jobs import JobSubmitted
-from tests.e2e.gateway.test_feed import progress, submit
-from tests.e2e.gateway.test_providers import provider, token
 from tests.support import REPO
+from tests.support.accounts import provider, token
+from tests.support.feed import progress, submit
 from tests.support.gateway import Api, GatewayServer, ServeGateway
 
 # -- two gateways, served ---------------------------------------------------------------------------

@@ -18,21 +18,11 @@ from schemas.jobs import JobCheckpointed, JobPlaced, JobProgress, JobQueued, Job
 from schemas.values import Assignment, Provenance, ScoreCard
 from tests.support import AgentProcess, coordinator, records, registered, until
 from tests.support.accounts import provider_key, register_worker
-from tests.support.gateway import Api
-
-SPEC: dict[str, Any] = {"name": "hello", "kind": "process", "command": ["python", "-c", "print(1)"]}
-
-
-def spec(**changes: Any) -> dict[str, Any]:
-    return {**SPEC, **changes}
+from tests.support.gateway import Api, spec, submit
 
 
 def put(api: Api, tenant: str, key: str, body: bytes = b"x") -> None:
     api.kernel.s3.put_object(Bucket=f"rt-{tenant}", Key=key, Body=body)
-
-
-async def submit(api: Api, key: str | None, body: dict[str, Any], **kwargs: Any) -> Any:
-    return await api.request("POST", "/v1/jobs", key, json=body, **kwargs)
 
 
 async def job_events(log: EventLog) -> list[Any]:

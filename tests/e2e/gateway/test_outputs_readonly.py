@@ -14,8 +14,7 @@ import pytest
 from gateway import workspace as ws
 from gateway.errors import ApiError
 from ops.federation.workspace import checkpoint_key, metrics_key, output_root
-from tests.e2e.gateway.test_jobs import spec, submit
-from tests.support.gateway import Api
+from tests.support.gateway import Api, spec, submit
 
 MEMBER_WRITABLE_PREFIXES = ["scripts/run-1/", "models/mine/", "configs/", "jobs/a/b/", "jobs/mnist/shards/"]
 

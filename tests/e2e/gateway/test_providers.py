@@ -27,24 +27,8 @@ from schemas.providers import (
     EnrollmentTokenRevoked,
 )
 from tests.support import of, records
+from tests.support.accounts import provider, token
 from tests.support.gateway import Api
-
-
-async def provider(api: Api, name: str | None = None) -> tuple[str, str]:
-    """Create a provider; returns ``(provider id, its first key)``."""
-    name = name or f"p-{secrets.token_hex(4)}"
-    response = await api.request(
-        "POST", "/v1/providers", api.operator_key, json={"provider": name, "display_name": "GPU Co"}
-    )
-    assert response.status_code == 201, response.text
-    return name, response.json()["api_key"]["key"]
-
-
-async def token(api: Api, name: str, key: str, **body: Any) -> dict[str, Any]:
-    response = await api.request("POST", f"/v1/providers/{name}/enrollment-tokens", key, json=body)
-    assert response.status_code == 201, response.text
-    result: dict[str, Any] = response.json()
-    return result
 
 
 async def enroll(api: Api, value: str, worker_id: str | None = None) -> Any:

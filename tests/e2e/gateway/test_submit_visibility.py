@@ -24,10 +24,8 @@ from schemas.api.jobs import HIDDEN
 from schemas.audit import RequestRecorded
 from schemas.endpoints import EndpointDeployed
 from schemas.jobs import JobSubmitted
-from tests.e2e.gateway.test_endpoints_api import deploy, deploy_body
-from tests.e2e.gateway.test_jobs import spec, submit
 from tests.support import records
-from tests.support.gateway import Api
+from tests.support.gateway import Api, deploy, deploy_body, spec, submit
 
 WAIT_S = 0.3
 

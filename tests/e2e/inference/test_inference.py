@@ -15,10 +15,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -29,12 +27,19 @@ from ops.coordinator import Coordinator
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady
 from tests.support import REPO, AgentProcess, coordinator, of, records, registered
 from tests.support.gateway import GatewayServer
+from tests.support.inference import (
+    SLOW_HOST,
+    ST_READY_S,
+    create_endpoint,
+    engine_pid,
+    has_ready,
+    in_state,
+    openai_client,
+    ready_addresses,
+    until_awaited,
+)
 
 VLLM_READY_S = 900.0
-ST_READY_S = 180.0
-SLOW_HOST = ("--heartbeat", "1")
-"""Engines load torch on a shared 2-core host: beats 5x sparser than the tests' default keep the
-agents from being declared lost while an engine starts beside them."""
 
 
 def vllm_unavailable() -> str | None:
@@ -48,33 +53,6 @@ def vllm_unavailable() -> str | None:
     return None
 
 
-async def until(predicate: Callable[[], Awaitable[Any]], what: str, timeout: float) -> Any:
-    """Await ``predicate()`` until it is truthy (every 0.2 s), or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := await predicate():
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g}s waiting until {what}")
-
-
-async def deploy(server: GatewayServer, key: str, **body: Any) -> dict[str, Any]:
-    response = await server.request("POST", "/v1/endpoints", key, json=body)
-    assert response.status_code == 201, response.text
-    return dict(response.json())
-
-
-async def ready_count(server: GatewayServer, key: str, endpoint_id: str) -> int:
-    response = await server.request("GET", f"/v1/endpoints/{endpoint_id}", key)
-    return int(response.json()["ready_replicas"])
-
-
-def client(server: GatewayServer, key: str, **kwargs: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=120.0, **kwargs
-    )
-
-
 async def test_embeddings_round_robin_failover_and_tenant_isolation(
     log: EventLog, agents: Callable[..., AgentProcess], gateway_server: GatewayServer
 ) -> None:
@@ -84,7 +62,7 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
     tenant, admin = await server.tenant()
     other, other_admin = await server.tenant()
     async with coordinator(log):
-        endpoint = await deploy(
+        endpoint = await create_endpoint(
             server,
             admin,
             name="minilm",
@@ -93,12 +71,12 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
             min_replicas=2,
             max_replicas=2,
         )
-        await until(
-            lambda: _ready(server, admin, endpoint["endpoint_id"], 2),
+        await until_awaited(
+            lambda: has_ready(server, admin, endpoint["endpoint_id"], 2),
             "two replicas ready",
             timeout=ST_READY_S,
         )
-        api = client(server, admin)
+        api = openai_client(server, admin)
         result = await api.embeddings.create(model="minilm", input=["hello world", "bonjour"])
         assert len(result.data) == 2 and len(result.data[0].embedding) == 384
 
@@ -107,7 +85,7 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
         assert Counter(r.headers["x-resontech-replica"] for r in raw) == {"0": 3, "1": 3}
 
         # tenant isolation: the other tenant's key cannot see or call it
-        outsider = client(server, other_admin)
+        outsider = openai_client(server, other_admin)
         with pytest.raises(openai.NotFoundError) as caught:
             await outsider.embeddings.create(model="minilm", input="x")
         assert caught.value.body["code"] == "model_not_found"  # type: ignore[index]
@@ -115,7 +93,9 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
         assert [m.id for m in (await api.models.list()).data] == ["minilm"]
 
         # a replica killed mid-traffic: every request still succeeds
-        victim = _engine_pid(endpoint_addresses := await _addresses(server, admin, endpoint["endpoint_id"]))
+        victim = engine_pid(
+            endpoint_addresses := await ready_addresses(server, admin, endpoint["endpoint_id"])
+        )
         assert len(endpoint_addresses) == 2
         # another workload of the host calling a replica past the gateway has no key: refused
         async with httpx.AsyncClient(timeout=30) as http:
@@ -128,12 +108,12 @@ async def test_embeddings_round_robin_failover_and_tenant_isolation(
                 os.kill(victim, signal.SIGKILL)
             results.append(await api.embeddings.create(model="minilm", input=f"request {i}"))
         assert all(len(r.data) == 1 for r in results)
-        lost = await until(
+        lost = await until_awaited(
             lambda: _lost(log, endpoint["endpoint_id"]), "the killed replica reported lost", timeout=30
         )
         assert "killed by SIGKILL" in lost[0].reason or "exit status" in lost[0].reason
         # the coordinator re-places it and it serves again
-        await until(
+        await until_awaited(
             lambda: _ready_events(log, endpoint["endpoint_id"], 3),
             "a replacement replica ready",
             timeout=ST_READY_S,
@@ -150,16 +130,18 @@ async def test_an_idle_endpoint_scales_to_zero_and_a_request_brings_it_back(
     await registered(log, agents("z1", *SLOW_HOST))
     tenant, admin = await server.tenant()
     async with coordinator(log) as running:
-        endpoint = await deploy(
+        endpoint = await create_endpoint(
             server, admin, name="emb", model="all-MiniLM-L6-v2", engine="cpu", scale_to_zero_after_s=10
         )
         endpoint_id = endpoint["endpoint_id"]
-        await until(lambda: _ready(server, admin, endpoint_id, 1), "a replica ready", timeout=ST_READY_S)
-        await until(
-            lambda: _state(server, admin, endpoint_id, "scaled_to_zero"), "scaled to zero", timeout=60
+        await until_awaited(
+            lambda: has_ready(server, admin, endpoint_id, 1), "a replica ready", timeout=ST_READY_S
         )
-        await until(lambda: _no_commands(running), "the replica stopped", timeout=30)
-        api = client(server, admin)
+        await until_awaited(
+            lambda: in_state(server, admin, endpoint_id, "scaled_to_zero"), "scaled to zero", timeout=60
+        )
+        await until_awaited(lambda: _no_commands(running), "the replica stopped", timeout=30)
+        api = openai_client(server, admin)
         raw = await api.embeddings.with_raw_response.create(model="emb", input="back again")
         assert len(raw.parse().data) == 1
         cold_start_s = float(raw.headers["x-resontech-cold-start-s"])
@@ -178,28 +160,8 @@ async def test_an_idle_endpoint_scales_to_zero_and_a_request_brings_it_back(
     print(f"cold start (all-MiniLM-L6-v2, sentence-transformers engine): {cold_start_s:.2f}s")
 
 
-async def _state(server: GatewayServer, key: str, endpoint_id: str, state: str) -> bool:
-    return bool((await server.request("GET", f"/v1/endpoints/{endpoint_id}", key)).json()["state"] == state)
-
-
 async def _no_commands(running: Coordinator) -> bool:
     return not running.replicas.commanded
-
-
-async def _ready(server: GatewayServer, key: str, endpoint_id: str, n: int) -> bool:
-    return await ready_count(server, key, endpoint_id) >= n
-
-
-async def _addresses(server: GatewayServer, key: str, endpoint_id: str) -> list[str]:
-    body = (await server.request("GET", f"/v1/endpoints/{endpoint_id}", key)).json()
-    return [r["address"] for r in body["replicas"] if r["state"] == "ready"]
-
-
-def _engine_pid(addresses: list[str]) -> int:
-    """The pid of the engine listening on the first address (found through /proc, as ss would)."""
-    port = int(addresses[0].rsplit(":", 1)[1])
-    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True)
-    return int(out.stdout.split("pid=")[1].split(",")[0])
 
 
 async def _lost(log: EventLog, endpoint_id: str) -> list[EndpointReplicaLost]:
@@ -220,26 +182,26 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
     agent = agents("v1", *SLOW_HOST, "--warm-engines", "1")
     await registered(log, agent)
     tenant, admin = await server.tenant()
-    warm = await until(
+    warm = await until_awaited(
         lambda: _warm_engine(agent), "a warm engine imported torch and vLLM", timeout=VLLM_READY_S
     )
     assert _reachable_sockets(warm) == []  # it waits on its pipe: no port, no socket to reach it
     async with coordinator(log):
         # two vLLM-CPU replicas side by side on one 2-core host (pinned engines starved each other)
-        endpoint = await deploy(
+        endpoint = await create_endpoint(
             server, admin, name="chat", model="smollm2-135m-instruct", min_replicas=2, max_replicas=2
         )
         # and embeddings through vLLM's pooling runner (no engine named: vLLM, as on a GPU host)
-        pooled = await deploy(server, admin, name="vembed", model="all-MiniLM-L6-v2", min_replicas=1)
-        await until(
-            lambda: _ready(server, admin, endpoint["endpoint_id"], 2),
+        pooled = await create_endpoint(server, admin, name="vembed", model="all-MiniLM-L6-v2", min_replicas=1)
+        await until_awaited(
+            lambda: has_ready(server, admin, endpoint["endpoint_id"], 2),
             "two vLLM replicas ready",
             timeout=VLLM_READY_S,
         )
-        await until(
-            lambda: _ready(server, admin, pooled["endpoint_id"], 1), "pooling ready", timeout=VLLM_READY_S
+        await until_awaited(
+            lambda: has_ready(server, admin, pooled["endpoint_id"], 1), "pooling ready", timeout=VLLM_READY_S
         )
-        api = client(server, admin)
+        api = openai_client(server, admin)
         chat = await api.chat.completions.create(
             model="chat",
             messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -279,7 +241,7 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
         ]
         assert Counter(r.headers["x-resontech-replica"] for r in raw) == {"0": 2, "1": 2}  # round robin
         least = chat.usage.total_tokens + asked[-1].usage.total_tokens + completion.usage.total_tokens  # type: ignore[union-attr]
-        metered = await until(
+        metered = await until_awaited(
             lambda: _metered_tokens(log, endpoint["endpoint_id"], least), "the tokens metered", timeout=60
         )
         assert metered > least  # the first stream's tokens too, which its client never saw
@@ -302,7 +264,7 @@ async def test_vllm_serves_chat_streaming_completions_and_embeddings_through_the
                 assert (await engine.post(path, json={"method": "x"})).status_code == 404, path
             assert (await engine.get("/is_sleeping")).status_code == 404
         # and a new warm engine is kept for the next cold start, once the first replica served
-        await until(lambda: _warm_engine(agent), "a new warm engine", timeout=VLLM_READY_S)
+        await until_awaited(lambda: _warm_engine(agent), "a new warm engine", timeout=VLLM_READY_S)
     assert tenant
 
 

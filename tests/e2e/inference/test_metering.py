@@ -23,9 +23,9 @@ from ops.coordinator.replicas import MAX_START_FAILURES
 from schemas.endpoints import EndpointFailed, EndpointReplicaPlaced
 from schemas.metering import TokensServed, UsageTick
 from schemas.workers import Heartbeat
-from tests.e2e.inference.test_inference import SLOW_HOST, ST_READY_S, client, coordinator, deploy, until
-from tests.support import REPO, AgentProcess, of, records, registered
+from tests.support import REPO, AgentProcess, coordinator, of, records, registered
 from tests.support.gateway import GatewayServer, ServeGateway
+from tests.support.inference import SLOW_HOST, ST_READY_S, create_endpoint, openai_client, until_awaited
 
 
 async def _endpoint(server: GatewayServer, key: str, endpoint_id: str) -> dict[str, Any]:
@@ -68,18 +68,20 @@ async def test_tokens_and_replica_time_are_metered_and_billing_stops_at_zero(
     worker_id = await registered(log, agents("m1", *SLOW_HOST))
     tenant, admin = await server.tenant()
     async with coordinator(log):
-        endpoint = await deploy(
+        endpoint = await create_endpoint(
             server, admin, name="emb", model="all-MiniLM-L6-v2", engine="cpu", scale_to_zero_after_s=10
         )
         endpoint_id = endpoint["endpoint_id"]
-        await until(lambda: _ready_replica(server, admin, endpoint_id), "a replica ready", timeout=ST_READY_S)
-        api = client(server, admin)
+        await until_awaited(
+            lambda: _ready_replica(server, admin, endpoint_id), "a replica ready", timeout=ST_READY_S
+        )
+        api = openai_client(server, admin)
         served = 0
         for text in ("hello world", "tokens are counted by the gateway", ["two inputs", "in one request"]):
             result = await api.embeddings.create(model="emb", input=text)
             assert result.usage.prompt_tokens > 0
             served += result.usage.total_tokens
-        billed = await until(
+        billed = await until_awaited(
             lambda: _billed_tokens(server, admin, endpoint_id, served), "the tokens billed", timeout=30
         )
         assert billed["tokens"] == billed["period_tokens"] == served
@@ -93,8 +95,10 @@ async def test_tokens_and_replica_time_are_metered_and_billing_stops_at_zero(
 
     # A new coordinator, which never commanded the replica, must still stop it at zero.
     async with coordinator(log):
-        await until(lambda: _state_is(server, admin, endpoint_id, "scaled_to_zero"), "scaled to zero", 60)
-        await until(lambda: _stopped(log, worker_id, assignment), "the replica stopped", timeout=30)
+        await until_awaited(
+            lambda: _state_is(server, admin, endpoint_id, "scaled_to_zero"), "scaled to zero", 60
+        )
+        await until_awaited(lambda: _stopped(log, worker_id, assignment), "the replica stopped", timeout=30)
     running_ticks = len((await _ticks(log, endpoint_id))[0])
     before = await _billed(server, admin, endpoint_id)
     assert before is not None and before["cpu_seconds"] > 0  # the replica's time reached the ledger
@@ -132,16 +136,16 @@ async def test_engines_that_cannot_start_fail_their_endpoints_with_the_reason(
     await asyncio.to_thread(_upload, server, admin, {notes: "models/notes/notes.txt"})
     async with coordinator(log):
         # a repo no host's Hugging Face cache holds (hosts are offline): refused before the engine starts
-        ghost = (await deploy(server, admin, name="ghost", model="nobody/no-such-model", engine="cpu"))[
-            "endpoint_id"
-        ]
+        ghost = (
+            await create_endpoint(server, admin, name="ghost", model="nobody/no-such-model", engine="cpu")
+        )["endpoint_id"]
         # a workspace folder that is not a model: the engine starts and fails, its log says why
-        folder = await deploy(
+        folder = await create_endpoint(
             server, admin, name="notes", model="models/notes/", model_source="workspace", engine="cpu"
         )
         folder_id = folder["endpoint_id"]
         for endpoint_id in (ghost, folder_id):
-            await until(
+            await until_awaited(
                 lambda endpoint_id=endpoint_id: _state_is(server, admin, endpoint_id, "failed"),  # type: ignore[misc]
                 f"endpoint {endpoint_id} failed",
                 timeout=MAX_START_FAILURES * ST_READY_S,
@@ -163,7 +167,7 @@ async def test_engines_that_cannot_start_fail_their_endpoints_with_the_reason(
         (gave_up,) = of(await records(log, "ENDPOINTS", f"endpoint.*.{folder_id}.>"), EndpointFailed)
         assert gave_up.log_tail == broken["last_failure_log_tail"]  # the feed shows the same event
 
-        api = client(server, admin)
+        api = openai_client(server, admin)
         with pytest.raises(openai.InternalServerError) as caught:
             await api.embeddings.create(model="ghost", input="x")
         assert caught.value.status_code == 503
@@ -180,7 +184,7 @@ async def test_engines_that_cannot_start_fail_their_endpoints_with_the_reason(
             "PUT", f"/v1/endpoints/{ghost}/scale", admin, json={"min_replicas": 1, "max_replicas": 1}
         )
         assert scaled.status_code == 200 and scaled.json()["state"] == "deploying", scaled.text
-        await until(lambda: _placed_again(log, ghost), "a replica placed after the scale", timeout=30)
+        await until_awaited(lambda: _placed_again(log, ghost), "a replica placed after the scale", timeout=30)
     print(f"failed endpoint: {broken['scale_reason']}")
     assert tenant
 
@@ -208,12 +212,14 @@ async def test_a_model_uploaded_to_the_workspace_is_served(
     keys = {path: f"models/minilm/{path.relative_to(folder).as_posix()}" for path in files}
     await asyncio.to_thread(_upload, server, admin, keys)
     async with coordinator(log):
-        endpoint = await deploy(
+        endpoint = await create_endpoint(
             server, admin, name="mine", model="models/minilm/", model_source="workspace", engine="cpu"
         )
-        await until(
+        await until_awaited(
             lambda: _ready_replica(server, admin, endpoint["endpoint_id"]), "a replica ready", ST_READY_S
         )
-        result = await client(server, admin).embeddings.create(model="mine", input=["from my workspace"])
+        result = await openai_client(server, admin).embeddings.create(
+            model="mine", input=["from my workspace"]
+        )
         assert len(result.data[0].embedding) == 384 and result.usage.total_tokens > 0
     assert tenant and any(p.name == "config.json" for p in files)

@@ -22,17 +22,17 @@ import pytest
 from core.log import EventLog
 from gateway.routing import RoutedBody, leading_text, rendezvous, route_key
 from schemas.endpoints import EndpointScaled
-from tests.e2e.inference.test_inference import (
-    SLOW_HOST,
-    ST_READY_S,
-    _engine_pid,
-    _ready,
-    client,
-    deploy,
-    until,
-)
 from tests.support import AgentProcess, coordinator, of, records, registered
 from tests.support.gateway import GatewayServer
+from tests.support.inference import (
+    SLOW_HOST,
+    ST_READY_S,
+    create_endpoint,
+    engine_pid,
+    has_ready,
+    openai_client,
+    until_awaited,
+)
 
 SLOW = [f"text {i}: " + "the quick brown fox jumps over the lazy dog " * 30 for i in range(32)]
 
@@ -53,7 +53,7 @@ async def test_a_burst_beyond_the_line_gets_429s_every_admitted_request_is_answe
     tenant, admin = await server.tenant()
     member = await server.key(tenant, admin, "member")
     async with coordinator(log):
-        endpoint = await deploy(
+        endpoint = await create_endpoint(
             server,
             admin,
             name="busy",
@@ -67,8 +67,10 @@ async def test_a_burst_beyond_the_line_gets_429s_every_admitted_request_is_answe
         )
         endpoint_id = endpoint["endpoint_id"]
         assert endpoint["spec"]["max_queue"] == 2 and endpoint["spec"]["routing"] == "round_robin"
-        await until(lambda: _ready(server, admin, endpoint_id, 1), "a replica ready", timeout=ST_READY_S)
-        apis = [client(server, admin), client(server, member)]
+        await until_awaited(
+            lambda: has_ready(server, admin, endpoint_id, 1), "a replica ready", timeout=ST_READY_S
+        )
+        apis = [openai_client(server, admin), openai_client(server, member)]
         await apis[0].embeddings.create(model="busy", input="warm up")
 
         results = await asyncio.gather(
@@ -97,7 +99,7 @@ async def test_a_burst_beyond_the_line_gets_429s_every_admitted_request_is_answe
                 )
         await asyncio.gather(*held)
         abandoned = f'resontech_endpoint_queue_abandoned_total{{endpoint="busy",tenant="{tenant}"}} 1.0'
-        await until(lambda: _has(server, abandoned), "the client that left counted", timeout=10)
+        await until_awaited(lambda: _has(server, abandoned), "the client that left counted", timeout=10)
         metrics = await _metrics(server)
         assert (
             f'resontech_endpoint_rejected_total{{endpoint="busy",reason="queue_full",tenant="{tenant}"}} 7.0'
@@ -109,7 +111,9 @@ async def test_a_burst_beyond_the_line_gets_429s_every_admitted_request_is_answe
         stop = asyncio.Event()
         loads = [asyncio.create_task(_keep_busy(apis[i % 2], stop)) for i in range(3)]
         try:
-            scaled = await until(lambda: _scaled_on_the_line(log, endpoint_id), "a scale-out on the line", 30)
+            scaled = await until_awaited(
+                lambda: _scaled_on_the_line(log, endpoint_id), "a scale-out on the line", 30
+            )
         finally:
             stop.set()
             await asyncio.gather(*loads)
@@ -142,11 +146,11 @@ async def test_session_routing_keeps_a_user_on_its_replica_until_it_dies_and_pre
     tenant, admin = await server.tenant()
     async with coordinator(log):
         common = {"model": "all-MiniLM-L6-v2", "engine": "cpu", "min_replicas": 2, "max_replicas": 2}
-        sessions = await deploy(server, admin, name="sessions", routing="session", **common)
-        prefixes = await deploy(server, admin, name="prefixes", routing="prefix", **common)
+        sessions = await create_endpoint(server, admin, name="sessions", routing="session", **common)
+        prefixes = await create_endpoint(server, admin, name="prefixes", routing="prefix", **common)
         for endpoint_id in (sessions["endpoint_id"], prefixes["endpoint_id"]):
-            await until(_ready_two(server, admin, endpoint_id), "two replicas ready", ST_READY_S)
-        api = client(server, admin)
+            await until_awaited(_ready_two(server, admin, endpoint_id), "two replicas ready", ST_READY_S)
+        api = openai_client(server, admin)
 
         async def slot(model: str, text: str = "x", **kwargs: Any) -> str:
             raw = await api.embeddings.with_raw_response.create(model=model, input=text, **kwargs)
@@ -175,14 +179,14 @@ async def test_session_routing_keeps_a_user_on_its_replica_until_it_dies_and_pre
             for r in (await _view(server, admin, sessions["endpoint_id"]))["replicas"]
         }
         (alice,) = home
-        os.kill(_engine_pid([replicas[alice]]), signal.SIGKILL)
+        os.kill(engine_pid([replicas[alice]]), signal.SIGKILL)
         moved = [await slot("sessions", user="alice") for _ in range(4)]
         assert alice not in moved and len(set(moved)) == 1
     assert tenant
 
 
 def _ready_two(server: GatewayServer, key: str, endpoint_id: str) -> Callable[[], Awaitable[bool]]:
-    return lambda: _ready(server, key, endpoint_id, 2)
+    return lambda: has_ready(server, key, endpoint_id, 2)
 
 
 def _body(text: str) -> RoutedBody:

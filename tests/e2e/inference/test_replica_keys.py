@@ -9,30 +9,25 @@ receive are recorded at their door."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent import models
 from agent.engines.embeddings import create_app
 from agent.engines.keys import RequireKey
 from core.log import EventLog
-from core.streams import endpoint_subject
-from ops.ports import free_port
 from projections import ENDPOINTS
 from schemas._base import Event
-from schemas.endpoints import EndpointReplicaPlaced, EndpointReplicaReady
-from schemas.values import Assignment, Provenance
-from tests.e2e.gateway.test_feed import open_feed
+from schemas.endpoints import EndpointReplicaReady
 from tests.support import of, records
+from tests.support.feed import open_feed
 from tests.support.gateway import Api, GatewayServer
+from tests.support.inference import served, serving_endpoint
 
 
 class Door:
@@ -46,42 +41,6 @@ class Door:
         if scope["type"] == "http":
             self.seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
         await self.app(scope, receive, send)
-
-
-@contextlib.asynccontextmanager
-async def served(app: ASGIApp) -> AsyncIterator[str]:
-    """``app`` served by uvicorn on a free loopback port, as the engine's own process serves it."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the engine did not start"
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
-async def serving_endpoint(
-    api: Api, key: str, tenant: str, name: str, append: Any, address: str, api_key: str
-) -> tuple[str, int]:
-    """Deploy ``name`` through the API and make one replica of it ready at ``address`` with
-    ``api_key``, as the kernel would once its agent's claim is judged; its id and the ready event's
-    ENDPOINTS sequence."""
-    deployed = await api.request("POST", "/v1/endpoints", key, json={"name": name, "model": name})
-    assert deployed.status_code == 201, deployed.text
-    endpoint_id = str(deployed.json()["endpoint_id"])
-    replica = Assignment(assignment_id=f"{endpoint_id}-s0-e1", worker_id="w-serve", slot=0, epoch=1)
-    ready = EndpointReplicaReady(
-        assignment_id=replica.assignment_id, epoch=1, address=address, api_key=api_key
-    )
-    seq = 0
-    for event in (EndpointReplicaPlaced(assignments=[replica], provenance=Provenance(candidates=1)), ready):
-        seq = await append(endpoint_subject(tenant, endpoint_id, event), event)
-    return endpoint_id, seq
 
 
 async def test_the_proxy_calls_a_replica_with_its_own_key_never_the_callers(api: Api, tmp_path: Path) -> None:

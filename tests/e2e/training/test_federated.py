@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,10 @@ from schemas.jobs import (
 from tests.support import AgentProcess, of, records, registered, until, wait_records
 from tests.support.federated import (
     EXAMPLES,
+    HEARTBEAT,
     TENANT,
+    all_stopped,
+    fedavg_by_hand,
     kernel,
     read_object,
     s3,
@@ -51,48 +53,8 @@ from tests.support.federated import (
     upload,
     upload_example,
     upload_folder,
+    wait_for,
 )
-
-HEARTBEAT = ("--heartbeat", "1.0")
-"""Agents beat every second (lost after 3 s of silence): NVFlare keeps these two cores busy."""
-
-
-async def wait_for(
-    log: EventLog, kind: type, what: str, timeout: float = 120.0, subjects: str | None = None
-) -> list[Any]:
-    """The JOBS records once one of ``kind`` is there (or the job failed)."""
-    deadline = time.monotonic() + timeout
-    found: list[Any] = []
-    while time.monotonic() < deadline:
-        found = await records(log, "JOBS", subjects)
-        if of(found, kind) or of(found, JobFailed, slot=None):
-            return found
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}: {[r.event for r in found][-15:]}")
-
-
-def fedavg_by_hand(
-    shards: Path, *, rounds: int, epochs: int, lr: float, w0: float = 0.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """What the example's FedAvg computes, without NVFlare: each site's gradient descent from the global
-    model (at first every weight ``w0``, the bias 0), then the average weighted by sample count."""
-    sites = []
-    for path in sorted(shards.glob("shard-*.zip")):
-        with zipfile.ZipFile(path) as archive, np.load(io.BytesIO(archive.read("data.npz"))) as data:
-            sites.append((data["x"], data["y"]))
-    w, b = np.full(sites[0][0].shape[1], w0), np.zeros(1)
-    for _ in range(rounds):
-        results = []
-        for x, y in sites:
-            lw, lb = w, b
-            for _ in range(epochs):
-                error = x @ lw + lb - y
-                lw, lb = lw - lr * 2 * x.T @ error / len(y), lb - lr * 2 * np.mean(error, keepdims=True)
-            results.append((lw, lb, len(y)))
-        total = sum(n for _, _, n in results)
-        w = sum(lw * n for lw, _, n in results) / total
-        b = sum(lb * n for _, lb, n in results) / total
-    return w, b
 
 
 def kits_left(settings: Settings, job: str) -> list[str]:
@@ -101,29 +63,6 @@ def kits_left(settings: Settings, job: str) -> list[str]:
     with contextlib.suppress(client.exceptions.NoSuchBucket):
         return sorted(key for key, _ in list_keys(client, flare.KIT_BUCKET, f"{TENANT}/{job}/"))
     return []
-
-
-def _cmdline(pid: int) -> str:
-    """What a process runs (empty once it has exited)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-    except OSError:
-        return ""
-
-
-async def all_stopped(found: list[Any], job: str, timeout: float = 45.0) -> None:
-    """Every client of the job and its FL server are gone (the job's end stops them)."""
-    assignments = [a.assignment_id for placed in of(found, JobPlaced) for a in placed.assignments]
-
-    def left() -> list[str]:
-        pids = [p for a in assignments for p in tagged_pids("RESONTECH_ASSIGNMENT_ID", a)]
-        pids += tagged_pids(TAG, f"{TENANT}/{job}")
-        return [line for p in pids if (line := _cmdline(p))]
-
-    deadline = time.monotonic() + timeout
-    while (still := left()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.25)
-    assert not still, f"still running {timeout:.0f}s after the job ended: {still}"
 
 
 async def test_a_federated_numpy_job_runs_fedavg_across_two_agents(

@@ -9,7 +9,7 @@
 * Per-agent budgets: one agent's flood of claims is refused past its budget, and an honest agent's
   claims are judged all the same.
 
-The attacker is ``mallory`` (:class:`tests.e2e.trust.test_claims.Mallory`), a provider's enrolled agent with
+The attacker is ``mallory`` (:class:`tests.support.claims.Mallory`), a provider's enrolled agent with
 its own NATS user.
 """
 
@@ -45,8 +45,8 @@ from projections.runner import rebuild
 from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced, EndpointReplicaReady
 from schemas.values import Assignment, Provenance
 from schemas.workers import WorkerPolicy, WorkerPolicySet
-from tests.e2e.trust.test_claims import Mallory, enroll_mallory, quarantined, wait_for
 from tests.support import REPO, records, until
+from tests.support.claims import Mallory, enroll_mallory, quarantined, wait_for_state
 from tests.support.secured import Stack
 
 # -- addresses: pure rules ------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ async def replica_on(stack: Stack, mallory: Mallory, tenant: str, endpoint_id: s
     replica = Assignment(assignment_id=f"{endpoint_id}-s0-e1", worker_id=mallory.worker_id, slot=0, epoch=1)
     placed = EndpointReplicaPlaced(assignments=[replica], provenance=Provenance(candidates=1))
     await stack.log.append(endpoint_subject(tenant, endpoint_id, placed), placed)
-    await wait_for(stack.log, ENDPOINTS, lambda s: s.endpoints.get(f"{tenant}/{endpoint_id}"), "placed")
+    await wait_for_state(stack.log, ENDPOINTS, lambda s: s.endpoints.get(f"{tenant}/{endpoint_id}"), "placed")
     return replica.assignment_id
 
 
@@ -127,7 +127,7 @@ async def registered_at(stack: Stack, mallory: Mallory, address: str) -> None:
     """Mallory (re-)registers at ``address``, and the kernel took it."""
     await mallory.register(address=address)
     me = mallory.worker_id
-    await wait_for(
+    await wait_for_state(
         stack.log,
         REGISTRY,
         lambda s: me in s.workers and s.workers[me].registration.address == address,
@@ -183,7 +183,7 @@ async def test_a_replica_at_the_kernels_object_store_is_refused_as_production_ru
     # the honest form: a replica on a provider's network, on its registered host
     await registered_at(stack, mallory, "203.0.113.7")
     await claim_ready(mallory, tenant, "ep6", assignment, "http://203.0.113.7:8000")
-    table = await wait_for(
+    table = await wait_for_state(
         stack.log, ENDPOINTS, lambda s: s.endpoints[f"{tenant}/ep6"].state == "serving" and s, "serving"
     )
     assert table.endpoints[f"{tenant}/ep6"].replicas["0"].address == "http://203.0.113.7:8000"
@@ -210,7 +210,9 @@ async def test_the_dev_stack_allows_loopback_replicas_but_never_a_kernel_port(st
     assert await endpoints_hash(stack) == before
     await registered_at(stack, mallory, "localhost")
     await claim_ready(mallory, tenant, "ep7", assignment, "http://localhost:8123")
-    await wait_for(stack.log, ENDPOINTS, lambda s: s.endpoints[f"{tenant}/ep7"].state == "serving", "serving")
+    await wait_for_state(
+        stack.log, ENDPOINTS, lambda s: s.endpoints[f"{tenant}/ep7"].state == "serving", "serving"
+    )
     await mallory.log.close()
 
 
@@ -281,7 +283,7 @@ async def test_one_agents_flood_of_claims_is_refused_past_its_budget_and_others_
         lambda: stack.intake.accepted + stack.intake.refused + stack.intake.dropped >= judged,
         "every claim judged",
     )
-    registry = await wait_for(
+    registry = await wait_for_state(
         stack.log,
         REGISTRY,
         lambda s: (w := s.workers.get(honest.worker_id)) and w.policy.max_concurrent == 3 and s,

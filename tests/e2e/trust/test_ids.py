@@ -40,9 +40,9 @@ from schemas.commands import StartWork, StopWork, WorkSpec
 from schemas.endpoints import EndpointDeployed
 from schemas.providers import AgentEnrolled, EnrollmentTokenIssued
 from schemas.values import WorkKind
-from tests.e2e.trust.test_claims import hashes
-from tests.projections.test_reducers import Log, S
 from tests.support import AgentProcess, coordinator
+from tests.support.claims import projection_hashes
+from tests.support.reducer_builders import Log, S
 from tests.support.secured import Stack
 
 WAIT_FOR_FLAG = """
@@ -179,13 +179,13 @@ async def test_a_provider_cannot_enroll_the_id_the_dispatcher_gives_a_node(stack
     provider, key = await stack.provider()
     owner, _ = await stack.tenant("owner")
     token = await stack.token(provider, key, region="eu-north")
-    before = await hashes(stack.log)
+    before = await projection_hashes(stack.log)
     reserved = [worker_id_for("prod", "gpu-node-1"), worker_id_for("prod", "GPU.node_2")]
     for node_id in [*reserved, "KERNEL-prod-gpu-node-1"]:  # in any case
         refused = await enroll_as(stack, token, node_id)
         assert refused.status_code == 409, refused.text
         assert refused.json()["error"]["code"] == "worker_reserved", refused.text
-    assert await hashes(stack.log) == before  # nothing stored, the token still unused
+    assert await projection_hashes(stack.log) == before  # nothing stored, the token still unused
     # the dispatcher's own enrollment of the node then holds it, as the operator's managed capacity
     node_id = worker_id_for("prod", "gpu-node-1")
     await enroll_kernel_agent(
@@ -203,13 +203,13 @@ async def test_an_id_another_provider_holds_is_never_enrolled_again(stack: Stack
     enrolled = await enroll_as(stack, await stack.token(first, first_key), "w-0123456789ab")
     assert enrolled.status_code == 201, enrolled.text
     token = await stack.token(second, second_key)
-    before = await hashes(stack.log)
+    before = await projection_hashes(stack.log)
     # another provider through the gateway, and the kernel's own enrollment of the same id: refused
     taken = await enroll_as(stack, token, "w-0123456789ab")
     assert taken.status_code == 409, taken.text
     with pytest.raises(EnrollmentRefused, match="already enrolled by another provider"):
         await enroll_kernel_agent(stack.log, "w-0123456789ab", provider="operator-prod", pool="managed")
-    assert await hashes(stack.log) == before  # nothing stored
+    assert await projection_hashes(stack.log) == before  # nothing stored
     # a second enrollment stored anyway (two gateways racing, an old log) changes nobody's identity
     issued = EnrollmentTokenIssued(token_id="kraced", token_sha256="0" * 64, expires_ns=2**62, issued_by="x")
     raced = AgentEnrolled(token_id="kraced", worker_id="w-0123456789ab", nats_user="agent-w-0123456789ab")

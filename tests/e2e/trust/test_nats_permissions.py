@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import nats
 import nats.errors
@@ -23,13 +23,12 @@ from core.errors import LogUnavailable
 from core.log import EventLog
 from core.natsauth import AGENT_ENDPOINT_EVENTS, AGENT_JOB_EVENTS, KERNEL_USER, agent_permissions
 from core.streams import command_subject, heartbeat_subject, intake_subject
-from schemas.api.providers import Enrolled
 from schemas.commands import StartWork, StopWork, WorkSpec
 from schemas.jobs import JobCompleted
 from schemas.workers import Heartbeat, WorkerRegistered
-from tests.e2e.coordinator.test_coordinator import coordinator, py, submit
-from tests.support import AgentProcess, of, records, until, wait_records
-from tests.support.secured import Stack, agent_settings
+from tests.support import AgentProcess, coordinator, of, records, wait_records
+from tests.support.secured import Stack, agent_settings, raw_agent, violation
+from tests.support.work import py, submit
 
 # -- NATS subject matching, to check the permissions as pure data ----------------------------------
 
@@ -117,36 +116,6 @@ def test_every_claim_an_agent_makes_is_allowed_and_nothing_else() -> None:
     ):
         assert not allowed(publish, forbidden), forbidden
     assert agent_permissions(worker).subscribe == (f"_INBOX_{worker}.>",)
-
-
-@contextlib.asynccontextmanager
-async def raw_agent(enrolled: Enrolled) -> AsyncIterator[tuple[nats.NATS, list[str]]]:
-    """A plain NATS client with the agent's credentials, and the server's errors it receives."""
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc).lower())
-
-    creds = enrolled.nats
-    nc = await nats.connect(
-        creds.url,
-        user=creds.user,
-        password=creds.password,
-        inbox_prefix=creds.inbox_prefix,
-        error_cb=on_error,
-        allow_reconnect=False,
-    )
-    try:
-        yield nc, errors
-    finally:
-        await nc.close()
-
-
-async def violation(errors: list[str], subject: str) -> None:
-    await until(
-        lambda: any("permissions violation" in e and subject.lower() in e for e in errors),
-        f"violation {subject}",
-    )
 
 
 # -- what enrolled credentials may do --------------------------------------------------------------

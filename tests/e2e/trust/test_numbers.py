@@ -1,7 +1,7 @@
 """Every number from an agent or a replica is bounded and checked against the kernel's facts (issue 25,
 attacks 3, 5 and 9), tried with real credentials.
 
-The attacker, ``mallory``, is a provider's enrolled agent (:class:`tests.e2e.trust.test_claims.Mallory`): it
+The attacker, ``mallory``, is a provider's enrolled agent (:class:`tests.support.claims.Mallory`): it
 publishes raw bytes on its own ``hb.<id>`` subject with its own NATS user, as any agent may. The kernel
 is the secured stack (:mod:`tests.support.secured`: the real gateway in process, the intake, the agent-user
 sync) with a real coordinator (:func:`tests.support.coordinator`) and a real honest agent where work
@@ -66,9 +66,9 @@ from schemas.envelope import Recorded
 from schemas.metering import TokensServed, UsageTick
 from schemas.values import Assignment, Gpu, GpuTelemetry, Provenance
 from schemas.workers import MIN_BEAT_INTERVAL_S, Heartbeat
-from tests.e2e.inference.test_replica_keys import served
-from tests.e2e.trust.test_claims import Mallory, enroll_mallory, place_on, wait_for
 from tests.support import AgentProcess, coordinator, of, records, until
+from tests.support.claims import Mallory, enroll_mallory, place_on, wait_for_state
+from tests.support.inference import served
 from tests.support.secured import Stack
 
 MAX_BEAT_INTERVAL_S = 3600.0
@@ -115,7 +115,7 @@ async def submit(stack: Stack, admin: str, name: str) -> str:
 async def placed_on(stack: Stack, tenant: str, job_id: str) -> str:
     """The worker the coordinator placed the job on, once it did."""
     key = job_key(tenant, job_id)
-    job = await wait_for(
+    job = await wait_for_state(
         stack.log, SCHEDULE, lambda s: (j := s.jobs.get(key)) and j.assignments and j, f"{job_id} placed"
     )
     [held] = job.assignments.values()
@@ -145,7 +145,7 @@ async def test_a_hostile_heartbeat_interval_is_refused_and_placement_goes_on(
     await mallory.register()
     me = mallory.worker_id
     honest_seq = await send_beat(mallory, beat(interval_s=1.0, cpu_pct=5.0))
-    await wait_for(stack.log, LIVENESS, lambda s: me in s.beats, "mallory's honest beat")
+    await wait_for_state(stack.log, LIVENESS, lambda s: me in s.beats, "mallory's honest beat")
     liveness, _ = await rebuild(stack.log, LIVENESS)
     before = liveness.beats[me]
     for interval in HOSTILE_INTERVALS:
@@ -161,7 +161,9 @@ async def test_a_hostile_heartbeat_interval_is_refused_and_placement_goes_on(
     assert (await metrics_answer(stack)).status_code == 200
     async with coordinator(stack.log):
         honest = await agent.worker_id()
-        await wait_for(stack.log, REGISTRY, lambda s: (w := s.workers.get(honest)) and w.verified, "verified")
+        await wait_for_state(
+            stack.log, REGISTRY, lambda s: (w := s.workers.get(honest)) and w.verified, "verified"
+        )
         first = await submit(stack, admin, "first")
         assert await placed_on(stack, tenant, first) == honest
         await send_beat(mallory, beat(interval_s=1e308))  # once more, while it runs
@@ -181,7 +183,7 @@ async def test_readings_that_are_no_readings_are_dropped_and_the_beat_still_coun
     mallory = await enroll_mallory(stack)
     await mallory.register(gpus=[H100])
     me = mallory.worker_id
-    await wait_for(stack.log, REGISTRY, lambda s: me in s.workers, "registered")
+    await wait_for_state(stack.log, REGISTRY, lambda s: me in s.workers, "registered")
     hostile = {
         "interval_s": 2.0,
         "cpu_pct": -5.0,
@@ -199,7 +201,7 @@ async def test_readings_that_are_no_readings_are_dropped_and_the_beat_still_coun
         ],
     }
     seq = await send_beat(mallory, beat(**hostile))
-    liveness = await wait_for(stack.log, LIVENESS, lambda s: me in s.beats and s, "the beat folded")
+    liveness = await wait_for_state(stack.log, LIVENESS, lambda s: me in s.beats and s, "the beat folded")
     last = liveness.beats[me]
     assert last.seq == seq and last.interval_s == 2.0  # a sign of life all the same
     assert (last.cpu_pct, last.memory_used_mb) == (0.0, 0)
@@ -369,14 +371,14 @@ async def test_a_cpu_hosts_gpu_readings_scale_nothing(stack: Stack) -> None:
     mallory = await enroll_mallory(stack)
     await mallory.register()  # no GPUs
     me = mallory.worker_id
-    await wait_for(stack.log, REGISTRY, lambda s: me in s.workers, "registered")
+    await wait_for_state(stack.log, REGISTRY, lambda s: me in s.workers, "registered")
     app = stack.client._transport.app  # type: ignore[attr-defined]
     endpoint_id = await ready_endpoint(
         stack, admin, tenant, me, "http://10.66.0.7:8000", min_replicas=1, max_replicas=3
     )
     busy = [{"index": 0, "util_pct": 100.0}, {"index": 1, "util_pct": 100.0}]
     await send_beat(mallory, beat(interval_s=1.0, gpus=busy, running=[f"{endpoint_id}-s0-e1"]))
-    await wait_for(stack.log, LIVENESS, lambda s: me in s.beats and s.beats[me].gpus, "its beat")
+    await wait_for_state(stack.log, LIVENESS, lambda s: me in s.beats and s.beats[me].gpus, "its beat")
     autoscaler = Autoscaler(stack.kernel, app.state.inference)
     start = time.monotonic()
     for i in range(5):  # ticks, one simulated second apart (the decision reads the time it is given)

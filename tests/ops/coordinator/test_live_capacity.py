@@ -43,8 +43,8 @@ from schemas.workers import (
     WorkerRegistered,
     WorkerUncordoned,
 )
-from tests.core.test_placement import outcome
-from tests.projections.test_reducers import Log
+from tests.support.placement_hosts import outcome
+from tests.support.reducer_builders import Log
 
 S = 1_000_000_000
 NOW = 1_800_000_000 * S
