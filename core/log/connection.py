@@ -161,6 +161,11 @@ class LogConnection:
         self._acks.fail_all(LogUnavailable("event log closed"))
         with contextlib.suppress(Exception):
             await self._nc.drain()
+        if not self._nc.is_closed:
+            # drain refuses a connection that is reconnecting (a server restarting, credentials
+            # revoked): left so, nats-py would go on reconnecting forever after the log is closed
+            with contextlib.suppress(Exception):
+                await self._nc.close()
 
     async def __aenter__(self) -> Self:
         return self
