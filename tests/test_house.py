@@ -110,17 +110,19 @@ they test the command itself. Nothing else imports it: other code runs it (``pyt
 imports what it shares from modules of their own (:mod:`ops.enrollment`, :mod:`ops.specs`)."""
 
 
-def _imports_the_cli(tree: ast.Module) -> bool:
+def _absolute_imports(tree: ast.Module) -> list[str]:
+    """Every module (or ``module.name``) ``tree`` imports absolutely, anywhere in it (in a function too)."""
+    names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
         elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        if any(name == "ops.cli" or name.startswith("ops.cli.") for name in names):
-            return True
-    return False
+            names += [alias.name for alias in node.names]
+    return names
+
+
+def _imports_the_cli(tree: ast.Module) -> bool:
+    return any(name == "ops.cli" or name.startswith("ops.cli.") for name in _absolute_imports(tree))
 
 
 def test_nothing_imports_the_cli_but_itself_and_the_tests_of_the_command() -> None:
@@ -387,22 +389,13 @@ def test_no_helper_module_shadows_a_name_the_support_package_defines() -> None:
 
 def _test_modules_imported(tree: ast.Module) -> list[str]:
     """The ``tests/**/test_*.py`` modules ``tree`` imports, anywhere in it (in a function too)."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        found += [
-            name
-            for name in names
-            if name.startswith("tests.")
-            and name.rpartition(".")[2].startswith("test_")
-            and (REPO / f"{name.replace('.', '/')}.py").is_file()
-        ]
-    return found
+    return [
+        name
+        for name in _absolute_imports(tree)
+        if name.startswith("tests.")
+        and name.rpartition(".")[2].startswith("test_")
+        and (REPO / f"{name.replace('.', '/')}.py").is_file()
+    ]
 
 
 def test_no_module_under_tests_imports_a_test_module() -> None:

@@ -77,15 +77,8 @@ class Scanner:
         until_time: datetime | None = None,
         subjects: str | None = None,
     ) -> int:
-        """Deliver stored messages in stream order to ``on_message(subject, seq, time_ns, msg_id, data)``.
-
-        Stops at the end of the stream as it was when the scan began (or at ``until_seq`` /
-        ``until_time``); every message is delivered once. This is the fast path projections rebuild
-        with: an acknowledgement-free pull consumer read in large batches, each message taken off
-        the connection before nats-py's per-message work (see :class:`RawTap`); where that is not
-        possible, nats-py's ordered push consumer. ``on_message`` may return an awaitable: it is
-        awaited before the next message. Returns the number of messages delivered.
-        """
+        """:meth:`core.log.EventLog.scan`, which says what a scan delivers and when it stops: the
+        pull-consumer fast path through :class:`RawTap`, else nats-py's ordered push consumer."""
         if BY_NAME[stream].retention == "workqueue":
             return await self._scan_work_queue(stream, on_message, start_seq=start_seq, until_seq=until_seq)
         bounds = await self.bounds(stream)
