@@ -164,8 +164,16 @@ class LogConnection:
         if not self._nc.is_closed:
             # drain refuses a connection that is reconnecting (a server restarting, credentials
             # revoked): left so, nats-py would go on reconnecting forever after the log is closed
-            with contextlib.suppress(Exception):
+            try:
                 await self._nc.close()
+            except asyncio.CancelledError:
+                # nats-py cancels its own transport's close waiter when it left that node: only a
+                # cancellation of this task goes on
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            except Exception:
+                pass
 
     async def __aenter__(self) -> Self:
         return self
