@@ -147,7 +147,9 @@ async def bench(jobs: int) -> dict[str, Any]:
                 d_log = await EventLog.connect(settings, name="bench-dispatcher")
                 cluster = Cluster.from_kubeconfig(kube.kubeconfig)
                 identity = Identity(cluster="bench", provider="bench-provider")
-                timing = Timing(poll_s=0.1, heartbeat_s=1.0, metering_s=10.0, nodes_s=5.0)
+                # linger 0: the namespace goes at the round after the work's last assignment, so that
+                # cancel -> namespace gone times the dispatcher, not the 60 s a replacement is waited for
+                timing = Timing(poll_s=0.1, heartbeat_s=1.0, metering_s=10.0, nodes_s=5.0, linger_s=0.0)
                 dispatcher = Dispatcher(
                     cluster, d_log, identity, CTX, root / "state", vouch=True, timing=timing
                 )

@@ -38,6 +38,13 @@ TIMEOUT_S = (5.0, 30.0)
 """Connect and read timeouts of every call, in seconds."""
 LOG_TAIL_BYTES = 64 * 1024
 """At most this much of a pod's log is read, whatever the line count asked."""
+LOG_TIMEOUT_S = (3.0, 5.0)
+"""Connect and read timeouts of a pod log read: the API server proxies it to the pod's kubelet, and a
+dead node's kubelet may leave it hanging."""
+FIELD_MANAGER = "resontech-dispatcher"
+"""The field manager of the dispatcher's server-side applies."""
+APPLY_PATCH = "application/apply-patch+yaml"
+"""The content type of a server-side apply (the body is JSON, which is YAML)."""
 
 
 class ClusterUnreachable(ResontechError):
@@ -160,10 +167,12 @@ def _error(exc: Exception, what: str) -> ResontechError:
 _FAILURES = (client.ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
-def _call(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+def _call(
+    fn: Callable[..., Any], *args: Any, what: str, timeout: tuple[float, float] = TIMEOUT_S, **kwargs: Any
+) -> Any:
     """Call one client method, blocking: the raw urllib3 response, or the project's error."""
     try:
-        return fn(*args, _preload_content=False, _request_timeout=TIMEOUT_S, **kwargs)
+        return fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
     except _FAILURES as exc:
         raise _error(exc, what) from exc
 
@@ -206,7 +215,7 @@ class Cluster:
             )
         except (config.ConfigException, OSError, ValueError) as exc:
             raise ConfigError(f"kubeconfig {path or '(default)'}: {exc}") from exc
-        return cls(client.ApiClient(configuration))
+        return cls(client.ApiClient(_no_read_retries(configuration)))
 
     @classmethod
     def in_cluster(cls) -> Cluster:
@@ -220,17 +229,20 @@ class Cluster:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException as exc:
             raise ConfigError(f"in-cluster configuration: {exc}") from exc
-        return cls(client.ApiClient(configuration))
+        return cls(client.ApiClient(_no_read_retries(configuration)))
 
     def close(self) -> None:
         """Release the client's connections."""
         self.api.close()
 
     async def apply(self, manifests: list[Json]) -> list[Applied]:
-        """Create each object, Namespaces first, then in the order given. One that already exists
-        (409) is patched with the manifest instead (strategic merge), so applying again after a
-        crash converges and never fails on what the first attempt made. A changed immutable
-        field (a Job's pod template) is refused (422): delete the namespace to start over.
+        """Apply each object, Namespaces first, then in the order given, with server-side apply
+        (field manager :data:`FIELD_MANAGER`, conflicts forced): one request that creates what is
+        missing and updates what exists, so applying again after a crash or a refusal converges and
+        never creates anything twice. A create is what quota admission charges: creating an object
+        that exists in a namespace whose quota is full answers 403 before the name is checked, and a
+        409 after admission would still be charged until the quota controller's resync. A changed
+        immutable field (a Job's pod template) is refused (422): delete the object to start over.
 
         Raises:
             InvalidInput: a manifest of a kind not in :data:`KINDS`, with no name, or namespaced
@@ -249,14 +261,17 @@ class Cluster:
         if kind is None or not name or (kind.namespaced and not namespace):
             raise InvalidInput(f"cannot apply {what} ({manifest.get('apiVersion')}): unknown kind or no name")
         scope = (namespace,) if kind.namespaced else ()
-        try:
-            _call(kind.method(self.api, "create"), *scope, manifest, what=f"create {what}")
-            return Applied(str(manifest["kind"]), namespace, name, created=True)
-        except ClusterRefused as exc:
-            if exc.status != 409:
-                raise
-        _call(kind.method(self.api, "patch"), name, *scope, manifest, what=f"patch {what}")
-        return Applied(str(manifest["kind"]), namespace, name, created=False)
+        response = _call(
+            kind.method(self.api, "patch"),
+            name,
+            *scope,
+            manifest,
+            what=f"apply {what}",
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_PATCH,
+        )
+        return Applied(str(manifest["kind"]), namespace, name, created=response.status == 201)
 
     async def delete_namespace(self, name: str) -> bool:
         """Delete a namespace and, through the namespace controller, everything in it.
@@ -364,6 +379,8 @@ class Cluster:
 
         Raises:
             NotFound: no such pod (or container).
+            ClusterUnreachable: no answer within :data:`LOG_TIMEOUT_S`, or a 5xx (a kubelet that
+                does not answer: the API server proxies the read to it).
         """
         extra = {"container": container} if container else {}
         response = await asyncio.to_thread(
@@ -375,6 +392,7 @@ class Cluster:
             limit_bytes=LOG_TAIL_BYTES,
             timestamps=timestamps,
             what=f"log of pod {namespace}/{pod}",
+            timeout=LOG_TIMEOUT_S,
             **extra,
         )
         return bytes(response.data[-LOG_TAIL_BYTES:]).decode("utf-8", errors="replace")
@@ -384,6 +402,14 @@ class Cluster:
         body = _json(response)
         items = [item for item in body.get("items") or [] if isinstance(item, dict)]
         return Listing(items, str((body.get("metadata") or {}).get("resourceVersion") or ""))
+
+
+def _no_read_retries(configuration: client.Configuration) -> client.Configuration:
+    """No second try of a request whose answer timed out: urllib3 would try a GET three more times,
+    and a log read through a dead node's kubelet would hold its round four read time-outs long (the
+    next round asks again anyway). A connection that fails is still tried again, twice."""
+    configuration.retries = urllib3.Retry(total=2, read=0, redirect=0)
+    return configuration
 
 
 def _namespace(item: Json) -> Namespace:

@@ -109,6 +109,11 @@ class Fleet:
         """The workers to heartbeat for: listed, Ready, and not refused by the kernel."""
         return [w for w, node in self.nodes.items() if node.ready and w not in self.refused]
 
+    def ready(self, worker_id: str) -> bool:
+        """Whether a worker's node was listed last as Ready."""
+        node = self.nodes.get(worker_id)
+        return node is not None and node.ready
+
     def node_of(self, worker_id: str) -> str | None:
         """The node of a worker listed last, or ``None``."""
         node = self.nodes.get(worker_id)

@@ -30,6 +30,8 @@ from typing import Any
 from ops.dispatcher.context import RenderContext
 
 Manifest = dict[str, Any]
+SURGE = 2
+"""A work's quota holds this many times what was placed (:func:`resource_quota` says why)."""
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set by the API server on every namespace (1.22+): a selector on it cannot be forged by a label."""
 
@@ -84,20 +86,27 @@ def resource_quota(
     *,
     node_ports: int = 0,
 ) -> Manifest:
-    """The namespace's quota: exactly the sum of its pods (no more pods, CPU, memory or GPUs than were
-    placed), ``services`` Services of which ``node_ports`` NodePorts (an endpoint's replicas: one each),
-    and no LoadBalancer or volume claim."""
-    cpus = sum(p.cpus for p in pods)
-    memory = sum(p.memory_mb for p in pods)
+    """The namespace's quota: room for what was placed twice over (:data:`SURGE`): no more pods, CPU,
+    memory or GPUs than each slot's pod and one replacement, ``services`` Services of which
+    ``node_ports`` NodePorts (an endpoint's replicas: one each) likewise, and no LoadBalancer or volume
+    claim.
+
+    Why twice: a replacement (a new epoch after a node was lost, a gang restarted) is created while the
+    pod it replaces may still count. A dead node's pod stays terminating, and counted, until its
+    grace period has passed twice over; a quota of exactly what was placed refuses the replacement
+    for that long. The quota fences the dispatcher's own objects (a workload has no API access), and
+    the kernel's placement, not the quota, keeps each node to what was placed on it."""
+    cpus = SURGE * sum(p.cpus for p in pods)
+    memory = SURGE * sum(p.memory_mb for p in pods)
     hard = {
-        "pods": str(len(pods)),
+        "pods": str(SURGE * len(pods)),
         "requests.cpu": millicores(cpus),
         "limits.cpu": millicores(cpus),
         "requests.memory": mebibytes(memory),
         "limits.memory": mebibytes(memory),
-        f"requests.{ctx.gpu_resource}": str(sum(p.gpus for p in pods)),
-        "services": str(services),
-        "services.nodeports": str(node_ports),
+        f"requests.{ctx.gpu_resource}": str(SURGE * sum(p.gpus for p in pods)),
+        "services": str(SURGE * services),
+        "services.nodeports": str(SURGE * node_ports),
         "services.loadbalancers": "0",
         "persistentvolumeclaims": "0",
     }

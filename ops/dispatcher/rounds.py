@@ -3,18 +3,27 @@ putting the cluster right after a restart (:mod:`ops.dispatcher.service` says wh
 
 The rules a round applies:
 
-* apply: a work's objects are rendered from every assignment of it held, and applied together; an
-  assignment that cannot be rendered is rejected; one the cluster refuses is tried again each round and
-  fails after ``refused_rounds`` refusals; one the cluster did not answer for waits for the next round;
-* poll: what waits is applied first; then each applied assignment's pod (the newest its controller
-  made) and its new log lines become claims; an assignment whose object exists but whose pod does not
-  yet, and that never started, is left for the next round; one that ended is forgotten;
+* apply: a work's objects are rendered from every assignment of it held, and applied together
+  (server-side apply: nothing is created twice); an assignment that cannot be rendered is rejected;
+  one the cluster refuses is logged with the reason and tried again after a back-off (1 s, doubling to
+  :data:`MAX_BACKOFF_MS`), and fails after ``refused_rounds`` refusals; one the cluster did not answer
+  for waits for the next round;
+* poll: what waits is applied first; then every work's pods are listed, and every held assignment's
+  pod (the newest its controller made) and its new log lines are read, all at once, each read with a
+  time-out of its own, and each pod's claims made as soon as its log is in: a log that cannot be read
+  is no new lines for that pod (logged once, not asked again for :data:`UNREADABLE_WAIT_MS`), and a
+  pod on a node that is not Ready is not asked; an assignment whose object exists but whose pod does
+  not yet, and that never started, is left for the next round; one that ended is forgotten;
 * meter: a usage tick per held assignment whose pod ran, claimed as its node-worker; none before;
 * forget: a last tick (if the pod ran) before the final claims, then the assignment is no longer held,
-  and its objects are deleted: the namespace with the work's last assignment, else its Job (or its
-  Deployment and Service); nothing is deleted of what was never applied;
-* reconcile (after a restart): namespaces of work no longer held are deleted; an applied assignment
-  whose objects vanished is reported lost and forgotten.
+  and its own objects are deleted, applied or not (a refusal may leave part of them): its Job, or its
+  Deployment and Service. The namespace goes ``linger_ms`` after its work's last held assignment
+  went, unless one of the work comes back first: a shard re-placed at a new epoch, a gang restarted,
+  comes back within seconds, and deleting the namespace meanwhile would refuse it for as long as a
+  dead node's pod holds the namespace terminating;
+* reconcile (after a restart): what the kernel no longer assigns to the cluster's workers is forgotten
+  with no claim and its objects deleted; namespaces of no current assignment are deleted; an applied
+  assignment whose objects vanished is reported lost and forgotten.
 
 A :class:`Rounds` is built from what it uses (the cluster, the held assignments, the claims appender,
 the nodes' addresses, the lock, the clock); the dispatcher wires it. Every round runs under that lock,
@@ -26,14 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from agent.reports import Meter
 from core import reports
 from core.clock import now_ms
-from core.errors import NotFound
+from core.errors import NotFound, ResontechError
 from core.reports import Append, rejected, start_failed
 from ops.dispatcher import names
 from ops.dispatcher.cluster import ClusterRefused, Json, Namespace
@@ -53,13 +62,21 @@ log = logging.getLogger("resontech.dispatcher")
 LOG_LINES = 1000
 """Lines of a pod's log read per round (at most 64 KiB of them)."""
 MANAGED = f"app.kubernetes.io/managed-by={names.MANAGED_BY}"
+ENDED = ("Succeeded", "Failed")
 CONTROLLERS = {"job": ("batch/v1", "Job"), "endpoint": ("apps/v1", "Deployment")}
 Work = tuple[str, str, str]
 """``(tenant, work_id, kind)``."""
 Claim = Callable[[str, list[Append]], Awaitable[bool]]
 """Claims ``(canonical subject, event, id)`` on the intake as a node-worker (retried until stored)."""
 REFUSED_ROUNDS = 30
-"""Rounds an apply the cluster refuses is tried again before the assignment fails."""
+"""Times an apply the cluster refuses is tried before the assignment fails."""
+MAX_BACKOFF_MS = 8_000
+"""The longest wait between two applies the cluster refused (from 1 s, doubling): 30 refusals take
+about 3.5 minutes, the time a namespace may stay terminating while a dead node's pod goes."""
+UNREADABLE_WAIT_MS = 30_000
+"""How long a pod whose log could not be read is left unasked (its round would wait on the read)."""
+LINGER_MS = 60_000
+"""How long a namespace outlives its work's last held assignment."""
 
 
 class ClusterPort(Protocol):
@@ -95,8 +112,10 @@ class Rounds:
             change.
         claim: appends claims on the intake as a node-worker.
         address_of: a node-worker's node address (``None`` or empty: unknown), read-only.
+        ready: whether a node-worker's node is Ready (a NotReady node's kubelet is not asked for logs).
         busy: the dispatcher's lock; every round takes it.
         refused_rounds: refusals of an assignment's objects before it fails [:data:`REFUSED_ROUNDS`].
+        linger_ms: how long a namespace outlives its work's last held assignment [:data:`LINGER_MS`].
         clock: the time in Unix milliseconds [:func:`core.clock.now_ms`].
     """
 
@@ -109,7 +128,9 @@ class Rounds:
         claim: Claim,
         address_of: Callable[[str], str | None],
         busy: asyncio.Lock,
+        ready: Callable[[str], bool] = lambda worker_id: True,
         refused_rounds: int = REFUSED_ROUNDS,
+        linger_ms: int = LINGER_MS,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.cluster = cluster
@@ -117,10 +138,18 @@ class Rounds:
         self.held = held
         self.claim = claim
         self.address_of = address_of
+        self.ready = ready
         self.busy = busy
         self.refused_rounds = refused_rounds
+        self.linger_ms = linger_ms
         self.clock = clock
         self._refusals: dict[str, int] = defaultdict(int)
+        self._retry_at: dict[Work, int] = {}
+        """When a work the cluster refused is applied again (Unix ms)."""
+        self._emptied: dict[Work, int] = {}
+        """Works whose last held assignment went, and when (their namespaces linger)."""
+        self._unreadable: dict[tuple[str, str], int] = {}
+        """Pods (namespace, name) whose log could not be read, and when to try again (Unix ms)."""
 
     # -- applying --------------------------------------------------------------------------------
 
@@ -133,11 +162,6 @@ class Rounds:
             and (applied is None or t.applied == applied)
         ]
 
-    def _refused(self, tracked: Tracked) -> int:
-        """Count one more refused apply of ``tracked``; how many so far."""
-        self._refusals[tracked.cmd.assignment_id] += 1
-        return self._refusals[tracked.cmd.assignment_id]
-
     async def apply(self, tenant: str, work_id: str, kind: str) -> None:
         """Apply the objects of one work's held assignments; an assignment that cannot be rendered is
         rejected, one the cluster keeps refusing fails (not retryable: the same cluster would refuse
@@ -146,16 +170,34 @@ class Rounds:
         Raises:
             ClusterUnreachable: the cluster did not answer (the assignments stay held, not applied).
         """
+        work = (tenant, work_id, kind)
+        self._retry_at.pop(work, None)
         try:
             await self._apply_work(tenant, work_id, kind)
         except ManifestError as exc:  # rendering is pure: the same command never renders
             for t in self._of_work(tenant, work_id, kind, applied=False):
+                log.error("%s rejected: %s", t.cmd.assignment_id, exc.message)
                 await self.forget(t, final=[rejected(t.cmd, t.worker_id, exc.message)])
         except ClusterRefused as exc:  # a terminating namespace refuses for a while: count, then fail
-            for t in self._of_work(tenant, work_id, kind, applied=False):
-                if self._refused(t) >= self.refused_rounds:
-                    failed = start_failed(t.cmd, f"the cluster refused its objects: {exc.message}")
-                    await self.forget(t, final=[failed])
+            await self._refused(work, exc)
+
+    async def _refused(self, work: Work, exc: ClusterRefused) -> None:
+        """Count one more refusal of the work's unapplied assignments: fail those refused
+        ``refused_rounds`` times, and try the rest again after a back-off."""
+        most = 0
+        for t in self._of_work(*work, applied=False):
+            self._refusals[t.cmd.assignment_id] += 1
+            count = most = max(most, self._refusals[t.cmd.assignment_id])
+            if count >= self.refused_rounds:
+                log.error("%s not started: refused %d times: %s", t.cmd.assignment_id, count, exc.message)
+                failed = start_failed(t.cmd, f"the cluster refused its objects: {exc.message}")
+                await self.forget(t, final=[failed])
+            else:
+                log.warning(
+                    "%s refused (%d of %d): %s", t.cmd.assignment_id, count, self.refused_rounds, exc.message
+                )
+        if most:
+            self._retry_at[work] = self.clock() + min(MAX_BACKOFF_MS, 1000 * 2 ** (most - 1))
 
     async def _apply_work(self, tenant: str, work_id: str, kind: str) -> None:
         """Render the work's held assignments (the newest epoch of each slot) and apply them.
@@ -182,55 +224,103 @@ class Rounds:
 
     # -- forgetting ------------------------------------------------------------------------------
 
-    async def forget(self, tracked: Tracked, *, final: list[Append]) -> None:
-        """Claim ``final`` (after a last usage tick if the pod ran), stop holding the assignment and
-        delete its objects: the namespace with the work's last assignment, else its Job or
-        Deployment."""
+    async def forget(self, tracked: Tracked, *, final: list[Append], tick: bool = True) -> None:
+        """Claim ``final`` (after a last usage tick if the pod ran, and ``tick``), stop holding the
+        assignment and delete its own objects, applied or not; its work's namespace lingers if it was
+        the work's last (module docstring)."""
         cmd = tracked.cmd
-        tick = self._tick(tracked, self.clock())
-        await self.claim(tracked.worker_id, ([tick] if tick else []) + final)
+        last = self._tick(tracked, self.clock()) if tick else None
+        if last or final:
+            await self.claim(tracked.worker_id, ([last] if last else []) + final)
         self.held.pop(cmd.assignment_id, None)
         self._refusals.pop(cmd.assignment_id, None)
         self.held.save()
-        if not tracked.applied:
-            return
-        ns = work_namespace(cmd.tenant, cmd.work_id, cmd.work_kind, self.ctx)
-        if not self._of_work(cmd.tenant, cmd.work_id, cmd.work_kind):
-            await self.cluster.delete_namespace(ns)
-            log.info("namespace %s deleted: %s holds nothing here any more", ns, cmd.work_id)
-            return
+        work = _work(tracked)
+        if not self._of_work(*work):
+            self._emptied.setdefault(work, self.clock())
+        ns = work_namespace(*work, self.ctx)
         api_version, kind = CONTROLLERS[cmd.work_kind]
         name = job_name(cmd.epoch, cmd.slot) if cmd.work_kind == "job" else replica_name(cmd)
         await self.cluster.delete(api_version, kind, ns, name)
         if cmd.work_kind == "endpoint":
             await self.cluster.delete("v1", "Service", ns, name)
 
+    async def _sweep(self) -> None:
+        """Delete the namespaces that lingered long enough with no held assignment of their work."""
+        now = self.clock()
+        for work, since in list(self._emptied.items()):
+            if self._of_work(*work):
+                del self._emptied[work]
+            elif now - since >= self.linger_ms:
+                ns = work_namespace(*work, self.ctx)
+                await self.cluster.delete_namespace(ns)
+                del self._emptied[work]
+                log.info("namespace %s deleted: %s holds nothing here any more", ns, work[1])
+
     # -- polling ---------------------------------------------------------------------------------
 
     async def poll(self) -> None:
-        """One round: apply what waits, then read every held work's pods into claims."""
+        """One round: apply what waits (unless backing off), delete lingering namespaces, then read
+        every held work's pods into claims."""
         async with self.busy:
+            now = self.clock()
             for work in {_work(t) for t in self.held.values() if not t.applied}:
-                await self.apply(*work)
+                if self._retry_at.get(work, 0) <= now:
+                    await self.apply(*work)
+            await self._sweep()
             by_work: dict[Work, list[Tracked]] = defaultdict(list)
             for t in self.held.values():
                 if t.applied:
                     by_work[_work(t)].append(t)
-            for work, held in by_work.items():
-                await self._poll_work(work, held)
+            listed = await asyncio.gather(*(self._list_work(work, held) for work, held in by_work.items()))
+            reads = [asyncio.create_task(self._read_log(t, pod)) for found in listed for t, pod in found]
+            try:
+                for read in asyncio.as_completed(reads):  # each pod's claims as soon as its log is in
+                    await self._poll_one(*await read)
+            finally:
+                for read in reads:
+                    read.cancel()
 
-    async def _poll_work(self, work: Work, held: list[Tracked]) -> None:
+    async def _list_work(self, work: Work, held: list[Tracked]) -> list[tuple[Tracked, PodState | None]]:
+        """Each held assignment of the work with its pod (``None``: none), leaving out those whose
+        controller has not made the pod yet."""
         ns = work_namespace(*work, self.ctx)
-        pods = await self.cluster.pods(ns, MANAGED)
         api_version, kind = CONTROLLERS[work[2]]
-        present = _assignment_ids(await self.cluster.objects(api_version, kind, ns, MANAGED))
+        pods, controllers = await asyncio.gather(
+            self.cluster.pods(ns, MANAGED), self.cluster.objects(api_version, kind, ns, MANAGED)
+        )
+        present = _assignment_ids(controllers)
         if work[2] == "endpoint" and any(not t.address for t in held):
             await self._addresses(ns, held)
+        found = []
         for tracked in held:
             pod = _pod_of(tracked, pods, self.ctx)
             if pod is None and tracked.cmd.assignment_id in present and not tracked.said.started:
                 continue  # its controller has not made the pod yet
-            await self._poll_one(tracked, pod)
+            found.append((tracked, pod))
+        return found
+
+    async def _read_log(self, tracked: Tracked, pod: PodState | None) -> tuple[Tracked, PodState | None, str]:
+        """The assignment, its pod and the tail of the pod's log, or no text: no pod, nothing to read
+        yet, a node that is not Ready, or a log that could not be read (a dead node's kubelet: logged
+        once, and not asked again for :data:`UNREADABLE_WAIT_MS`)."""
+        if pod is None or not _has_log(tracked.cmd.work_kind, pod) or not self.ready(tracked.worker_id):
+            return tracked, pod, ""
+        key, now = (pod.namespace, pod.name), self.clock()
+        if self._unreadable.get(key, 0) > now:
+            return tracked, pod, ""
+        container = WORKLOAD_CONTAINER[tracked.cmd.work_kind]
+        try:
+            text = await self.cluster.pod_log_tail(*key, LOG_LINES, container, timestamps=True)
+        except NotFound:
+            return tracked, pod, ""
+        except ResontechError as exc:
+            if key not in self._unreadable:
+                log.warning("log of pod %s/%s not read: %s", pod.namespace, pod.name, exc.message)
+            self._unreadable[key] = self.clock() + UNREADABLE_WAIT_MS
+            return tracked, pod, ""
+        self._unreadable.pop(key, None)
+        return tracked, pod, text
 
     async def _addresses(self, ns: str, held: list[Tracked]) -> None:
         """Where each replica serves: its node's address and the node port of its Service."""
@@ -244,17 +334,11 @@ class Rounds:
             if not t.address and address and port is not None:
                 t.address = replica_address(address, port)
 
-    async def _poll_one(self, tracked: Tracked, pod: PodState | None) -> None:
+    async def _poll_one(self, tracked: Tracked, pod: PodState | None, text: str) -> None:
         cmd = tracked.cmd
         new: list[str] = []
-        if pod is not None and _has_log(cmd.work_kind, pod):
-            try:
-                text = await self.cluster.pod_log_tail(
-                    pod.namespace, pod.name, LOG_LINES, WORKLOAD_CONTAINER[cmd.work_kind], timestamps=True
-                )
-            except NotFound:
-                text = ""
-            new = unread(tracked.history, split_lines(text, final=pod.phase in ("Succeeded", "Failed")))
+        if text:
+            new = unread(tracked.history, split_lines(text, final=pod is not None and pod.phase in ENDED))
         lines = [text_of(line) for line in [*tracked.history, *new]]
         done = replace(tracked.said, lines=len(tracked.history))
         claims, done = report(
@@ -307,28 +391,36 @@ class Rounds:
 
     # -- after a restart -------------------------------------------------------------------------
 
-    async def reconcile(self) -> None:
-        """Delete the namespaces of work no longer held; report lost what was applied and vanished."""
+    async def reconcile(self, current: Sequence[Held]) -> None:
+        """Put the cluster right against ``current``, the kernel's current assignments of the
+        cluster's workers (module docstring)."""
+        current_ids = {h.assignment_id for h in current}
+        for tracked in [t for a, t in self.held.items() if a not in current_ids]:
+            log.info("%s is no longer the kernel's: deleted, nothing claimed", tracked.cmd.assignment_id)
+            await self.forget(tracked, final=[], tick=False)
         cluster, ctx = self.cluster, self.ctx
         namespaces = await cluster.namespaces(MANAGED)
         present: set[str] = set()
         for api_version, kind in CONTROLLERS.values():
             present |= _assignment_ids(await cluster.objects(api_version, kind, None, MANAGED))
-        held = [Held(a, t.cmd.tenant, t.cmd.work_id, t.cmd.work_kind) for a, t in self.held.items()]
         applied = {a for a, t in self.held.items() if t.applied}
-        verdict = reconcile(namespaces, held, applied, present, lambda t, w, k: work_namespace(t, w, k, ctx))
+        verdict = reconcile(
+            namespaces, current, applied, present, lambda t, w, k: work_namespace(t, w, k, ctx)
+        )
         for ns in verdict.delete:
             log.info("namespace %s deleted: its work is over", ns)
             await cluster.delete_namespace(ns)
         for h in verdict.lost:
             tracked = self.held[h.assignment_id]
-            tracked.applied = False  # nothing of it is left to delete
             lost = reports.lost(
                 tracked.cmd,
                 "its objects vanished from the cluster",
                 reports.tail_of([text_of(line) for line in tracked.history]),
             )
             await self.forget(tracked, final=[lost])
+        self._emptied = {
+            w: t for w, t in self._emptied.items() if work_namespace(*w, ctx) not in verdict.delete
+        }
 
 
 def _work(t: Tracked) -> Work:

@@ -48,7 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--state-dir", type=Path, help="default: <data dir>/dispatcher/<cluster>")
     opt("--vouch", action="store_true", help="vouch for every node as the operator (no verification job)")
     opt("--poll-s", type=float, default=1.0, help="seconds between rounds (default 1)")
-    opt("--heartbeat-s", type=float, default=1.0, help="seconds between heartbeats (default 1)")
+    opt(
+        "--heartbeat-s",
+        type=float,
+        default=10.0,
+        help="seconds between heartbeats (default 10; lost after 3)",
+    )
     opt("--metering-s", type=float, default=10.0, help="seconds between usage ticks (default 10)")
     add_context_arguments(parser)
 

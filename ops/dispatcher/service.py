@@ -6,26 +6,31 @@ Life of a dispatcher (docs/dispatcher.md says why each step is so):
    registers each as a worker (:mod:`ops.dispatcher.fleet`). The kernel then asks for each new worker's
    verification job; with ``vouch`` the operator's dispatcher answers by vouching for the node
    (``worker.verified``), otherwise it waits for the operator to (no verification pod yet).
-2. It reconciles (:mod:`ops.dispatcher.reconcile`): a namespace of its own whose work it no longer
-   holds is deleted; an assignment it holds whose objects vanished is reported lost.
+2. It reconciles (:mod:`ops.dispatcher.reconcile`) against the kernel's current assignments of its
+   workers, read from the schedule and endpoint projections: an assignment it holds that the kernel
+   no longer assigns is deleted and nothing is claimed for it; a namespace of its own whose work has
+   no current assignment here is deleted; an assignment it holds whose objects vanished is reported
+   lost.
 3. Then, until stopped, concurrently:
 
    * every node's commands (``cmd.<worker>``), taken one at a time under one lock and acted on at most
      once (the agent's :func:`agent.commands.admit`): ``start_work`` is recorded, its work's objects
      rendered from every assignment of that work it holds (:mod:`ops.dispatcher.manifests`) and
-     applied; an older epoch of the same slot is superseded (its Job or Deployment deleted);
-     ``stop_work`` deletes the assignment's objects, and the namespace with the work's last one;
+     applied; an older epoch of the same slot is superseded (its Job or Deployment deleted, never the
+     namespace); ``stop_work`` deletes the assignment's objects; a namespace goes a while after its
+     work's last assignment here (:mod:`ops.dispatcher.rounds`);
    * a round every ``poll_s``: objects not applied yet are applied again; each work's pods are listed
      and each assignment's pod, with the new lines of its log, becomes claims on the intake
-     (:mod:`ops.dispatcher.reporting`); an assignment that ended is metered a last time, forgotten, and
-     the namespace deleted with the work's last one;
+     (:mod:`ops.dispatcher.reporting`); an assignment that ended is metered a last time and
+     forgotten;
    * heartbeats for every Ready node (``hb.<worker>``, with the assignments it runs), every
      ``heartbeat_s``; usage ticks of every running pod every ``metering_s``;
    * the node list every ``nodes_s``: new and changed nodes are registered.
 
 4. Stopped, it leaves the cluster as it is: pods do not die with their dispatcher. Its heartbeats
-   stop; if it stays away longer than the heartbeat deadline, the kernel declares its nodes lost and
-   places their work elsewhere, and the next dispatcher deletes what was revoked meanwhile.
+   stop; if it stays away longer than the heartbeat deadline (three intervals: 30 s by default), the
+   kernel declares its nodes lost and places their work elsewhere, and the next dispatcher deletes
+   what was revoked or cancelled meanwhile, and claims nothing for it.
 """
 
 from __future__ import annotations
@@ -50,8 +55,11 @@ from ops.dispatcher import rounds
 from ops.dispatcher.cluster import Cluster
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.fleet import Fleet, Identity
+from ops.dispatcher.reconcile import Held, current
 from ops.dispatcher.state import HeldAssignments, Tracked
 from ops.enrollment import enroll_kernel_agent
+from projections import ENDPOINTS, SCHEDULE
+from projections.runner import ProjectionRunner
 from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker
 from schemas.envelope import Recorded
 from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
@@ -69,12 +77,17 @@ class Timing:
     """How often the dispatcher does each thing, in seconds."""
 
     poll_s: float = 1.0
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 10.0
+    """The kernel loses the nodes after three silent intervals: at 10 s, a dispatcher restart of up to
+    about 25 s loses nothing, and a dead node is lost 30 s after Kubernetes marks it NotReady (which
+    itself takes 40 s of a silent kubelet by default)."""
     metering_s: float = 10.0
     nodes_s: float = 5.0
     refused_rounds: int = rounds.REFUSED_ROUNDS
-    """Rounds an apply the cluster refuses is tried again (a namespace still terminating refuses new
-    objects for a while) before the assignment fails."""
+    """Times an apply the cluster refuses is tried (a namespace still terminating refuses new objects
+    for a while) before the assignment fails."""
+    linger_s: float = rounds.LINGER_MS / 1000
+    """How long a namespace outlives its work's last assignment here (a replacement may come)."""
 
 
 class Dispatcher:
@@ -119,7 +132,9 @@ class Dispatcher:
             claim=self.emit,
             address_of=self.fleet.address_of,
             busy=self.busy,
+            ready=self.fleet.ready,
             refused_rounds=timing.refused_rounds,
+            linger_ms=round(timing.linger_s * 1000),
         )
         self._takers: dict[str, asyncio.Task[None]] = {}
         self.registered = asyncio.Event()
@@ -129,8 +144,9 @@ class Dispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Register the nodes, reconcile, then serve until ``stop`` is set (module docstring)."""
         await self.refresh_nodes()
+        current = await self.current()
         async with self.busy:
-            await self.rounds.reconcile()
+            await self.rounds.reconcile(current)
         self.registered.set()
         loops = [
             self._every(self.timing.poll_s, self.rounds.poll),
@@ -163,6 +179,17 @@ class Dispatcher:
             except Exception:  # a bug must not stop the dispatcher's other loops
                 log.exception("%s failed", step.__name__)
             await asyncio.sleep(max(0.0, started + interval_s - loop.time()))
+
+    async def current(self) -> list[Held]:
+        """The kernel's current assignments of the cluster's workers (listed now, or holding an
+        assignment here), from the schedule and endpoint projections caught up to now."""
+        schedule = ProjectionRunner(self.log, SCHEDULE, write_snapshots=False)
+        endpoints = ProjectionRunner(self.log, ENDPOINTS, write_snapshots=False)
+        for runner in (schedule, endpoints):
+            await runner.load()
+            await runner.catch_up()
+        workers = set(self.fleet.nodes) | {t.worker_id for t in self.held.values()}
+        return current(schedule.state, endpoints.state, workers)
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -250,12 +277,13 @@ class Dispatcher:
         if node is None or worker_id in self.fleet.refused:
             await self.emit(worker_id, [rejected(cmd, worker_id, "its Kubernetes node is gone")])
             return
-        for older in [t for t in self.held.values() if _superseded_by(t.cmd, cmd)]:
-            log.info("%s superseded by %s (epoch %d)", older.cmd.assignment_id, cmd.assignment_id, cmd.epoch)
-            await self.rounds.forget(older, final=[])
+        older = [t for t in self.held.values() if _superseded_by(t.cmd, cmd)]
         key = secrets.token_urlsafe(API_KEY_BYTES) if cmd.work_kind == "endpoint" else ""
         self.held[cmd.assignment_id] = Tracked(cmd=cmd, worker_id=worker_id, node=node, api_key=key)
         self.save()
+        for old in older:  # held first, so that only the old epoch's own objects go, never the namespace
+            log.info("%s superseded by %s (epoch %d)", old.cmd.assignment_id, cmd.assignment_id, cmd.epoch)
+            await self.rounds.forget(old, final=[])
         await self.rounds.apply(cmd.tenant, cmd.work_id, cmd.work_kind)
 
     # -- the state dir ---------------------------------------------------------------------------

@@ -20,10 +20,22 @@ What it does not, and what this harness does instead:
 
 - **Namespaces**: ``/api/v1/namespaces`` makes its path parser fail (500, and 404 for one
   namespace). :class:`ClusterEmulator` serves Namespace create, get, list, patch and delete itself,
-  stored in kmock's ``objects`` under ``v1/namespaces``; deleting one deletes every object in it
-  at once, with ``DELETED`` events, as the namespace controller would (on a real cluster the
-  namespace stays ``Terminating`` for a while first: not emulated). Creating an object in a
-  namespace that does not exist answers 404, as a real server does. No watch on namespaces.
+  stored in kmock's ``objects`` under ``v1/namespaces``. Deleting one is what the namespace controller
+  does: everything in it goes at once (``DELETED`` events) but its pods, which go as their kubelets
+  confirm (:meth:`ClusterEmulator.settle`); the namespace stays ``Terminating`` until its last pod is
+  gone, and refuses every create meanwhile (403). No watch on namespaces.
+- **Admission**, in the real server's order, before kmock stores anything: a create in a namespace
+  that does not exist answers 404, in a terminating one 403, one beyond a ResourceQuota's ``pods`` or
+  ``services`` 403 ``exceeded quota`` (pods not in a terminal phase count, terminating ones too), and
+  only then a taken name 409. Quota on CPU, memory and GPUs, LimitRange and Pod Security are not
+  admitted (manifests are checked with ``kubernetes-validate`` instead).
+- **Server-side apply** (``PATCH`` with ``application/apply-patch+yaml``): a create when the object is
+  missing (admitted as any create, answered 201), else a merge patch of the fields it names.
+- **The garbage collector**: a Job or Deployment deleted takes the pods it owns (the harness marks
+  them with :data:`OWNER`), which terminate like a namespace's.
+- **Kubelets**: :meth:`Kube.kubelet_down` makes a node's kubelet stop answering: a log read through it
+  hangs past the client's time-out (``hang``) or fails at once with the API server's 500
+  (``refuse``), and its deleted pods stay terminating until :meth:`Kube.force_delete_pods`.
 - **Label selectors** are ignored by kmock: the harness filters lists and watches by
   ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``; set-based forms answer 400).
 - **watch=True**: the official client sends ``watch=True`` (the API server's ``ParseBool`` takes it),
@@ -35,14 +47,15 @@ What it does not, and what this harness does instead:
 - **Subresources**: a ``/status`` patch merges into the whole object, and so does a patch of the
   object itself, status included (a real server keeps the two apart). A create that a test's
   reaction refuses (``mock["post", ...] << kmock.KubernetesError(status=403)``) is stored anyway.
-- Not emulated at all, so not tested here: controllers (a Job makes no pods, a Deployment no
-  ReplicaSet: tests create the pods a controller would, with :meth:`Kube.add_pod`), server-set
-  metadata (no uid, resourceVersion, creationTimestamp; a list's resourceVersion is ``"..."``),
-  ``timeoutSeconds`` on watches, ``resourceVersion`` semantics and 410 Gone (a test injects an
-  ``ERROR`` event with a reaction instead), PUT (replace: 404),
-  ``deletecollection`` (404), strategic-merge semantics for lists, field selectors, admission
-  (quotas, NetworkPolicy enforcement, schema validation: manifests are checked with
-  ``kubernetes-validate`` instead), authentication and RBAC (any token passes).
+- Not emulated at all, so not tested here: controllers running by themselves (a test makes the pods
+  a Job or Deployment controller would, with :meth:`Kube.run_controllers`, which a full quota or a
+  terminating namespace refuses as it would a real controller), the scheduler, the node lifecycle
+  controller's evictions, the quota controller's lag (a create refused by name after admission stays
+  charged until its resync on a real server), server-set metadata (no uid, resourceVersion,
+  creationTimestamp; a list's resourceVersion is ``"..."``), ``timeoutSeconds`` on watches,
+  ``resourceVersion`` semantics and 410 Gone (a test injects an ``ERROR`` event with a reaction
+  instead), PUT (replace: 404), ``deletecollection`` (404), strategic-merge semantics for lists,
+  field selectors, NetworkPolicy enforcement, authentication and RBAC (any token passes).
 
 State changes a test injects go through HTTP (``PATCH`` of ``/status``, as the kubelet and node
 controller do), so watchers see them: :meth:`Kube.set_pod_phase`, :meth:`Kube.set_node_ready`.
@@ -57,6 +70,7 @@ other test modules do not import the ``kubernetes`` client (kmock's own pytest p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -80,6 +94,14 @@ PODS = kmock.resource("", "v1", "pods")
 SERVICES = kmock.resource("", "v1", "services")
 JOBS = kmock.resource("batch", "v1", "jobs")
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
+QUOTAS = kmock.resource("", "v1", "resourcequotas")
+OWNER = "harness.test/owner"
+"""The annotation naming a pod's Job or Deployment (the harness's stand-in for ``ownerReferences``)."""
+HANG_S = 8.0
+"""How long a log read through a kubelet that hangs goes unanswered (then 504): longer than the
+dispatcher's read timeout, short enough not to hold up a test's teardown."""
+_GONE = "deletionTimestamp"
+_NOW = "2026-01-01T00:00:00Z"
 KNOWN_RESOURCES = {
     "v1/nodes": False,
     "v1/pods": True,
@@ -93,7 +115,7 @@ KNOWN_RESOURCES = {
     "autoscaling/v2/horizontalpodautoscalers": True,
 }
 _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
-_IN_NAMESPACE = re.compile(r"/apis?/.+/namespaces/([^/]+)/[^/]+/?")
+_OBJECT_PATH = re.compile(r"/apis?/(?:([^/]+)/)?([^/]+)/namespaces/([^/]+)/([^/]+)/([^/]+)/?")
 _SELECTOR_TERM = re.compile(r"(!?)([\w./-]+)(?:(==|=|!=)([\w.-]*))?")
 
 
@@ -121,16 +143,48 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
     return dict(obj.get("metadata", {}).get("labels") or {})
 
 
+def _going(resource: Any, obj: Any, kind: Any) -> bool:
+    """Whether a stored object of ``resource`` is a ``kind`` whose deletion started (not gone yet)."""
+    return bool(resource == kind and not obj.deleted and obj["metadata"].get(_GONE))
+
+
+def _node(pod: Any) -> str:
+    """The node a stored pod runs on (empty: none)."""
+    return str((pod.raw.get("spec") or {}).get("nodeName") or "")
+
+
+def _counted(obj: dict[str, Any]) -> bool:
+    """Whether quota counts the object: a pod in a terminal phase is not counted."""
+    return (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
 def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
     body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code}
     return aiohttp.web.json_response(body | {"reason": reason, "message": message}, status=code)
 
 
+@attrs.frozen
+class Refused(kmock.KubernetesError):
+    """A refusal of the emulated API server (a ``Status`` with this code, reason and message)."""
+
+    status: int = 403
+    reason: str = "Forbidden"
+    message: str = ""
+
+
+QUOTA_COUNTS = {"pods": PODS, "services": SERVICES}
+"""The object counts the emulated quota admission charges, by their ``hard`` key."""
+
+
 @attrs.define(kw_only=True)
 class ClusterEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus namespaces, label selectors, ``watch=True`` and pod logs."""
+    """kmock's emulator plus namespaces, label selectors, ``watch=True``, pod logs, server-side
+    apply, quota admission and a kubelet per node that may stop answering."""
 
     logs: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    dead_kubelets: dict[str, str] = attrs.field(factory=dict)
+    """Nodes whose kubelet does not answer, and how a log read through it fails: ``hang`` (no answer
+    until the client gives up) or ``refuse`` (the API server's 500 for a dial that failed)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -144,24 +198,86 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             url = raw_request.rel_url.update_query(watch="true")
             raw_request = raw_request.clone(rel_url=url)
         match = _NAMESPACE_PATH.fullmatch(raw_request.path)
-        inside = _IN_NAMESPACE.fullmatch(raw_request.path)
-        if raw_request.method == "POST" and inside and not self.has_namespace(inside.group(1)):
-            return _status(404, "NotFound", f'namespaces "{inside.group(1)}" not found')
         if match is None:
-            return await super().__call__(raw_request)
+            return await super().__call__(self._applied(raw_request))
         try:
             return await self._serve_namespace(raw_request, match.group(1))
         except ValueError as exc:
             return _status(400, "BadRequest", str(exc))
 
-    def has_namespace(self, name: str) -> bool:
-        """Whether the namespace exists (and is not deleted)."""
-        key = (NAMESPACES, None, name)
+    def _applied(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.BaseRequest:
+        """A server-side apply as kmock takes it: a create (POST to the collection) when the object
+        is missing, else a merge patch (the fields it names are set; none is removed)."""
+        found = _OBJECT_PATH.fullmatch(raw.path)
+        if raw.method != "PATCH" or not raw.content_type.startswith("application/apply-patch") or not found:
+            return raw
+        group, version, namespace, plural, name = found.groups()
+        headers = {**raw.headers, "Content-Type": "application/json"}
+        if self.has_object(kmock.resource(group or "", version, plural), namespace, name):
+            return raw.clone(headers=headers | {"Content-Type": "application/merge-patch+json"})
+        return raw.clone(method="POST", rel_url=raw.path.rsplit("/", 1)[0], headers=headers)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Admission before kmock stores anything: a create is checked against its namespace
+        (missing: 404; terminating: 403) and its quota (403), before its name (409), as the real
+        server orders them."""
+        creating = request.resource not in (None, NAMESPACES) and request.action == kmock.action.CREATE
+        if creating:
+            self._admit(request)
+        response = await super()._handle(request)
+        if creating and response.status == 200 and not response.prepared:
+            response.set_status(201)  # Created, as the real server says
+        return response
+
+    def has_object(self, resource: Any, namespace: str | None, name: str) -> bool:
+        """Whether the server holds that object (not deleted)."""
+        key = (resource, namespace, name)
         return key in self.objects and not self.objects[key].deleted
+
+    def has_namespace(self, name: str) -> bool:
+        """Whether the namespace exists (and is not deleted: it may be terminating)."""
+        return self.has_object(NAMESPACES, None, name)
+
+    def terminating(self, name: str) -> bool:
+        """Whether the namespace's deletion started (it stays while pods in it still terminate)."""
+        return self.has_namespace(name) and bool(self.objects[NAMESPACES, None, name]["metadata"].get(_GONE))
+
+    def _admit(self, request: kmock.Request) -> None:
+        namespace = request.namespace or (request.data or {}).get("metadata", {}).get("namespace")
+        if not namespace or request.resource == NODES:
+            return
+        if not self.has_namespace(namespace):
+            raise Refused(status=404, reason="NotFound", message=f'namespaces "{namespace}" not found')
+        if self.terminating(namespace):
+            message = f"unable to create new content in namespace {namespace} because it is being terminated"
+            raise Refused(message=message)
+        for key, resource in QUOTA_COUNTS.items():
+            if request.resource == resource:
+                self._charge(namespace, key, resource)
+
+    def _charge(self, namespace: str, key: str, resource: Any) -> None:
+        """Refuse one more ``resource`` object beyond a quota's ``hard[key]`` in ``namespace``: pods not
+        in a terminal phase count, terminating ones too (the real evaluator drops those only after their
+        grace period)."""
+        used = sum(
+            1
+            for (r, ns, _), obj in self.objects.items()
+            if r == resource and ns == namespace and not obj.deleted and _counted(obj.raw)
+        )
+        for (r, ns, name), quota in self.objects.items():
+            if r != QUOTAS or ns != namespace or quota.deleted:
+                continue
+            hard = (quota.raw.get("spec") or {}).get("hard") or {}
+            if key in hard and used + 1 > int(hard[key]):
+                raise Refused(
+                    message=f"{key} is forbidden: exceeded quota: {name}, requested: {key}=1, "
+                    f"used: {key}={used}, limited: {key}={hard[key]}"
+                )
 
     async def _serve_namespace(self, raw: aiohttp.web.BaseRequest, name: str | None) -> aiohttp.web.Response:
         body = await raw.json() if raw.can_read_body else None
-        if name is None and raw.method == "POST":
+        applying = raw.method == "PATCH" and raw.content_type.startswith("application/apply-patch")
+        if (name is None and raw.method == "POST") or (applying and not self.has_namespace(name or "")):
             name = str(body["metadata"]["name"])
             if self.has_namespace(name):
                 return _status(409, "AlreadyExists", f'namespaces "{name}" already exists')
@@ -187,18 +303,59 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(self.objects[key].raw)
 
     async def _delete_namespace(self, name: str) -> dict[str, Any]:
-        """Delete the namespace and, at once, everything in it (the namespace controller's work)."""
+        """Start deleting the namespace, as the namespace controller does: everything in it goes at
+        once but its pods, which go as their kubelets confirm (:meth:`settle`); the namespace stays
+        ``Terminating``, refusing new objects, until its last pod is gone."""
         async with self._lock:
+            namespace_obj = self.objects[NAMESPACES, None, name]
+            if not namespace_obj["metadata"].get(_GONE):
+                namespace_obj.patch({"metadata": {_GONE: _NOW}, "status": {"phase": "Terminating"}})
             for (resource, namespace, _), obj in list(self.objects.items()):
                 if namespace == name and not obj.deleted:
+                    await self._remove(resource, obj)
+            last = dict(json.loads(json.dumps(namespace_obj.raw)))
+        await self.settle()
+        return last
+
+    async def _remove(self, resource: Any, obj: Any) -> None:
+        """Delete one object (a pod: mark it terminating; :meth:`settle` removes it). Under the lock."""
+        if resource == PODS:
+            if not obj["metadata"].get(_GONE):
+                obj.patch({"metadata": {_GONE: _NOW}})
+                await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
+            return
+        raw = obj.raw
+        obj.delete()
+        await self._buses[resource].put({"type": "DELETED", "object": raw})
+
+    async def settle(self) -> None:
+        """What the kubelets and the namespace controller finish: a terminating pod whose node's
+        kubelet answers (or that has no node) is removed; a terminating namespace with no pod left goes."""
+        async with self._lock:
+            for (resource, _, _), obj in list(self.objects.items()):
+                if _going(resource, obj, PODS) and _node(obj) not in self.dead_kubelets:
                     raw = obj.raw
                     obj.delete()
-                    await self._buses[resource].put({"type": "DELETED", "object": raw})
-            namespace_obj = self.objects[NAMESPACES, None, name]
-            last = json.loads(json.dumps(namespace_obj.raw))
-            namespace_obj.delete()
-        last["status"] = {"phase": "Terminating"}
-        return dict(last)
+                    await self._buses[PODS].put({"type": "DELETED", "object": raw})
+            holding = {ns for (r, ns, _), o in self.objects.items() if r == PODS and not o.deleted}
+            for (resource, _, name), obj in list(self.objects.items()):
+                if _going(resource, obj, NAMESPACES) and name not in holding:
+                    obj.delete()
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        """A Job or Deployment deleted takes its pods with it (the garbage collector's work, with the
+        dispatcher's ``Background`` propagation); a pod deleted terminates first (:meth:`settle`)."""
+        last = await super()._serve_delete(request)
+        owner = request.name
+        if request.resource in (JOBS, DEPLOYMENTS) and owner:
+            async with self._lock:
+                for (resource, ns, _), obj in list(self.objects.items()):
+                    if resource != PODS or ns != request.namespace or obj.deleted:
+                        continue
+                    if (obj.raw["metadata"].get("annotations") or {}).get(OWNER) == owner:
+                        await self._remove(PODS, obj)
+            await self.settle()
+        return last
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         listing = await super()._serve_list(request)
@@ -216,6 +373,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         pod = await super()._serve_fetch(request)
         if request.subresource != "log":
             return pod
+        node = (pod.get("spec") or {}).get("nodeName", "")
+        match self.dead_kubelets.get(node):
+            case "hang":
+                await asyncio.sleep(HANG_S)
+                raise Refused(status=504, reason="Timeout", message=f"the kubelet of {node} did not answer")
+            case "refuse":
+                message = (
+                    f'Get "https://{node}:10250/containerLogs/...": dial tcp: connect: connection refused'
+                )
+                raise Refused(status=500, reason="InternalError", message=message)
         text = self.logs.get((request.namespace or "", request.name or ""), "")
         lines = text.splitlines(keepends=True)
         tail = int(request.params.get("tailLines", len(lines)))
@@ -270,14 +437,16 @@ class Kube:
         labels: dict[str, str],
         node: str = "",
         container: str = "main",
+        owner: str = "",
         missing_ok: bool = False,
-    ) -> None:
-        """Create a pending pod, as a Job or Deployment controller would (``missing_ok``: nothing when
-        its namespace is gone meanwhile, as a controller whose Job went with it)."""
-        meta = {"name": name, "namespace": namespace, "labels": labels}
+    ) -> bool:
+        """Create a pending pod, as a Job or Deployment controller would (``owner``: its name; the pod
+        goes when it is deleted). ``missing_ok``: as a controller, which makes nothing (and says False)
+        when the namespace is gone or terminating or its quota is full, and tries again later."""
+        meta = {"name": name, "namespace": namespace, "labels": labels, "annotations": {OWNER: owner}}
         spec = {"nodeName": node, "containers": [{"name": container, "image": "stand-in"}]}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-        await self._call(
+        return await self._call(
             "POST",
             f"/api/v1/namespaces/{namespace}/pods",
             body | {"status": {"phase": "Pending"}},
@@ -302,7 +471,8 @@ class Kube:
     async def run_controllers(self) -> list[tuple[str, str]]:
         """Make the pod of every Job and Deployment that has none (``<name>-pod``, Pending, on the node
         of its ``nodeSelector``, with its template's labels and first container's name), as the Job and
-        ReplicaSet controllers and the scheduler would; returns the ``(namespace, pod)`` made."""
+        ReplicaSet controllers and the scheduler would; returns the ``(namespace, pod)`` made. A pod the
+        namespace refuses (terminating, quota full) is not made: a later call tries again."""
         made = []
         for (resource, ns, name), obj in list(self.mock.objects.items()):
             if resource not in (JOBS, DEPLOYMENTS) or obj.deleted or ns is None:
@@ -313,10 +483,11 @@ class Kube:
             node = template["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname", "")
             container = template["spec"]["containers"][0]["name"]
             labels = template["metadata"]["labels"]
-            await self.add_pod(
-                ns, f"{name}-pod", labels=labels, node=node, container=container, missing_ok=True
-            )
-            made.append((ns, f"{name}-pod"))
+            pod = f"{name}-pod"
+            if await self.add_pod(
+                ns, pod, labels=labels, node=node, container=container, owner=name, missing_ok=True
+            ):
+                made.append((ns, pod))
         await self._assign_node_ports()
         return made
 
@@ -341,8 +512,7 @@ class Kube:
 
     def has(self, resource: Any, namespace: str | None, name: str) -> bool:
         """Whether the server holds that object (not deleted)."""
-        key = (resource, namespace, name)
-        return key in self.mock.objects and not self.mock.objects[key].deleted
+        return self.mock.has_object(resource, namespace, name)
 
     def names(self, resource: Any, namespace: str | None = None) -> list[str]:
         """The names of the objects of ``resource`` the server holds (in ``namespace``, if given)."""
@@ -356,11 +526,30 @@ class Kube:
         """What ``GET .../pods/<pod>/log`` answers from now on."""
         self.mock.logs[namespace, pod] = text
 
-    async def _call(self, method: str, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> None:
+    def kubelet_down(self, node: str, how: str = "hang") -> None:
+        """The node's kubelet stops answering: a log read through it hangs (``hang``) or fails at once
+        (``refuse``); a pod on it that is deleted stays terminating (:meth:`force_delete_pods`)."""
+        self.mock.dead_kubelets[node] = how
+
+    async def force_delete_pods(self, node: str) -> list[str]:
+        """Remove the terminating pods of a node at once (``kubectl delete --force``, or the pod
+        garbage collector once the node object is gone); returns their names."""
+        gone = []
+        async with self.mock._lock:
+            for (resource, _, name), obj in list(self.mock.objects.items()):
+                if _going(resource, obj, PODS) and _node(obj) == node:
+                    obj.delete()
+                    gone.append(name)
+        await self.mock.settle()
+        return gone
+
+    async def _call(self, method: str, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> bool:
+        """One request to the emulator; False when ``missing_ok`` and it was refused (404 or 403)."""
         async with self.mock.request(method, path, json=body) as response:
-            if missing_ok and response.status == 404:
-                return
+            if missing_ok and response.status in (403, 404):
+                return False
             assert response.status < 300, await response.text()
+        return True
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:

@@ -31,6 +31,7 @@ from ops.dispatcher.service import Dispatcher, Timing
 from schemas.commands import StopWork
 from schemas.endpoints import EndpointDeployed, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import (
+    JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
@@ -55,9 +56,10 @@ CLUSTER = "kc"
 NODES = ("gpu-a", "gpu-b")
 CTX = RenderContext()
 TIMEOUT_S = 60.0  # a deadline for what the dispatcher does eventually; on a loaded machine 30 s ran out
-FAST = Timing(poll_s=0.1, heartbeat_s=1.0, metering_s=0.5, nodes_s=0.3)
+FAST = Timing(poll_s=0.1, heartbeat_s=1.0, metering_s=0.5, nodes_s=0.3, linger_s=0.5)
 """Heartbeats a second apart: a node is lost after 3 s of silence (beats of 0.5 s missed their 1.5 s
-deadline when the whole suite loaded the machine)."""
+deadline when the whole suite loaded the machine); a namespace goes half a second after its work's
+last assignment."""
 
 
 async def add_gpu_nodes(kube: Kube) -> None:
@@ -288,6 +290,8 @@ async def test_a_failed_pod_fails_the_job_with_its_log_tail(
 async def test_a_node_going_not_ready_replaces_the_work_from_its_last_checkpoint(
     kube: Kube, kernel: EventLog, dispatch: Callable[..., Any]
 ) -> None:
+    """The node's kubelet dies with it: its pod stays terminating, counted by the quota, and its log
+    cannot be read. The replacement must still run at once, in the same namespace."""
     from tests.support.kube import JOBS
 
     await add_gpu_nodes(kube)
@@ -305,10 +309,11 @@ async def test_a_node_going_not_ready_replaces_the_work_from_its_last_checkpoint
         )
         await job_events(log, "acme", "ck1", lambda rs: of(rs, JobCheckpointed), "checkpointed")
         lost_node = next(n for n in NODES if worker_id_for(CLUSTER, n) == first.worker_id)
+        kube.kubelet_down(lost_node)
         await kube.set_node_ready(lost_node, "False")
         again = (await placement(log, "acme", "ck1", 2)).assignments[0]
         assert again.worker_id != first.worker_id and again.epoch == 2
-        await until(lambda: "shard-0-e2" in kube.names(JOBS, ns), "the new epoch's Job", TIMEOUT_S)
+        await pod_runs(kube, ns, "shard-0-e2-pod", ["resumed"])  # its pod made despite the quota
         job = kube.mock.objects[JOBS, ns, "shard-0-e2"]["spec"]["template"]["spec"]
         assert job["nodeSelector"]["kubernetes.io/hostname"] != lost_node
         env = {e["name"]: e.get("value") for e in job["containers"][0].get("env", [])}
@@ -316,6 +321,40 @@ async def test_a_node_going_not_ready_replaces_the_work_from_its_last_checkpoint
         await until(
             lambda: "shard-0-e1" not in kube.names(JOBS, ns), "the old epoch's Job deleted", TIMEOUT_S
         )
+        events = await job_events(log, "acme", "ck1", lambda rs: len(of(rs, JobStarted)) == 2, "restarted")
+        assert "shard-0-e1-pod" in pods_of(kube, ns)  # still terminating on the dead node
+        assert not kube.mock.terminating(ns)  # the namespace was never deleted meanwhile
+    [revoked] = of(events, JobAssignmentRevoked)  # what the feed and `why` tell the tenant
+    assert (revoked.assignment_id, revoked.reason) == (first.assignment_id, "worker lost")
+
+
+async def test_a_kubelet_that_does_not_answer_stalls_no_other_nodes_work(
+    kube: Kube, kernel: EventLog, dispatch: Callable[..., Any]
+) -> None:
+    """One node's log endpoint refuses while its pod is still Running in the API: a job on the other
+    node still reports its progress and completes."""
+    await add_gpu_nodes(kube)
+    await dispatch()
+    log = kernel
+    async with controllers(kube):
+        for job_id in ("slow", "fine"):
+            await submit(log, "acme", job_id, shards=1)
+        placed = {j: (await placement(log, "acme", j)).assignments[0] for j in ("slow", "fine")}
+        assert placed["slow"].worker_id != placed["fine"].worker_id  # one GPU a node
+        ns = {j: work_namespace("acme", j, "job", CTX) for j in placed}
+        for j in placed:
+            await pod_runs(kube, ns[j], "shard-0-e1-pod", ['RESONTECH_PROGRESS {"step": 1}'])
+        await job_events(log, "acme", "slow", lambda rs: of(rs, JobProgress), "slow's first progress")
+        slow_node = next(n for n in NODES if worker_id_for(CLUSTER, n) == placed["slow"].worker_id)
+        kube.kubelet_down(slow_node, "hang")
+        kube.set_log(
+            ns["fine"], "shard-0-e1-pod", 'RESONTECH_PROGRESS {"step": 1}\nRESONTECH_PROGRESS {"step": 2}\n'
+        )
+        await job_events(
+            log, "acme", "fine", lambda rs: [p for p in of(rs, JobProgress) if p.step == 2], "fine's progress"
+        )
+        await kube.set_pod_phase(ns["fine"], "shard-0-e1-pod", "Succeeded", container="shard")
+        await job_events(log, "acme", "fine", lambda rs: of(rs, JobCompleted), "fine completed")
 
 
 # -- teardown: cancel and restart ------------------------------------------------------------------
@@ -361,13 +400,15 @@ async def test_a_restarted_dispatcher_leaves_no_orphan_and_reports_what_vanished
     }
     await by_hand.apply([foreign])
     by_hand.close()
-    await dispatch()
+    again = await dispatch()
     await until(lambda: not kube.mock.has_namespace(gone), "the cancelled job's namespace deleted", TIMEOUT_S)
     events = await job_events(
         log, "acme", "r2", lambda rs: [f for f in of(rs, JobFailed) if f.retryable], "r2 reported lost"
     )
     assert "vanished" in next(f for f in of(events, JobFailed) if f.retryable).reason
     assert kube.mock.has_namespace("team-x")  # a label alone never gets a namespace deleted
+    r1 = (await placement(log, "acme", "r1")).assignments[0].assignment_id
+    assert r1 not in again.dispatcher.held  # the kernel no longer assigns it: nothing is claimed for it
 
 
 # -- an endpoint -----------------------------------------------------------------------------------
@@ -403,3 +444,35 @@ async def test_an_endpoint_replica_is_a_deployment_reported_ready_at_its_service
     assert ready.address == f"http://{ip}:{service['spec']['ports'][0]['nodePort']}"
     secret = kube.mock.objects[SECRETS, ns, f"{name}-key"]
     assert secret["stringData"]["api-key"] == ready.api_key
+
+
+async def test_an_endpoint_of_two_replicas_runs_both_under_its_quota(
+    kube: Kube, kernel: EventLog, dispatch: Callable[..., Any]
+) -> None:
+    """Each replica's start applies the endpoint's objects again: nothing may be created twice (a real
+    API server refuses a create in a namespace whose quota is full before it sees the name is taken)."""
+    from tests.support.kube import DEPLOYMENTS
+
+    await add_gpu_nodes(kube)
+    await dispatch()
+    log, ns = kernel, work_namespace("acme", "duo", "endpoint", CTX)
+    deployed = EndpointDeployed(
+        name="duo", model="HuggingFaceTB/SmolLM2-135M-Instruct", min_replicas=2, max_replicas=2
+    )
+    await log.append(endpoint_subject("acme", "duo", deployed), deployed)
+    async with controllers(kube):
+        for n in (1, 2):  # the kernel places the second once the first is ready
+            await until(
+                lambda n=n: len(kube.names(DEPLOYMENTS, ns)) >= n, f"replica {n}'s Deployment", TIMEOUT_S
+            )
+            name = kube.names(DEPLOYMENTS, ns)[n - 1]
+            await until(lambda name=name: f"{name}-pod" in pods_of(kube, ns), "its pod", TIMEOUT_S)
+            await kube.set_pod_phase(ns, f"{name}-pod", "Running", container="engine")
+            found = await wait_records(
+                log,
+                "ENDPOINTS",
+                lambda rs, n=n: len(of(rs, EndpointReplicaReady)) == n,
+                f"{n} ready",
+                TIMEOUT_S,
+            )
+    assert len({r.address for r in of(found, EndpointReplicaReady)}) == 2

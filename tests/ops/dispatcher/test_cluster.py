@@ -17,7 +17,13 @@ import kmock
 import pytest
 
 from core.errors import ConfigError, InvalidInput, NotFound
-from ops.dispatcher.cluster import Cluster, ClusterRefused, ClusterUnreachable, WatchEvent, WatchExpired
+from ops.dispatcher.cluster import (
+    Cluster,
+    ClusterRefused,
+    ClusterUnreachable,
+    WatchEvent,
+    WatchExpired,
+)
 from ops.dispatcher.nodes import node_worker
 from ops.dispatcher.render import add_arguments, render
 from ops.ports import free_port
@@ -30,6 +36,7 @@ pytest_plugins = ("tests.support.kube",)
 REPO = Path(__file__).resolve().parents[3]
 MANAGED = "app.kubernetes.io/managed-by=resontech-dispatcher"
 JOBS = kmock.resource("batch", "v1", "jobs")
+SERVICES = kmock.resource("", "v1", "services")
 
 
 def labels(work: str) -> dict[str, str]:
@@ -109,6 +116,62 @@ async def test_apply_again_patches_what_exists_and_fails_on_nothing(kube: Kube, 
     assert len(applied) == 7 and not any(a.created for a in applied)
     assert kube.mock.objects[JOBS, "rt-acme-job-1", "shard-0"]["spec"]["backoffLimit"] == 2
     assert len(await cluster.objects("batch/v1", "Job", "rt-acme-job-1")) == 1
+
+
+async def test_applying_again_into_a_namespace_whose_quota_is_full_creates_nothing_twice(
+    kube: Kube, cluster: Cluster
+) -> None:
+    """A real API server runs quota admission before it sees a name is taken: a create of an existing
+    Service in a namespace whose quota is full answers 403, never 409. Every start of a gang's shard
+    and of an endpoint's replica applies its work's objects again."""
+    objects = job_objects("rt-acme-job-1")
+    objects[0]["spec"]["hard"] = {"services": "1", "pods": "1"}
+    await cluster.apply(objects)
+    await kube.add_pod("rt-acme-job-1", "shard-0-pod", labels=labels("job-1"))
+    applied = await cluster.apply(job_objects("rt-acme-job-1")[:1] + objects[1:])
+    assert len(applied) == 7 and not any(a.created for a in applied)
+    assert [r.method for r in kube.mock["post"] if r.resource == SERVICES] == ["POST"]  # the first only
+    with pytest.raises(ClusterRefused, match="exceeded quota: quota"):  # the harness admits as a server
+        await cluster.apply(
+            [
+                job_objects("rt-acme-job-1", "job-1")[3]
+                | {"metadata": {"name": "more", "namespace": "rt-acme-job-1"}}
+            ]
+        )
+
+
+async def test_a_terminating_namespace_refuses_new_objects_until_its_last_pod_is_gone(
+    kube: Kube, cluster: Cluster
+) -> None:
+    await kube.add_gpu_node("gpu-a", "10.0.0.1")
+    await cluster.apply(job_objects("rt-acme-job-1"))
+    await kube.add_pod("rt-acme-job-1", "shard-0-pod", labels=labels("job-1"), node="gpu-a")
+    kube.kubelet_down("gpu-a")  # the node died: its pod cannot confirm its end
+    assert await cluster.delete_namespace("rt-acme-job-1") is True
+    [ns] = await cluster.namespaces(MANAGED)
+    assert ns.terminating and [p.name for p in await cluster.pods("rt-acme-job-1")] == ["shard-0-pod"]
+    with pytest.raises(ClusterRefused, match="being terminated") as refused:
+        await cluster.apply(job_objects("rt-acme-job-1"))
+    assert refused.value.status == 403
+    assert await kube.force_delete_pods("gpu-a") == ["shard-0-pod"]
+    assert await cluster.namespaces(MANAGED) == []
+
+
+async def test_a_kubelet_that_does_not_answer_fails_a_log_read_in_seconds(
+    kube: Kube, cluster: Cluster
+) -> None:
+    await kube.add_gpu_node("gpu-a", "10.0.0.1")
+    await cluster.apply(job_objects("rt-acme-job-1"))
+    await kube.add_pod("rt-acme-job-1", "shard-0-pod", labels=labels("job-1"), node="gpu-a")
+    kube.set_log("rt-acme-job-1", "shard-0-pod", "step 1\n")
+    assert await cluster.pod_log_tail("rt-acme-job-1", "shard-0-pod") == "step 1\n"
+    kube.kubelet_down("gpu-a", "refuse")
+    with pytest.raises(ClusterUnreachable, match="connection refused"):
+        await cluster.pod_log_tail("rt-acme-job-1", "shard-0-pod")
+    kube.kubelet_down("gpu-a", "hang")  # answers after the read time-out, which is not tried again
+    with pytest.raises(ClusterUnreachable, match="ReadTimeoutError"):
+        await cluster.pod_log_tail("rt-acme-job-1", "shard-0-pod")
+    assert len([r for r in kube.mock["get"] if r.subresource == "log"]) == 3  # one read each
 
 
 async def test_apply_refuses_unknown_kinds_unnamed_and_unnamespaced_objects(cluster: Cluster) -> None:

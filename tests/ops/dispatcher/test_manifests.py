@@ -216,7 +216,7 @@ def test_a_federated_job_runs_each_site_with_its_kit_and_the_fl_server_in_its_na
     assert admin["ingress"][0]["from"][0]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": CTX.kernel_namespace}
     }
-    assert named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]["pods"] == "3"
+    assert named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]["pods"] == "6"  # 3 and replacements
 
 
 def test_a_gpu_replica_is_a_pinned_deployment_of_one_with_its_own_service_and_key() -> None:
@@ -244,7 +244,8 @@ def test_a_gpu_replica_is_a_pinned_deployment_of_one_with_its_own_service_and_ke
         assert service["spec"]["externalTrafficPolicy"] == "Local"
     assert named(objects, "Secret", "replica-0-e1-key")["stringData"] == {"api-key": KEY}
     hard = named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]
-    assert hard["requests.nvidia.com/gpu"] == "2" and hard["services.nodeports"] == "2"  # one per replica
+    # one node port per replica, and room for each replica's replacement while the old one goes
+    assert hard["requests.nvidia.com/gpu"] == "4" and hard["services.nodeports"] == "4"
 
 
 def test_cpu_replicas_take_no_gpu_and_the_cpu_engine_runs_in_the_default_image() -> None:
@@ -310,16 +311,16 @@ def test_labels_name_tenant_work_epoch_and_the_manager() -> None:
 # Quota, limits and the network
 
 
-def test_the_quota_is_exactly_what_was_placed() -> None:
+def test_the_quota_is_what_was_placed_with_room_for_each_pods_replacement() -> None:
     spec = {**PROCESS, "shards": 3, "resources": {"cpus": 1.5, "memory_mb": 3000}}
     objects = job_manifests(job(spec)[0], CTX)
     hard = named(objects, "ResourceQuota", "work-quota")["spec"]["hard"]
     assert hard == {
-        "pods": "3",
-        "requests.cpu": "4500m",
-        "limits.cpu": "4500m",
-        "requests.memory": "9000Mi",
-        "limits.memory": "9000Mi",
+        "pods": "6",
+        "requests.cpu": "9000m",
+        "limits.cpu": "9000m",
+        "requests.memory": "18000Mi",
+        "limits.memory": "18000Mi",
         "requests.nvidia.com/gpu": "0",
         "services": "0",
         "services.nodeports": "0",

@@ -20,8 +20,9 @@ from ops.dispatcher.context import RenderContext
 from ops.dispatcher.endpoints import replica_name
 from ops.dispatcher.manifests import work_namespace
 from ops.dispatcher.podstate import PodState, pod_state
+from ops.dispatcher.reconcile import Held
 from ops.dispatcher.reporting import WORKLOAD_CONTAINER
-from ops.dispatcher.rounds import Rounds
+from ops.dispatcher.rounds import UNREADABLE_WAIT_MS, Rounds
 from ops.dispatcher.shards import job_name
 from ops.dispatcher.state import HeldAssignments, Tracked, load_assignments
 from schemas.commands import StartWork, WorkSpec
@@ -88,10 +89,21 @@ class FakeCluster:
         self.failure: Exception | None = None
         self.deleted: list[str] = []
         """``Kind namespace/name`` (``Namespace name``) of every deletion asked, in order."""
+        self.applies = 0
+        self.partial = 0
+        """With a number, the next apply stores that many objects, then is refused."""
+        self.unreadable: set[str] = set()
+        """Pods (``namespace/name``) whose log read fails as a dead kubelet's does."""
+        self.log_reads: list[str] = []
 
     async def apply(self, manifests: list[Json]) -> object:
+        self.applies += 1
         if self.failure is not None:
             raise self.failure
+        if self.partial:
+            manifests, self.partial = manifests[: self.partial], 0
+            await self.apply(manifests)
+            raise ClusterRefused("exceeded quota: work-quota", status=403, reason="Forbidden")
         for m in manifests:
             meta = m["metadata"]
             if m["kind"] == "Service":
@@ -133,6 +145,9 @@ class FakeCluster:
     async def pod_log_tail(
         self, namespace: str, pod: str, lines: int = 50, container: str = "", *, timestamps: bool = False
     ) -> str:
+        self.log_reads.append(f"{namespace}/{pod}")
+        if f"{namespace}/{pod}" in self.unreadable:
+            raise ClusterUnreachable(f"log of pod {namespace}/{pod}: 504 Timeout: the kubelet did not answer")
         if (namespace, pod) not in self.logs:
             raise NotFound(f"no pod {namespace}/{pod}")
         return self.logs[(namespace, pod)]
@@ -158,7 +173,7 @@ class FakeCluster:
                 },
             }
         )
-        self.pod_list = [p for p in self.pod_list if p.name != pod.name] + [pod]
+        self.pod_list = [p for p in self.pod_list if (p.namespace, p.name) != (ns, pod.name)] + [pod]
         self.logs[(pod.namespace, pod.name)] = log
 
 
@@ -182,6 +197,8 @@ class Parts:
     now: list[int]
     state_dir: Path
     busy: asyncio.Lock
+    dead: set[str]
+    """Workers whose node is not Ready."""
 
     def hold(self, cmd: StartWork, worker_id: str = WORKER) -> Tracked:
         """Hold ``cmd`` as the dispatcher does when its ``start_work`` comes (and keep it)."""
@@ -205,8 +222,11 @@ class Parts:
         return load_assignments(self.state_dir)
 
 
+LINGER_MS = 60_000
+
+
 def build(tmp_path: Path, *, refused_rounds: int = 30) -> Parts:
-    cluster, now, busy = FakeCluster(), [T0], asyncio.Lock()
+    cluster, now, busy, dead = FakeCluster(), [T0], asyncio.Lock(), set[str]()
     claims: list[tuple[str, Append]] = []
     held = HeldAssignments(tmp_path)
 
@@ -221,10 +241,12 @@ def build(tmp_path: Path, *, refused_rounds: int = 30) -> Parts:
         claim=claim,
         address_of=lambda worker_id: NODE_ADDRESS if worker_id == WORKER else None,
         busy=busy,
+        ready=lambda worker_id: worker_id not in dead,
         refused_rounds=refused_rounds,
+        linger_ms=LINGER_MS,
         clock=lambda: now[0],
     )
-    return Parts(rounds, cluster, held, claims, now, tmp_path, busy)
+    return Parts(rounds, cluster, held, claims, now, tmp_path, busy, dead)
 
 
 @pytest.fixture
@@ -251,23 +273,43 @@ async def test_an_assignment_that_cannot_be_rendered_is_rejected_and_no_longer_h
     [lost] = parts.events()
     assert isinstance(lost, EndpointReplicaLost) and lost.reason.startswith("rejected by worker")
     assert parts.held == {} and parts.stored() == {}
-    assert parts.cluster.stored == {} and parts.cluster.deleted == []  # nothing was applied
+    assert parts.cluster.stored == {}  # nothing was applied
 
 
 async def test_an_assignment_the_cluster_keeps_refusing_fails_after_the_refused_rounds(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     parts = build(tmp_path, refused_rounds=3)
     parts.hold(job())
     parts.cluster.failure = ClusterRefused("namespace is terminating", status=403, reason="Forbidden")
-    for _ in range(2):
+    for wait_ms in (1_000, 2_000):  # tried again after 1 s, then 2 s: never every round
         await parts.rounds.poll()
         assert parts.claims == [] and not parts.held[job().assignment_id].applied
+        applies = parts.cluster.applies
+        parts.now[0] += wait_ms - 1
+        await parts.rounds.poll()
+        assert parts.cluster.applies == applies
+        parts.now[0] += 1
     await parts.rounds.poll()
     [failed] = parts.events()
     assert isinstance(failed, JobFailed) and not failed.retryable  # the same cluster would refuse again
     assert failed.reason == "cannot start: the cluster refused its objects: namespace is terminating"
     assert parts.held == {}
+    said = [r.getMessage() for r in caplog.records if r.name == "resontech.dispatcher"]
+    assert f"{job().assignment_id} refused (1 of 3): namespace is terminating" in said
+    assert f"{job().assignment_id} not started: refused 3 times: namespace is terminating" in said
+
+
+async def test_a_partly_applied_assignment_that_fails_leaves_nothing_behind(tmp_path: Path) -> None:
+    parts = build(tmp_path, refused_rounds=1)
+    parts.hold(job(0))
+    parts.cluster.partial = 3  # the namespace and two more objects, then a refusal
+    await parts.rounds.poll()
+    assert isinstance(parts.events()[0], JobFailed) and parts.held == {}
+    assert parts.cluster.deleted == [f"Job {namespace_of(job())}/{job_name(1, 0)}"]
+    parts.now[0] += LINGER_MS
+    await parts.rounds.poll()
+    assert parts.cluster.deleted[1:] == [f"Namespace {namespace_of(job())}"] and parts.cluster.stored == {}
 
 
 async def test_an_assignment_the_cluster_did_not_answer_for_waits_for_the_next_round(parts: Parts) -> None:
@@ -348,7 +390,10 @@ async def test_an_ended_shard_is_metered_a_last_time_then_claimed_and_its_namesp
     )
     assert isinstance(done, JobShardCompleted)
     assert parts.held == {} and parts.stored() == {}
-    assert parts.cluster.deleted == [f"Namespace {namespace_of(job())}"]  # the work's last assignment
+    assert parts.cluster.deleted == [f"Job {namespace_of(job())}/{job_name(1, 0)}"]
+    parts.now[0] += LINGER_MS  # the work's last assignment here: its namespace lingers, then goes
+    await parts.rounds.poll()
+    assert parts.cluster.deleted[1:] == [f"Namespace {namespace_of(job())}"]
 
 
 async def test_a_replica_serves_at_its_nodes_address_and_its_services_node_port(parts: Parts) -> None:
@@ -391,7 +436,7 @@ async def test_each_running_assignment_is_ticked_as_its_worker_and_none_before_i
 # --- forgetting -------------------------------------------------------------------------------------
 
 
-async def test_forgetting_deletes_an_assignments_job_and_the_namespace_with_the_works_last(
+async def test_forgetting_deletes_an_assignments_job_and_the_namespace_lingers_after_the_works_last(
     parts: Parts,
 ) -> None:
     first, second = parts.hold(job(0)), parts.hold(job(1))
@@ -400,8 +445,30 @@ async def test_forgetting_deletes_an_assignments_job_and_the_namespace_with_the_
     await parts.rounds.forget(first, final=[])
     assert parts.cluster.deleted == [f"Job {ns}/{job_name(1, 0)}"]
     await parts.rounds.forget(second, final=[])
-    assert parts.cluster.deleted[1:] == [f"Namespace {ns}"]
+    assert parts.cluster.deleted[1:] == [f"Job {ns}/{job_name(1, 1)}"]
+    parts.now[0] += LINGER_MS - 1
+    await parts.rounds.poll()
+    assert len(parts.cluster.deleted) == 2
+    parts.now[0] += 1
+    await parts.rounds.poll()
+    assert parts.cluster.deleted[2:] == [f"Namespace {ns}"]
     assert parts.held == {} and parts.claims == []
+
+
+async def test_a_shard_placed_again_while_its_namespace_lingers_keeps_the_namespace(parts: Parts) -> None:
+    """A node lost: the kernel stops the old epoch, then places the shard again here. The namespace
+    must not go in between: a dead node's pod would hold it terminating, refusing the replacement."""
+    old = parts.hold(job(0))
+    await parts.rounds.poll()
+    await parts.rounds.forget(old, final=[])  # the stop of the old epoch came first
+    parts.now[0] += LINGER_MS // 2
+    parts.hold(job(0, epoch=2))
+    parts.now[0] += LINGER_MS
+    await parts.rounds.poll()
+    ns = namespace_of(job())
+    assert parts.cluster.deleted == [f"Job {ns}/{job_name(1, 0)}"]  # the old epoch's own objects only
+    assert ("batch/v1", "Job", ns, job_name(2, 0)) in parts.cluster.stored
+    assert parts.held[job(0, epoch=2).assignment_id].applied
 
 
 async def test_forgetting_a_replica_deletes_its_deployment_and_its_service(parts: Parts) -> None:
@@ -412,26 +479,73 @@ async def test_forgetting_a_replica_deletes_its_deployment_and_its_service(parts
     assert parts.cluster.deleted == [f"Deployment {ns}/{name}", f"Service {ns}/{name}"]
 
 
-async def test_nothing_is_deleted_of_what_was_never_applied(parts: Parts) -> None:
-    tracked = parts.hold(job())
+async def test_what_was_never_applied_is_deleted_all_the_same(parts: Parts) -> None:
+    tracked = parts.hold(job())  # an apply may stop half way: nothing says what is there
     await parts.rounds.forget(tracked, final=[])
-    assert parts.cluster.deleted == [] and parts.held == {} and parts.stored() == {}
+    assert parts.cluster.deleted == [f"Job {namespace_of(job())}/{job_name(1, 0)}"]
+    assert parts.held == {} and parts.stored() == {}
 
 
 # --- after a restart --------------------------------------------------------------------------------
 
 
-async def test_reconciling_deletes_work_no_longer_held_and_reports_lost_what_vanished(parts: Parts) -> None:
-    parts.hold(job(work_id="etl-1"))
-    parts.hold(job(work_id="etl-2"))
+async def test_reconciling_deletes_what_the_kernel_no_longer_assigns_and_reports_lost_what_vanished(
+    parts: Parts,
+) -> None:
+    one, two, three = job(work_id="etl-1"), job(work_id="etl-2"), job(work_id="etl-3")
+    for cmd in (one, two, three):
+        parts.hold(cmd)
     await parts.rounds.poll()
-    del parts.held[job(work_id="etl-2").assignment_id]  # the kernel stopped it while we were away
-    del parts.cluster.stored[controller_of(job(work_id="etl-1"))]  # and etl-1's Job vanished
-    await parts.rounds.reconcile()
-    assert parts.cluster.deleted == [f"Namespace {namespace_of(job(work_id='etl-2'))}"]
-    [lost] = parts.events()
-    assert isinstance(lost, JobFailed) and lost.retryable
+    for cmd in (one, two, three):
+        parts.cluster.run_pod(cmd, "Running", RUNNING)
+    await parts.rounds.poll()
+    parts.take()
+    parts.now[0] += 60_000
+    del parts.cluster.stored[controller_of(one)]  # etl-1's Job vanished; etl-2 was cancelled meanwhile
+    await parts.rounds.reconcile([held(one), held(three)])
+    assert parts.cluster.deleted == [
+        f"Job {namespace_of(two)}/{job_name(1, 0)}",
+        f"Namespace {namespace_of(two)}",
+        f"Job {namespace_of(one)}/{job_name(1, 0)}",
+    ]
+    tick, lost = parts.take()  # nothing at all is claimed for etl-2: the kernel no longer has it
+    assert isinstance(tick, UsageTick) and tick.assignment_id == one.assignment_id
+    assert isinstance(lost, JobFailed) and lost.retryable and lost.assignment_id == one.assignment_id
     assert lost.reason == "its objects vanished from the cluster"
-    assert parts.held == {}
-    await parts.rounds.reconcile()  # held by nothing now: the next reconciliation deletes it
-    assert parts.cluster.deleted[1:] == [f"Namespace {namespace_of(job(work_id='etl-1'))}"]
+    assert list(parts.held) == [three.assignment_id]
+
+
+def pod_of(cmd: StartWork) -> str:
+    """``namespace/name`` of the pod :meth:`FakeCluster.run_pod` makes for ``cmd``."""
+    _, _, ns, name = controller_of(cmd)
+    return f"{ns}/{name}-pod"
+
+
+def held(cmd: StartWork) -> Held:
+    return Held(cmd.assignment_id, cmd.tenant, cmd.work_id, cmd.work_kind)
+
+
+async def test_a_log_that_cannot_be_read_stalls_no_other_pod_and_a_not_ready_nodes_is_not_asked(
+    parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck, fine, dead = job(work_id="etl-1"), job(work_id="etl-2"), job(work_id="etl-3")
+    parts.hold(stuck)
+    parts.hold(fine)
+    parts.hold(dead, worker_id=OTHER_WORKER)
+    await parts.rounds.poll()
+    for cmd in (stuck, fine, dead):
+        parts.cluster.run_pod(cmd, "Running", RUNNING, log=progress(1))
+    parts.cluster.unreadable.add(pod_of(stuck))
+    parts.dead.add(OTHER_WORKER)
+    await parts.rounds.poll()
+    await parts.rounds.poll()
+    progressed = {e.assignment_id for e in parts.events() if isinstance(e, JobProgress)}
+    assert progressed == {fine.assignment_id}
+    assert pod_of(dead) not in parts.cluster.log_reads
+    said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(said) == 1 and "kubelet did not answer" in said[0]  # once, not every round
+    assert parts.cluster.log_reads.count(pod_of(stuck)) == 1  # not asked again for a while
+    parts.cluster.unreadable.clear()
+    parts.now[0] += UNREADABLE_WAIT_MS
+    await parts.rounds.poll()
+    assert stuck.assignment_id in {e.assignment_id for e in parts.events() if isinstance(e, JobProgress)}
