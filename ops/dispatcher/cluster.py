@@ -37,7 +37,7 @@ Json = dict[str, Any]
 TIMEOUT_S = (5.0, 30.0)
 """Connect and read timeouts of every call, in seconds."""
 LOG_TAIL_BYTES = 64 * 1024
-"""At most this much of a pod's log is read, whatever the line count asked."""
+"""At most this much of a pod's log is read at once (the API server's `limitBytes`)."""
 LOG_TIMEOUT_S = (3.0, 5.0)
 """Connect and read timeouts of a pod log read: the API server proxies it to the pod's kubelet, and a
 dead node's kubelet may leave it hanging."""
@@ -371,31 +371,44 @@ class Cluster:
         """The pods of ``namespace`` (``None``: of every namespace) whose labels match."""
         return [pod_state(item) for item in await self.objects("v1", "Pod", namespace, label_selector)]
 
-    async def pod_log_tail(
-        self, namespace: str, pod: str, lines: int = 50, container: str = "", *, timestamps: bool = False
+    async def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str = "",
+        *,
+        since: str = "",
+        tail_lines: int = 0,
+        timestamps: bool = True,
     ) -> str:
-        """The last ``lines`` lines of a pod's log (at most :data:`LOG_TAIL_BYTES`), decoded leniently;
-        each line starting with the kubelet's RFC 3339 time with ``timestamps``.
+        """A pod's log, at most :data:`LOG_TAIL_BYTES` of it, decoded leniently: from the first line
+        stamped at or after ``since`` (an RFC 3339 time; the kubelet compares whole seconds), else the
+        last ``tail_lines`` lines, else from the start; each line starting with the kubelet's RFC 3339
+        time with ``timestamps``. Fewer bytes than the limit means the read reached the log's end.
 
         Raises:
             NotFound: no such pod (or container).
             ClusterUnreachable: no answer within :data:`LOG_TIMEOUT_S`, or a 5xx (a kubelet that
                 does not answer: the API server proxies the read to it).
         """
-        extra = {"container": container} if container else {}
+        query: list[tuple[str, str]] = [("limitBytes", str(LOG_TAIL_BYTES))]
+        query += [("timestamps", "true")] if timestamps else []
+        query += [("container", container)] if container else []
+        query += [("sinceTime", since)] if since else [("tailLines", str(tail_lines))] if tail_lines else []
         response = await asyncio.to_thread(
             _call,
-            self._core.read_namespaced_pod_log,
-            pod,
-            namespace,
-            tail_lines=max(1, lines),
-            limit_bytes=LOG_TAIL_BYTES,
-            timestamps=timestamps,
+            self.api.call_api,  # the typed method has no sinceTime, which the API server takes
+            "/api/v1/namespaces/{namespace}/pods/{name}/log",
+            "GET",
+            {"namespace": namespace, "name": pod},
+            query,
+            {"Accept": "text/plain, */*"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
             what=f"log of pod {namespace}/{pod}",
             timeout=LOG_TIMEOUT_S,
-            **extra,
         )
-        return bytes(response.data[-LOG_TAIL_BYTES:]).decode("utf-8", errors="replace")
+        return bytes(response.data[:LOG_TAIL_BYTES]).decode("utf-8", errors="replace")
 
     async def _list(self, fn: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> Listing:
         response = await asyncio.to_thread(_call, fn, *args, what=f"list {what}", **kwargs)

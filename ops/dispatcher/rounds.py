@@ -45,10 +45,10 @@ from core.clock import now_ms
 from core.errors import NotFound, ResontechError
 from core.reports import Append, rejected, start_failed
 from ops.dispatcher import names
-from ops.dispatcher.cluster import ClusterRefused, Json, Namespace
+from ops.dispatcher.cluster import LOG_TAIL_BYTES, ClusterRefused, Json, Namespace
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.endpoints import node_port, replica_address, replica_name
-from ops.dispatcher.logs import split_lines, text_of, unread
+from ops.dispatcher.logs import resume_from, split_lines, text_of, unread
 from ops.dispatcher.manifests import endpoint_manifests, job_manifests, work_namespace
 from ops.dispatcher.names import ManifestError
 from ops.dispatcher.pods import Dispatch
@@ -59,13 +59,15 @@ from ops.dispatcher.shards import job_name
 from ops.dispatcher.state import HISTORY_LINES, HeldAssignments, Tracked
 
 log = logging.getLogger("resontech.dispatcher")
-LOG_LINES = 1000
-"""Lines of a pod's log read per round (at most 64 KiB of them)."""
+MAX_LOG_READS = 16
+"""Reads of one pod's log per round (64 KiB each): what is left is read in the next round."""
 MANAGED = f"app.kubernetes.io/managed-by={names.MANAGED_BY}"
 ENDED = ("Succeeded", "Failed")
 CONTROLLERS = {"job": ("batch/v1", "Job"), "endpoint": ("apps/v1", "Deployment")}
 Work = tuple[str, str, str]
 """``(tenant, work_id, kind)``."""
+Read = tuple[Tracked, PodState | None, list[str]]
+"""An assignment, its pod and the lines of the pod's log read this round."""
 Claim = Callable[[str, list[Append]], Awaitable[bool]]
 """Claims ``(canonical subject, event, id)`` on the intake as a node-worker (retried until stored)."""
 REFUSED_ROUNDS = 30
@@ -97,8 +99,15 @@ class ClusterPort(Protocol):
 
     async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]: ...
 
-    async def pod_log_tail(
-        self, namespace: str, pod: str, lines: int = 50, container: str = "", *, timestamps: bool = False
+    async def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str = "",
+        *,
+        since: str = "",
+        tail_lines: int = 0,
+        timestamps: bool = True,
     ) -> str: ...
 
 
@@ -300,27 +309,52 @@ class Rounds:
             found.append((tracked, pod))
         return found
 
-    async def _read_log(self, tracked: Tracked, pod: PodState | None) -> tuple[Tracked, PodState | None, str]:
-        """The assignment, its pod and the tail of the pod's log, or no text: no pod, nothing to read
-        yet, a node that is not Ready, or a log that could not be read (a dead node's kubelet: logged
-        once, and not asked again for :data:`UNREADABLE_WAIT_MS`)."""
+    async def _read_log(self, tracked: Tracked, pod: PodState | None) -> Read:
+        """The assignment, its pod and the lines of the pod's log not read yet, or none: no pod, nothing
+        to read yet, a node that is not Ready, or a log that could not be read (a dead node's kubelet:
+        logged once, and not asked again for :data:`UNREADABLE_WAIT_MS`)."""
         if pod is None or not _has_log(tracked.cmd.work_kind, pod) or not self.ready(tracked.worker_id):
-            return tracked, pod, ""
+            return tracked, pod, []
         key, now = (pod.namespace, pod.name), self.clock()
         if self._unreadable.get(key, 0) > now:
-            return tracked, pod, ""
-        container = WORKLOAD_CONTAINER[tracked.cmd.work_kind]
+            return tracked, pod, []
         try:
-            text = await self.cluster.pod_log_tail(*key, LOG_LINES, container, timestamps=True)
+            new = await self._new_lines(tracked, pod)
         except NotFound:
-            return tracked, pod, ""
+            return tracked, pod, []
         except ResontechError as exc:
             if key not in self._unreadable:
                 log.warning("log of pod %s/%s not read: %s", pod.namespace, pod.name, exc.message)
             self._unreadable[key] = self.clock() + UNREADABLE_WAIT_MS
-            return tracked, pod, ""
+            return tracked, pod, []
         self._unreadable.pop(key, None)
-        return tracked, pod, text
+        return tracked, pod, new
+
+    async def _new_lines(self, tracked: Tracked, pod: PodState) -> list[str]:
+        """Read the log forward from the second of the last line read (:func:`~ops.dispatcher.logs.
+        resume_from`), :data:`~ops.dispatcher.cluster.LOG_TAIL_BYTES` at a time, up to
+        :data:`MAX_LOG_READS` reads a round: no line is skipped, however fast the pod writes. Only
+        when more than a read's worth is stamped within one second is the rest of that second
+        skipped for the log's tail, as many lines as half a read holds at the lines' length (the
+        API server cuts a tail at the read's limit from its start): logged."""
+        container = WORKLOAD_CONTAINER[tracked.cmd.work_kind]
+        ended = pod.phase in ENDED
+        known, new = list(tracked.history), []
+        for _ in range(MAX_LOG_READS):
+            since = resume_from(known)
+            text = await self.cluster.pod_log(pod.namespace, pod.name, container, since=since)
+            whole = len(text.encode()) < LOG_TAIL_BYTES  # the read reached the end of the log
+            lines = unread(known, split_lines(text, final=ended and whole))
+            new += lines
+            known = [*known, *lines][-HISTORY_LINES:]
+            if whole:
+                break
+            if since and resume_from(known) == since:  # a read's worth within one second: jump
+                log.warning("log of pod %s/%s: lines of %s skipped", pod.namespace, pod.name, since)
+                tail = max(1, LOG_TAIL_BYTES // 2 * max(1, text.count("\n")) // len(text.encode()))
+                text = await self.cluster.pod_log(pod.namespace, pod.name, container, tail_lines=tail)
+                return [*new, *unread(known, split_lines(text, final=ended))]
+        return new
 
     async def _addresses(self, ns: str, held: list[Tracked]) -> None:
         """Where each replica serves: its node's address and the node port of its Service."""
@@ -334,11 +368,8 @@ class Rounds:
             if not t.address and address and port is not None:
                 t.address = replica_address(address, port)
 
-    async def _poll_one(self, tracked: Tracked, pod: PodState | None, text: str) -> None:
+    async def _poll_one(self, tracked: Tracked, pod: PodState | None, new: list[str]) -> None:
         cmd = tracked.cmd
-        new: list[str] = []
-        if text:
-            new = unread(tracked.history, split_lines(text, final=pod is not None and pod.phase in ENDED))
         lines = [text_of(line) for line in [*tracked.history, *new]]
         done = replace(tracked.said, lines=len(tracked.history))
         claims, done = report(

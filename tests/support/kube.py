@@ -43,7 +43,8 @@ What it does not, and what this harness does instead:
 - **Unseen resources**: kmock lists a resource only once it holds an object of it (404 before);
   the harness declares the dispatcher's resources, so an empty namespace lists as empty.
 - **Pod logs**: kmock answers ``/log`` with the pod's JSON. The harness serves text set with
-  :meth:`Kube.set_log`, honouring ``tailLines`` (404 when the pod does not exist).
+  :meth:`Kube.set_log` as it is (no timestamps are added), honouring ``sinceTime`` (lines stamped
+  before its second are left out), ``tailLines`` and ``limitBytes`` (404 when the pod does not exist).
 - **Subresources**: a ``/status`` patch merges into the whole object, and so does a patch of the
   object itself, status included (a real server keeps the two apart). A create that a test's
   reaction refuses (``mock["post", ...] << kmock.KubernetesError(status=403)``) is stored anyway.
@@ -115,6 +116,7 @@ KNOWN_RESOURCES = {
     "autoscaling/v2/horizontalpodautoscalers": True,
 }
 _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
+_STAMPED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 _OBJECT_PATH = re.compile(r"/apis?/(?:([^/]+)/)?([^/]+)/namespaces/([^/]+)/([^/]+)/([^/]+)/?")
 _SELECTOR_TERM = re.compile(r"(!?)([\w./-]+)(?:(==|=|!=)([\w.-]*))?")
 
@@ -383,10 +385,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                     f'Get "https://{node}:10250/containerLogs/...": dial tcp: connect: connection refused'
                 )
                 raise Refused(status=500, reason="InternalError", message=message)
-        text = self.logs.get((request.namespace or "", request.name or ""), "")
-        lines = text.splitlines(keepends=True)
-        tail = int(request.params.get("tailLines", len(lines)))
-        return "".join(lines[len(lines) - tail :] if tail else []).encode()
+        lines = self.logs.get((request.namespace or "", request.name or ""), "").splitlines(keepends=True)
+        if since := request.params.get("sinceTime", ""):  # the kubelet compares whole seconds
+            lines = [line for line in lines if not _STAMPED.match(line) or line[:19] >= since[:19]]
+        elif "tailLines" in request.params:
+            lines = lines[len(lines) - int(request.params["tailLines"]) :]
+        return "".join(lines).encode()[: int(request.params.get("limitBytes", 1 << 30))]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import pytest
 
 from core.errors import ConfigError, InvalidInput, NotFound
 from ops.dispatcher.cluster import (
+    LOG_TAIL_BYTES,
     Cluster,
     ClusterRefused,
     ClusterUnreachable,
@@ -164,13 +165,13 @@ async def test_a_kubelet_that_does_not_answer_fails_a_log_read_in_seconds(
     await cluster.apply(job_objects("rt-acme-job-1"))
     await kube.add_pod("rt-acme-job-1", "shard-0-pod", labels=labels("job-1"), node="gpu-a")
     kube.set_log("rt-acme-job-1", "shard-0-pod", "step 1\n")
-    assert await cluster.pod_log_tail("rt-acme-job-1", "shard-0-pod") == "step 1\n"
+    assert await cluster.pod_log("rt-acme-job-1", "shard-0-pod") == "step 1\n"
     kube.kubelet_down("gpu-a", "refuse")
     with pytest.raises(ClusterUnreachable, match="connection refused"):
-        await cluster.pod_log_tail("rt-acme-job-1", "shard-0-pod")
+        await cluster.pod_log("rt-acme-job-1", "shard-0-pod")
     kube.kubelet_down("gpu-a", "hang")  # answers after the read time-out, which is not tried again
     with pytest.raises(ClusterUnreachable, match="ReadTimeoutError"):
-        await cluster.pod_log_tail("rt-acme-job-1", "shard-0-pod")
+        await cluster.pod_log("rt-acme-job-1", "shard-0-pod")
     assert len([r for r in kube.mock["get"] if r.subresource == "log"]) == 3  # one read each
 
 
@@ -282,11 +283,20 @@ async def test_a_failed_pod_shows_its_phase_exit_code_and_log_tail(kube: Kube, c
         "Error",
     )
     assert container.finished_at == "2026-01-01T00:10:00Z"
-    assert (
-        await cluster.pod_log_tail("rt-acme-job-1", "shard-0-abcde", lines=2) == "line 99\nCUDA error: OOM\n"
-    )
+    tail = await cluster.pod_log("rt-acme-job-1", "shard-0-abcde", tail_lines=2)
+    assert tail == "line 99\nCUDA error: OOM\n"
     with pytest.raises(NotFound):
-        await cluster.pod_log_tail("rt-acme-job-1", "no-such-pod")
+        await cluster.pod_log("rt-acme-job-1", "no-such-pod")
+    stamped = "".join(f"2026-11-24T14:00:{s:02d}.5Z step {s}\n" for s in range(4))
+    kube.set_log("rt-acme-job-1", "shard-0-abcde", stamped)
+    since = await cluster.pod_log("rt-acme-job-1", "shard-0-abcde", since="2026-11-24T14:00:02Z")
+    assert since == "2026-11-24T14:00:02.5Z step 2\n2026-11-24T14:00:03.5Z step 3\n"
+    [read] = [r for r in kube.mock["get"] if r.subresource == "log"][-1:]
+    assert (read.params["sinceTime"], read.params["timestamps"], read.params["limitBytes"]) == (
+        "2026-11-24T14:00:02Z",
+        "true",
+        str(LOG_TAIL_BYTES),
+    )
 
 
 async def test_failures_become_the_projects_errors(kube: Kube, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from core import protocol
 from core.errors import NotFound
 from core.reports import Append
-from ops.dispatcher.cluster import ClusterRefused, ClusterUnreachable, Json, Namespace
+from ops.dispatcher.cluster import LOG_TAIL_BYTES, ClusterRefused, ClusterUnreachable, Json, Namespace
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.endpoints import replica_name
 from ops.dispatcher.manifests import work_namespace
@@ -27,7 +27,7 @@ from ops.dispatcher.shards import job_name
 from ops.dispatcher.state import HeldAssignments, Tracked, load_assignments
 from schemas.commands import StartWork, WorkSpec
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady
-from schemas.jobs import JobFailed, JobProgress, JobShardCompleted, JobStarted
+from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobShardCompleted, JobStarted
 from schemas.metering import UsageTick
 
 CTX = RenderContext()
@@ -142,15 +142,29 @@ class FakeCluster:
     async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]:
         return [p for p in self.pod_list if namespace in (None, p.namespace)]
 
-    async def pod_log_tail(
-        self, namespace: str, pod: str, lines: int = 50, container: str = "", *, timestamps: bool = False
+    async def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str = "",
+        *,
+        since: str = "",
+        tail_lines: int = 0,
+        timestamps: bool = True,
     ) -> str:
+        """As the API server serves it: from the first line of ``since``'s second, else the last
+        ``tail_lines``, else the start; at most :data:`LOG_TAIL_BYTES` of it."""
         self.log_reads.append(f"{namespace}/{pod}")
         if f"{namespace}/{pod}" in self.unreadable:
             raise ClusterUnreachable(f"log of pod {namespace}/{pod}: 504 Timeout: the kubelet did not answer")
         if (namespace, pod) not in self.logs:
             raise NotFound(f"no pod {namespace}/{pod}")
-        return self.logs[(namespace, pod)]
+        lines = self.logs[(namespace, pod)].splitlines(keepends=True)
+        if since:
+            lines = [line for line in lines if line[:19] >= since[:19]]
+        elif tail_lines:
+            lines = lines[-tail_lines:]
+        return "".join(lines).encode()[:LOG_TAIL_BYTES].decode(errors="replace")
 
     def run_pod(self, cmd: StartWork, phase: str, state: Json, *, ready: bool = False, log: str = "") -> None:
         """Be the kubelet: the pod of ``cmd``'s controller, from its template, in ``phase``."""
@@ -353,6 +367,44 @@ async def test_a_pods_new_log_lines_are_claimed_once(parts: Parts) -> None:
     assert parts.stored()[job().assignment_id].said.started  # a restart reports nothing twice
 
 
+def stamped(n: int, text: str) -> str:
+    """Line ``n`` of a busy log: ten lines a second, with the kubelet's timestamp."""
+    return f"2026-11-24T14:{n // 600:02d}:{n // 10 % 60:02d}.{n % 10}00000000Z {text}\n"
+
+
+async def test_a_pod_that_writes_faster_than_a_read_loses_no_line(parts: Parts) -> None:
+    parts.hold(job())
+    await parts.rounds.poll()
+    parts.cluster.run_pod(job(), "Running", RUNNING, log=stamped(0, "booting"))
+    await parts.rounds.poll()
+    parts.take()
+    chatter = "x" * 200
+    key = "jobs/etl-1/checkpoints/step-1500.pt"
+    lines = [stamped(n, chatter) for n in range(1, 3000)]  # about 700 KiB: eleven reads' worth
+    lines[1500] = stamped(1500, f'{protocol.CHECKPOINT} {{"object_key": "{key}", "step": 1500}}')
+    lines.append(stamped(3000, f'{protocol.PROGRESS} {{"step": 3000}}'))
+    parts.cluster.logs[pod_key(job())] += "".join(lines)
+    await parts.rounds.poll()
+    events = parts.take()
+    assert [e.object_key for e in events if isinstance(e, JobCheckpointed)] == [key]
+    assert [e.step for e in events if isinstance(e, JobProgress)] == [3000]
+    assert len(parts.cluster.log_reads) > 10  # read forward, not a tail
+    await parts.rounds.poll()
+    assert parts.take() == []  # nothing twice
+
+
+async def test_more_than_a_read_within_one_second_skips_to_the_tail_and_says_so(
+    parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    parts.hold(job())
+    await parts.rounds.poll()
+    same_second = "".join(f"2026-11-24T14:00:01.{n:09d}Z {'y' * 300}\n" for n in range(400))
+    parts.cluster.run_pod(job(), "Running", RUNNING, log=progress(0) + same_second + progress(2))
+    await parts.rounds.poll()
+    assert [e.step for e in parts.take() if isinstance(e, JobProgress)] == [2]  # the latest of the round
+    assert any("lines of 2026-11-24T14:00:01Z skipped" in r.getMessage() for r in caplog.records)
+
+
 async def test_a_pod_its_controller_has_not_made_yet_is_waited_for(parts: Parts) -> None:
     parts.hold(job())
     for _ in range(3):
@@ -513,6 +565,12 @@ async def test_reconciling_deletes_what_the_kernel_no_longer_assigns_and_reports
     assert isinstance(lost, JobFailed) and lost.retryable and lost.assignment_id == one.assignment_id
     assert lost.reason == "its objects vanished from the cluster"
     assert list(parts.held) == [three.assignment_id]
+
+
+def pod_key(cmd: StartWork) -> tuple[str, str]:
+    """``(namespace, name)`` of the pod :meth:`FakeCluster.run_pod` makes for ``cmd``."""
+    _, _, ns, name = controller_of(cmd)
+    return ns, f"{name}-pod"
 
 
 def pod_of(cmd: StartWork) -> str:
