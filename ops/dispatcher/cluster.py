@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import urllib3
 from kubernetes import client, config
@@ -91,8 +91,6 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "ResourceQuota"): Kind(client.CoreV1Api, "resource_quota"),
     ("v1", "LimitRange"): Kind(client.CoreV1Api, "limit_range"),
     ("v1", "Service"): Kind(client.CoreV1Api, "service"),
-    ("v1", "ServiceAccount"): Kind(client.CoreV1Api, "service_account"),
-    ("v1", "ConfigMap"): Kind(client.CoreV1Api, "config_map"),
     ("v1", "Secret"): Kind(client.CoreV1Api, "secret"),
     ("v1", "Pod"): Kind(client.CoreV1Api, "pod"),
     ("networking.k8s.io/v1", "NetworkPolicy"): Kind(client.NetworkingV1Api, "network_policy"),
@@ -126,24 +124,10 @@ class Namespace:
 
 @dataclass(frozen=True)
 class Listing:
-    """Objects listed at once, and the ``resourceVersion`` a watch resumes from."""
+    """Objects listed at once, and the list's ``resourceVersion``."""
 
     items: list[Json]
     resource_version: str
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One change a watch saw: ``ADDED``, ``MODIFIED`` or ``DELETED`` and the object after it."""
-
-    type: Literal["ADDED", "MODIFIED", "DELETED"]
-    object: Json
-
-
-class WatchExpired(ResontechError):
-    """The watch's ``resourceVersion`` is too old (410 Gone): list again, then watch from there."""
-
-    code = "watch_expired"
 
 
 def _error(exc: Exception, what: str) -> ResontechError:
@@ -345,28 +329,6 @@ class Cluster:
         """
         return await self._list(self._core.list_node, "nodes", resource_version="0")
 
-    async def watch_nodes(self, since: str = "", *, timeout_s: int = 60) -> AsyncIterator[WatchEvent]:
-        """The changes to nodes after ``since`` (a :class:`Listing`'s resourceVersion) until the
-        server ends the watch after ``timeout_s`` seconds, or nothing came for ``timeout_s + 30``.
-        The caller then watches again from the last ``metadata.resourceVersion`` it saw, or lists
-        again; a server may replay the current nodes as ``ADDED`` first, so handle events as states.
-
-        Raises:
-            WatchExpired: ``since`` is too old: list again.
-            ClusterUnreachable: the server did not answer.
-        """
-        response = await asyncio.to_thread(
-            _watch_request, self._core.list_node, since=since, timeout_s=timeout_s
-        )
-        lines = _lines(response)
-        try:
-            while (line := await asyncio.to_thread(_next_line, lines)) is not None:
-                if line.strip():
-                    yield _watch_event(line)
-        finally:
-            response.shutdown()  # wakes a read still blocked in its thread
-            response.release_conn()
-
     async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]:
         """The pods of ``namespace`` (``None``: of every namespace) whose labels match."""
         return [pod_state(item) for item in await self.objects("v1", "Pod", namespace, label_selector)]
@@ -434,55 +396,3 @@ def _namespace(item: Json) -> Namespace:
         annotations=dict(meta.get("annotations") or {}),
         terminating=phase == "Terminating" or bool(meta.get("deletionTimestamp")),
     )
-
-
-def _watch_request(fn: Callable[..., Any], *, since: str, timeout_s: int) -> Any:
-    kwargs = {"resource_version": since} if since else {}
-    try:
-        return fn(
-            watch=True,
-            timeout_seconds=timeout_s,
-            allow_watch_bookmarks=False,
-            _preload_content=False,
-            _request_timeout=(TIMEOUT_S[0], timeout_s + 30),
-            **kwargs,
-        )
-    except _FAILURES as exc:
-        raise _error(exc, "watch") from exc
-
-
-def _lines(response: Any) -> Iterator[bytes]:
-    """The newline-delimited events of a watch response, as they arrive."""
-    pending = b""
-    for chunk in response.stream(4096, decode_content=True):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        yield from complete
-    if pending:
-        yield pending
-
-
-def _next_line(lines: Iterator[bytes]) -> bytes | None:
-    """The next line, or None when the server ended the watch or went quiet for the read timeout."""
-    try:
-        return next(lines, None)
-    except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
-        return None
-    except _FAILURES as exc:
-        raise _error(exc, "watch") from exc
-
-
-def _watch_event(line: bytes) -> WatchEvent:
-    try:
-        event = json.loads(line)
-        kind, obj = event.get("type"), event.get("object") or {}
-    except (ValueError, AttributeError) as exc:
-        raise ClusterUnreachable(f"watch: not an event: {line[:200]!r}") from exc
-    match kind:
-        case "ADDED" | "MODIFIED" | "DELETED":
-            return WatchEvent(type=kind, object=obj)
-        case "ERROR" if obj.get("code") == 410:
-            raise WatchExpired(f"watch: {obj.get('message', 'resourceVersion too old')}")
-        case "ERROR":
-            raise ClusterUnreachable(f"watch: {obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
-    raise ClusterUnreachable(f"watch: unexpected event type {kind!r}")

@@ -101,6 +101,8 @@ OWNER = "harness.test/owner"
 HANG_S = 8.0
 """How long a log read through a kubelet that hangs goes unanswered (then 504): longer than the
 dispatcher's read timeout, short enough not to hold up a test's teardown."""
+APPLIED = "X-Harness-Applied"
+"""The header on a server-side apply the harness turned into a create or a merge patch."""
 _GONE = "deletionTimestamp"
 _NOW = "2026-01-01T00:00:00Z"
 KNOWN_RESOURCES = {
@@ -184,6 +186,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     apply, quota admission and a kubelet per node that may stop answering."""
 
     logs: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    namespace_calls: list[tuple[str, bool, str]] = attrs.field(factory=list)
+    """Every request for namespaces (which kmock does not record): method, whether it named one, and
+    its User-Agent."""
     dead_kubelets: dict[str, str] = attrs.field(factory=dict)
     """Nodes whose kubelet does not answer, and how a log read through it fails: ``hang`` (no answer
     until the client gives up) or ``refuse`` (the API server's 500 for a dial that failed)."""
@@ -202,6 +207,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         match = _NAMESPACE_PATH.fullmatch(raw_request.path)
         if match is None:
             return await super().__call__(self._applied(raw_request))
+        agent = raw_request.headers.get("User-Agent", "")
+        self.namespace_calls.append((raw_request.method, bool(match.group(1)), agent))
         try:
             return await self._serve_namespace(raw_request, match.group(1))
         except ValueError as exc:
@@ -214,7 +221,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if raw.method != "PATCH" or not raw.content_type.startswith("application/apply-patch") or not found:
             return raw
         group, version, namespace, plural, name = found.groups()
-        headers = {**raw.headers, "Content-Type": "application/json"}
+        headers = {**raw.headers, "Content-Type": "application/json", APPLIED: "server-side"}
         if self.has_object(kmock.resource(group or "", version, plural), namespace, name):
             return raw.clone(headers=headers | {"Content-Type": "application/merge-patch+json"})
         return raw.clone(method="POST", rel_url=raw.path.rsplit("/", 1)[0], headers=headers)
