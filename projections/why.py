@@ -32,6 +32,7 @@ def explain_job(job: JobRecord, placement: Provenance | None) -> list[str]:
         lines.append(f"pending: {pending}")
     for slot, assignment in sorted(job.assignments.items(), key=lambda item: int(item[0])):
         lines.append(f"shard {slot} on {assignment.worker_id} (assignment {assignment.assignment_id})")
+    lines += replaced(job)
     for worker_id, reason in sorted(job.rejected_by.items()):
         lines.append(f"rejected by {worker_id}: {reason}")
     if placement is not None:
@@ -40,4 +41,20 @@ def explain_job(job: JobRecord, placement: Provenance | None) -> list[str]:
     if job.failure_reason:
         lines.append(f"failed: {job.failure_reason}")
         lines += [f"  | {line}" for line in job.log_tail.splitlines()[-10:]]
+    return lines
+
+
+def replaced(job: JobRecord) -> list[str]:
+    """A line for each recently ended assignment of a shard that was placed again (a lost worker, a
+    gang restarted, a preemption), with the job's count of revocations."""
+    lines = []
+    for old in sorted(job.retired, key=lambda t: (t.slot, t.epoch)):
+        now = job.assignments.get(str(old.slot))
+        if now is not None and now.epoch > old.epoch:
+            lines.append(
+                f"shard {old.slot}: epoch {old.epoch} on {old.worker_id} ended; placed again at epoch "
+                f"{now.epoch} on {now.worker_id}"
+            )
+    if job.revocations:
+        lines.append(f"{job.revocations} assignment(s) revoked so far")
     return lines
