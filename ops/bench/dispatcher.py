@@ -1,7 +1,7 @@
 """The Kubernetes dispatcher's speed: from ``job.placed`` to every object of a 2-shard job in the
 cluster, against applying the same objects straight to the same API server.
 
-``python -m ops.bench.dispatcher [--jobs 20]``
+``python -m ops.bench.dispatcher [--jobs 20] [--trials 3]``
 
 A private nats-server, the intake and a coordinator in this process, the dispatcher (polling every
 0.1 s) and kmock as the cluster, with two GPU nodes (the emulator of ``tests/support/kube.py``: no real API
@@ -12,6 +12,9 @@ its namespace's deletion. The baseline, in the same run: the very objects the di
 that job, applied again by :meth:`~ops.dispatcher.cluster.Cluster.apply` into a namespace of another
 name, on the same emulator: what the API calls alone cost. ``dispatch_ratio`` is the dispatcher's
 median over the baseline's: what taking the command, rendering, recording and reporting add.
+
+Then :mod:`ops.bench.dispatcher_recovery`: a 2-shard gang and a 2-replica endpoint, placed to running
+and a node lost to running again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from core.log import EventLog
 from core.settings import Settings
 from core.streams import command_subject, job_subject
+from ops.bench import dispatcher_recovery as recovery
 from ops.bench.agents import until
 from ops.bench.common import median, private_nats
 from ops.coordinator import Coordinator
@@ -186,8 +190,10 @@ async def bench(jobs: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=20, help="trials (default 20)")
+    parser.add_argument("--trials", type=int, default=3, help="recovery trials of each kind (default 3)")
     args = parser.parse_args()
     figures = asyncio.run(bench(args.jobs))
+    figures |= asyncio.run(recovery.bench(args.trials))
     print("\nfigures (medians):")
     for key, value in figures.items():
         print(f"  {key}: {value}")

@@ -26,8 +26,9 @@ The rules a round applies:
   assignment whose objects vanished is reported lost and forgotten.
 
 A :class:`Rounds` is built from what it uses (the cluster, the held assignments, the claims appender,
-the nodes' addresses, the lock, the clock); the dispatcher wires it. Every round runs under that lock,
-so a command is never handled in the middle of one.
+the nodes' addresses, the lock, the clock); the dispatcher wires it. A round holds that lock but while
+it reads logs, so a command is never handled in the middle of an apply or of a pod's claims, and never
+waits on a kubelet.
 """
 
 from __future__ import annotations
@@ -269,8 +270,10 @@ class Rounds:
     # -- polling ---------------------------------------------------------------------------------
 
     async def poll(self) -> None:
-        """One round: apply what waits (unless backing off), delete lingering namespaces, then read
-        every held work's pods into claims."""
+        """One round: apply what waits (unless backing off), delete lingering namespaces and list every
+        held work's pods, under the dispatcher's lock; then read the pods' logs without it (a read may
+        take its whole time-out, and commands must not wait on it), and take the lock again for each
+        pod's claims, as soon as its log is in, skipping an assignment a command let go meanwhile."""
         async with self.busy:
             now = self.clock()
             for work in {_work(t) for t in self.held.values() if not t.applied}:
@@ -282,13 +285,16 @@ class Rounds:
                 if t.applied:
                     by_work[_work(t)].append(t)
             listed = await asyncio.gather(*(self._list_work(work, held) for work, held in by_work.items()))
-            reads = [asyncio.create_task(self._read_log(t, pod)) for found in listed for t, pod in found]
-            try:
-                for read in asyncio.as_completed(reads):  # each pod's claims as soon as its log is in
-                    await self._poll_one(*await read)
-            finally:
-                for read in reads:
-                    read.cancel()
+        reads = [asyncio.create_task(self._read_log(t, pod)) for found in listed for t, pod in found]
+        try:
+            for read in asyncio.as_completed(reads):
+                tracked, pod, new = await read
+                async with self.busy:
+                    if self.held.get(tracked.cmd.assignment_id) is tracked:
+                        await self._poll_one(tracked, pod, new)
+        finally:
+            for read in reads:
+                read.cancel()
 
     async def _list_work(self, work: Work, held: list[Tracked]) -> list[tuple[Tracked, PodState | None]]:
         """Each held assignment of the work with its pod (``None``: none), leaving out those whose

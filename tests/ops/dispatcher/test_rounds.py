@@ -348,6 +348,29 @@ async def test_a_round_waits_for_the_dispatchers_lock(parts: Parts) -> None:
     assert parts.held[job().assignment_id].applied
 
 
+async def test_a_log_read_holds_no_lock_and_an_assignment_let_go_meanwhile_claims_nothing(
+    parts: Parts,
+) -> None:
+    tracked = parts.hold(job())
+    await parts.rounds.poll()
+    parts.cluster.run_pod(job(), "Running", RUNNING, log=progress(1))
+    answer = asyncio.Event()
+    reading = parts.cluster.pod_log
+
+    async def slow(*args: Any, **kwargs: Any) -> str:
+        await answer.wait()  # a kubelet taking its time
+        return await reading(*args, **kwargs)
+
+    parts.cluster.pod_log = slow  # type: ignore[method-assign]
+    round_ = asyncio.create_task(parts.rounds.poll())
+    await asyncio.sleep(0.01)
+    async with asyncio.timeout(1), parts.busy:  # a command gets the lock while the round reads
+        await parts.rounds.forget(tracked, final=[])
+    answer.set()
+    await round_
+    assert parts.events() == [] and parts.held == {}  # nothing claimed for what was let go
+
+
 # --- polling ----------------------------------------------------------------------------------------
 
 
