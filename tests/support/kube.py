@@ -20,10 +20,11 @@ What it does not, and what this harness does instead:
 
 - **Namespaces**: ``/api/v1/namespaces`` makes its path parser fail (500, and 404 for one
   namespace). :class:`ClusterEmulator` serves Namespace create, get, list, patch and delete itself,
-  stored in kmock's ``objects`` under ``v1/namespaces``. Deleting one is what the namespace controller
-  does: everything in it goes at once (``DELETED`` events) but its pods, which go as their kubelets
-  confirm (:meth:`ClusterEmulator.settle`); the namespace stays ``Terminating`` until its last pod is
-  gone, and refuses every create meanwhile (403). No watch on namespaces.
+  stored in kmock's ``objects`` under ``v1/namespaces``. Deleting one is what Kubernetes 1.36's
+  namespace controller does (checked on a real control plane): its pods go first, as their kubelets
+  confirm (:meth:`ClusterEmulator.settle`); everything else stays, and may be applied again, until
+  the last pod is gone, then goes with the namespace (``DELETED`` events). Meanwhile the namespace is
+  ``Terminating`` and refuses every create (403). No watch on namespaces.
 - **Admission**, in the real server's order, before kmock stores anything: a create in a namespace
   that does not exist answers 404, in a terminating one 403, one beyond a ResourceQuota's ``pods`` or
   ``services`` 403 ``exceeded quota`` (pods not in a terminal phase count, terminating ones too), and
@@ -312,15 +313,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(self.objects[key].raw)
 
     async def _delete_namespace(self, name: str) -> dict[str, Any]:
-        """Start deleting the namespace, as the namespace controller does: everything in it goes at
-        once but its pods, which go as their kubelets confirm (:meth:`settle`); the namespace stays
-        ``Terminating``, refusing new objects, until its last pod is gone."""
+        """Start deleting the namespace, as Kubernetes 1.36's namespace controller does: its pods first,
+        which go as their kubelets confirm (:meth:`settle`); everything else stays, and may be applied
+        again, until the last pod is gone. Meanwhile the namespace is ``Terminating`` and refuses every
+        create."""
         async with self._lock:
             namespace_obj = self.objects[NAMESPACES, None, name]
             if not namespace_obj["metadata"].get(_GONE):
                 namespace_obj.patch({"metadata": {_GONE: _NOW}, "status": {"phase": "Terminating"}})
             for (resource, namespace, _), obj in list(self.objects.items()):
-                if namespace == name and not obj.deleted:
+                if resource == PODS and namespace == name and not obj.deleted:
                     await self._remove(resource, obj)
             last = dict(json.loads(json.dumps(namespace_obj.raw)))
         await self.settle()
@@ -328,28 +330,33 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def _remove(self, resource: Any, obj: Any) -> None:
         """Delete one object (a pod: mark it terminating; :meth:`settle` removes it). Under the lock."""
-        if resource == PODS:
-            if not obj["metadata"].get(_GONE):
-                obj.patch({"metadata": {_GONE: _NOW}})
-                await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
-            return
-        raw = obj.raw
-        obj.delete()
-        await self._buses[resource].put({"type": "DELETED", "object": raw})
+        if resource != PODS:
+            await self._remove_now(resource, obj)
+        elif not obj["metadata"].get(_GONE):
+            obj.patch({"metadata": {_GONE: _NOW}})
+            await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
 
     async def settle(self) -> None:
         """What the kubelets and the namespace controller finish: a terminating pod whose node's
-        kubelet answers (or that has no node) is removed; a terminating namespace with no pod left goes."""
+        kubelet answers (or that has no node) is removed; a terminating namespace with no pod left goes,
+        with everything still in it."""
         async with self._lock:
             for (resource, _, _), obj in list(self.objects.items()):
                 if _going(resource, obj, PODS) and _node(obj) not in self.dead_kubelets:
-                    raw = obj.raw
-                    obj.delete()
-                    await self._buses[PODS].put({"type": "DELETED", "object": raw})
+                    await self._remove_now(resource, obj)
             holding = {ns for (r, ns, _), o in self.objects.items() if r == PODS and not o.deleted}
             for (resource, _, name), obj in list(self.objects.items()):
                 if _going(resource, obj, NAMESPACES) and name not in holding:
+                    for (kind, namespace, _), held in list(self.objects.items()):
+                        if namespace == name and not held.deleted:
+                            await self._remove_now(kind, held)
                     obj.delete()
+
+    async def _remove_now(self, resource: Any, obj: Any) -> None:
+        """Delete one object at once, telling its watchers. Under the lock."""
+        raw = obj.raw
+        obj.delete()
+        await self._buses[resource].put({"type": "DELETED", "object": raw})
 
     async def _serve_delete(self, request: kmock.Request) -> Any:
         """A Job or Deployment deleted takes its pods with it (the garbage collector's work, with the

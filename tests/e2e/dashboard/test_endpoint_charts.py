@@ -25,6 +25,7 @@ PHASE_S = 25.0
 """Seconds of each phase of traffic: one client, then the bounds changed and four at once."""
 LONG = "the quick brown fox jumps over the lazy dog " * 40
 SOME = re.compile(r"^[1-9][0-9]*$")
+AT_LEAST_2 = re.compile(r"^([2-9]|[1-9][0-9]+)$")
 """A chart's ``data-values`` once it draws something (its points with a value)."""
 
 
@@ -96,7 +97,9 @@ async def test_an_endpoints_latency_chart_after_real_traffic(
             "PUT", f"/v1/endpoints/{endpoint}/scale", key, json={"min_replicas": 1, "max_replicas": 1}
         )
         assert bounds.status_code == 200, bounds.text
-        await expect(chart["Replicas"]).to_have_attribute("data-marks", "2")  # deployed, bounds set
+        # Deployed, bounds set; and a mark for each replica lost meanwhile (a loaded machine's slow host
+        # can lose one: CI run 11 drew 3 marks).
+        await expect(chart["Replicas"]).to_have_attribute("data-marks", AT_LEAST_2)
         sent += sum(await asyncio.gather(*(send_for(api, PHASE_S, LONG, 0.0) for _ in range(4))))
 
         # The open panel re-reads the window every 5 s: the figures shown are the route's.
