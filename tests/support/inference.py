@@ -25,9 +25,10 @@ from tests.support.gateway import Api, GatewayServer
 ST_READY_S = 180.0
 
 
-SLOW_HOST = ("--heartbeat", "1")
-"""Engines load torch on a shared 2-core host: beats 5x sparser than the tests' default keep the
-agents from being declared lost while an engine starts beside them."""
+SLOW_HOST = ("--heartbeat", "2")
+"""Engines load torch on a shared 2-core host: beats 10x sparser than the tests' default keep the
+agents from being declared lost while an engine starts beside them (at 1 s, two CI runs with CPU
+burners beside them lost a healthy agent and replaced its replica)."""
 
 
 async def until_awaited(predicate: Callable[[], Awaitable[Any]], what: str, timeout: float) -> Any:
