@@ -13,6 +13,13 @@ is registered again.
 Liveness is the node's ``Ready`` condition (:func:`~ops.dispatcher.nodes.is_ready`): the dispatcher
 heartbeats for Ready nodes only, so a node that goes NotReady or vanishes falls silent and the
 coordinator's heartbeat deadline marks its worker lost, exactly as for an agent that died.
+
+A cordoned node (``kubectl cordon``: ``spec.unschedulable``) keeps its work and takes no new work: the
+dispatcher claims the worker's policy :data:`CORDONED`, in maintenance all week, as any provider may
+say of its own host, and the plain policy again once the node is uncordoned. It never says
+``worker.cordoned`` or ``worker.uncordoned``: those are the kernel's (its health controller's and its
+operators'), so a kernel's cordon outlives a Kubernetes uncordon. Every listed node's policy is
+claimed once after each start, since a node may have been uncordoned while the dispatcher was down.
 """
 
 from __future__ import annotations
@@ -28,11 +35,19 @@ from ops.dispatcher.names import digest
 from ops.dispatcher.nodes import NodeWorker, node_worker, registration
 from projections.providers import KERNEL_WORKER_PREFIX
 from schemas.values import Pool
-from schemas.workers import WorkerRegistered
+from schemas.workers import MaintenanceWindow, WorkerPolicy, WorkerPolicySet, WorkerRegistered
 
 log = logging.getLogger("resontech.dispatcher")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_ID = 64
+MINUTES_PER_DAY = 24 * 60
+CORDONED = WorkerPolicy(
+    maintenance=[
+        MaintenanceWindow(weekday=day, start_minute=0, end_minute=MINUTES_PER_DAY) for day in range(7)
+    ]
+)
+"""The policy of a cordoned node's worker: in maintenance every minute of the week (``why`` says the
+worker "is in maintenance"), until the node is uncordoned."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,8 @@ class Fleet:
     """worker id -> the registration last claimed."""
     refused: dict[str, str] = field(default_factory=dict)
     """worker id -> why the kernel refused its registration (it takes no work and is not beaten for)."""
+    policies: dict[str, WorkerPolicy] = field(default_factory=dict)
+    """worker id -> the policy last claimed."""
 
     def update(self, items: Iterable[Mapping[str, Any]]) -> list[tuple[str, WorkerRegistered]]:
         """Read a listing of nodes; the registrations to claim now (new nodes, changed facts)."""
@@ -103,6 +120,18 @@ class Fleet:
             )
             if self.registered.get(worker_id) != event and worker_id not in self.refused:
                 due.append((worker_id, event))
+        return due
+
+    def policies_due(self) -> list[tuple[str, WorkerPolicySet]]:
+        """The policies to claim now: :data:`CORDONED` for a registered node newly cordoned, the plain
+        policy for one newly uncordoned, and each node's once after a start."""
+        due = []
+        for worker_id, node in self.nodes.items():
+            if worker_id not in self.registered:
+                continue  # its registration is claimed first
+            policy = CORDONED if node.cordoned else WorkerPolicy()
+            if self.policies.get(worker_id) != policy:
+                due.append((worker_id, WorkerPolicySet(policy=policy)))
         return due
 
     def alive(self) -> list[str]:

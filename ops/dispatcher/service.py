@@ -25,7 +25,8 @@ Life of a dispatcher (docs/dispatcher.md says why each step is so):
      forgotten;
    * heartbeats for every Ready node (``hb.<worker>``, with the assignments it runs), every
      ``heartbeat_s``; usage ticks of every running pod every ``metering_s``;
-   * the node list every ``nodes_s``: new and changed nodes are registered.
+   * the node list every ``nodes_s``: new and changed nodes are registered; a cordoned node's worker
+     takes no new work (:data:`~ops.dispatcher.fleet.CORDONED`).
 
 4. Stopped, it leaves the cluster as it is: pods do not die with their dispatcher. Its heartbeats
    stop; if it stays away longer than the heartbeat deadline (three intervals: 30 s by default), the
@@ -54,7 +55,7 @@ from core.streams import heartbeat_subject, intake_subject, worker_subject
 from ops.dispatcher import rounds
 from ops.dispatcher.cluster import Cluster
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.fleet import Fleet, Identity
+from ops.dispatcher.fleet import CORDONED, Fleet, Identity
 from ops.dispatcher.reconcile import Held, current
 from ops.dispatcher.state import HeldAssignments, Tracked
 from ops.enrollment import enroll_kernel_agent
@@ -62,7 +63,7 @@ from projections import ENDPOINTS, SCHEDULE
 from projections.runner import ProjectionRunner
 from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker
 from schemas.envelope import Recorded
-from schemas.workers import Heartbeat, WorkerRegistered, WorkerVerified
+from schemas.workers import Heartbeat, WorkerPolicySet, WorkerRegistered, WorkerVerified
 
 log = logging.getLogger("resontech.dispatcher")
 API_KEY_BYTES = 24
@@ -198,6 +199,8 @@ class Dispatcher:
         listing = await self.cluster.nodes()
         for worker_id, event in self.fleet.update(listing.items):
             await self._register(worker_id, event)
+        for worker_id, policy_set in self.fleet.policies_due():
+            await self._claim_policy(worker_id, policy_set)
         for worker_id in self.fleet.nodes:
             if worker_id not in self._takers:
                 handle = self._handler(worker_id)
@@ -225,6 +228,18 @@ class Dispatcher:
         await self.log.append(intake_subject(worker_id, worker_subject(worker_id, event)), event)
         self.fleet.registered[worker_id] = event
         log.info("node %s registered as worker %s", event.labels.get("kubernetes_node"), worker_id)
+
+    async def _claim_policy(self, worker_id: str, policy_set: WorkerPolicySet) -> None:
+        await self.log.append(intake_subject(worker_id, worker_subject(worker_id, policy_set)), policy_set)
+        before = self.fleet.policies.get(worker_id)
+        self.fleet.policies[worker_id] = policy_set.policy
+        node = self.fleet.node_of(worker_id)
+        if policy_set.policy == CORDONED:
+            log.info(
+                "node %s is cordoned: worker %s takes no new work until it is uncordoned", node, worker_id
+            )
+        elif before == CORDONED:
+            log.info("node %s is uncordoned: worker %s takes work again", node, worker_id)
 
     async def beat(self) -> None:
         """One heartbeat for every live node, with the assignments it runs."""

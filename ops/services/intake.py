@@ -130,6 +130,7 @@ class Intake:
         self._billed: dict[str, tuple[int, int]] = {}  # meter subject -> (last seq, billed until ms)
         self.progress = Rate(PROGRESS, kept=BILLED_KEPT)  # per assignment, by store time
         self._caught_up_ns = 0
+        self._applied = 0
         self.verifier = Verifier(event_log, self.registry, name)
         self._told: dict[str, float] = {}  # worker -> when it was last told its registration was refused
         self.budgets = AgentBudgets()
@@ -181,6 +182,7 @@ class Intake:
         usage ticks of different assignments are judged concurrently, those of one assignment in
         order (each expects the sequence the previous one got)."""
         pending: list[tuple[Pulled, asyncio.Future[Position] | None]] = []
+        self._applied = 0  # of ``pending``, those the projections had applied at the last catch-up
         usage: dict[str, list[tuple[Pulled, str, UsageTick]]] = {}
         for claim in batch:
             try:
@@ -288,9 +290,16 @@ class Intake:
         resolved = await _resolved(event)
         facts = self._facts(claim, resolved)
         verdict = judge(sender, claim.subject, event, facts, billed_until_ms=billed_until_ms)
-        if isinstance(verdict, Refused) and verdict.unknown and claim.time_ns >= self._caught_up_ns:
+        # appended by this batch since the last catch-up: the claim may be about one of them
+        unapplied = any(future is not None for _, future in pending[self._applied :])
+        if (
+            isinstance(verdict, Refused)
+            and verdict.unknown
+            and (unapplied or claim.time_ns >= self._caught_up_ns)
+        ):
             await _settled(pending)
             await self.catch_up()
+            self._applied = len(pending)
             facts = self._facts(claim, resolved)
             verdict = judge(sender, claim.subject, event, facts, billed_until_ms=billed_until_ms)
         return verdict

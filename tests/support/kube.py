@@ -442,6 +442,10 @@ class Kube:
         addresses = [{"type": "InternalIP", "address": address}]
         await self.add_node(name, labels=labels, allocatable=allocatable, addresses=addresses)
 
+    async def cordon(self, name: str, *, on: bool = True) -> None:
+        """``kubectl cordon`` (``on``) or ``uncordon`` a node: its ``spec.unschedulable``."""
+        await self._call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": on}})
+
     async def set_node_ready(self, name: str, status: str) -> None:
         """Set a node's ``Ready`` condition (``True``, ``False``, ``Unknown``), as its controller does."""
         conditions = [{"type": "Ready", "status": status, "reason": "KubeletNotReady"}]

@@ -25,7 +25,7 @@ from core.log import EventLog
 from core.streams import command_subject, endpoint_subject, job_subject
 from ops.dispatcher.cluster import Cluster
 from ops.dispatcher.context import RenderContext
-from ops.dispatcher.fleet import Identity, worker_id_for
+from ops.dispatcher.fleet import CORDONED, Identity, worker_id_for
 from ops.dispatcher.manifests import work_namespace
 from ops.dispatcher.service import Dispatcher, Timing
 from schemas.commands import StopWork
@@ -46,6 +46,7 @@ from schemas.jobs import (
     JobSubmitted,
 )
 from schemas.metering import UsageTick
+from schemas.workers import WorkerPolicy
 from tests.support import IntakeProcess, coordinator, of, records, until, wait_records
 
 if TYPE_CHECKING:
@@ -81,24 +82,30 @@ class Running:
 
 
 @pytest.fixture
-async def kernel(log: EventLog, tmp_path: Path) -> AsyncIterator[EventLog]:
-    """The intake process and a coordinator on fresh streams."""
+async def intake(log: EventLog, tmp_path: Path) -> AsyncIterator[EventLog]:
+    """The intake process on fresh streams."""
     # the emulated nodes' InternalIPs (add_gpu_nodes) are the network replicas are reported on
-    intake = IntakeProcess(tmp_path, log.settings.nats_url, replica_networks="10.0.0.0/24").start()
+    process = IntakeProcess(tmp_path, log.settings.nats_url, replica_networks="10.0.0.0/24").start()
     try:
-        async with coordinator(log):
-            yield log
+        yield log
     finally:
-        intake.stop()
+        process.stop()
 
 
 @pytest.fixture
-async def dispatch(kube: Kube, kernel: EventLog, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+async def kernel(intake: EventLog) -> AsyncIterator[EventLog]:
+    """The intake process and a coordinator on fresh streams."""
+    async with coordinator(intake):
+        yield intake
+
+
+@pytest.fixture
+async def dispatch(kube: Kube, intake: EventLog, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """``await dispatch()`` starts a dispatcher for the emulated cluster (state in ``tmp_path``)."""
     started: list[Running] = []
 
     async def start(state: str = "state") -> Running:
-        event_log = await EventLog.connect(kernel.settings, name="dispatcher")
+        event_log = await EventLog.connect(intake.settings, name="dispatcher")
         cluster = Cluster.from_kubeconfig(kube.kubeconfig)
         identity = Identity(cluster=CLUSTER, provider="kube-provider")
         d = Dispatcher(cluster, event_log, identity, CTX, tmp_path / state, vouch=True, timing=FAST)
@@ -355,6 +362,31 @@ async def test_a_kubelet_that_does_not_answer_stalls_no_other_nodes_work(
         )
         await kube.set_pod_phase(ns["fine"], "shard-0-e1-pod", "Succeeded", container="shard")
         await job_events(log, "acme", "fine", lambda rs: of(rs, JobCompleted), "fine completed")
+
+
+async def test_a_cordoned_node_takes_no_new_work_until_it_is_uncordoned(
+    kube: Kube, intake: EventLog, dispatch: Callable[..., Any]
+) -> None:
+    """``kubectl cordon``: the node's worker is in maintenance (the provider's policy, which any agent
+    may claim for its host), its running work untouched; ``uncordon`` lifts it."""
+    await add_gpu_nodes(kube)
+    await kube.cordon("gpu-a")
+    log, cordoned = intake, worker_id_for(CLUSTER, "gpu-a")
+
+    def policies(found: list[Any]) -> list[WorkerPolicy]:
+        return [r.event.policy for r in found if r.subject == f"worker.{cordoned}.policy_set"]
+
+    await dispatch()
+    await wait_records(log, "WORKERS", lambda rs: policies(rs) == [CORDONED], "the cordon claimed", TIMEOUT_S)
+    async with coordinator(log), controllers(kube):  # started after it: its first placement knows
+        await submit(log, "acme", "one", shards=1)
+        assert (await placement(log, "acme", "one")).assignments[0].worker_id == worker_id_for(
+            CLUSTER, "gpu-b"
+        )
+        await submit(log, "acme", "two", shards=1)  # gpu-b's one GPU is taken: it waits for gpu-a
+        await kube.cordon("gpu-a", on=False)
+        assert (await placement(log, "acme", "two")).assignments[0].worker_id == cordoned
+    assert policies(await records(log, "WORKERS")) == [CORDONED, WorkerPolicy()]
 
 
 # -- teardown: cancel and restart ------------------------------------------------------------------

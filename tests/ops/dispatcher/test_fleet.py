@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.placement.rules import in_maintenance
 from core.streams import token
-from ops.dispatcher.fleet import Fleet, Identity, worker_id_for
+from ops.dispatcher.fleet import CORDONED, Fleet, Identity, worker_id_for
+from schemas.workers import WorkerPolicy
 
 
 def node(name: str, *, ready: str = "True", ip: str = "10.0.0.1", **labels: str) -> dict[str, Any]:
@@ -53,3 +55,24 @@ def test_a_node_address_that_is_not_an_ip_is_left_out() -> None:
     fleet = Fleet(Identity(cluster="kc", provider="p"))
     [(_, event)] = fleet.update([node("a", ip="gateway.kernel.svc; rm -rf")])
     assert event.address == ""
+
+
+def test_a_cordoned_node_is_claimed_in_maintenance_once_and_plain_again_when_uncordoned() -> None:
+    fleet = Fleet(Identity(cluster="kc", provider="p"))
+    cordoned = node("a") | {"spec": {"unschedulable": True}}
+    registrations = fleet.update([cordoned, node("b")])
+    assert fleet.policies_due() == []  # nothing before its registration
+    fleet.registered.update(registrations)
+    due = dict(fleet.policies_due())  # after a start, every node's once
+    assert {w: p.policy for w, p in due.items()} == {"kernel-kc-a": CORDONED, "kernel-kc-b": WorkerPolicy()}
+    fleet.policies.update({w: p.policy for w, p in due.items()})
+    assert fleet.policies_due() == []
+    fleet.update([node("a"), node("b")])  # uncordoned
+    assert [(w, p.policy) for w, p in fleet.policies_due()] == [("kernel-kc-a", WorkerPolicy())]
+
+
+def test_the_cordon_policy_is_maintenance_at_every_minute_of_the_week() -> None:
+    minute_ns = 60 * 10**9
+    week = range(0, 7 * 24 * 60 * minute_ns, 7 * minute_ns)  # every 7th minute of a week
+    assert all(in_maintenance(CORDONED.maintenance, t) for t in week)
+    assert not any(in_maintenance(WorkerPolicy().maintenance, t) for t in week)

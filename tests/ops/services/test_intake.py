@@ -36,6 +36,8 @@ from schemas.providers import AgentEnrolled, EnrollmentTokenIssued, ProviderCrea
 from schemas.values import Assignment, Provenance
 from schemas.workers import (
     WorkerCordoned,
+    WorkerPolicy,
+    WorkerPolicySet,
     WorkerRegistered,
     WorkerVerificationFailed,
     WorkerVerificationReported,
@@ -213,6 +215,33 @@ async def test_a_claim_stored_before_the_last_catch_up_is_judged_without_catchin
     assert kernel.log.asked == asked and kernel.log.reasons() == ["no job acme/j9"]
     await kernel.handle(Claim(2, ME, on, unknown, time_ns=NOW - CLOCK_MARGIN_NS))
     assert kernel.log.asked > asked and len(kernel.log.quarantined) == 2
+
+
+async def test_a_claim_about_an_earlier_claim_of_its_batch_is_judged_on_it_even_from_a_backlog(
+    kernel: Kernel,
+) -> None:
+    """An intake started behind a backlog (a dispatcher's registrations and cordons, queued while the
+    intake was away): the policy claimed after a registration, both stored before the intake caught up,
+    is judged once the registration it names is applied."""
+    kernel.enrolled(ME)
+    await kernel.intake.catch_up()  # at NOW by the intake's clock
+    then = NOW - CLOCK_MARGIN_NS - 1
+    registered = WorkerRegistered(provider="gpuco", hostname="h")
+    policy = WorkerPolicySet(policy=WorkerPolicy(max_concurrent=0))
+    await kernel.handle(
+        Claim(1, ME, worker_subject(ME, registered), registered, time_ns=then),
+        Claim(2, ME, worker_subject(ME, policy), policy, time_ns=then),
+    )
+    assert kernel.log.events() == [registered, policy] and kernel.log.reasons() == []
+    # and once caught up after its own appends, a batch does not catch up again for each claim
+    asked = kernel.log.asked
+    await kernel.intake.catch_up()
+    one_catch_up, asked = kernel.log.asked - asked, kernel.log.asked
+    again = WorkerPolicySet(policy=WorkerPolicy())
+    unknown = JobProgress(assignment_id="j9-s0-e1", slot=0, epoch=1)
+    nowhere = [Claim(n, ME, job_subject("acme", "j9", unknown), unknown, time_ns=then) for n in (4, 5, 6)]
+    await kernel.handle(Claim(3, ME, worker_subject(ME, again), again, time_ns=then), *nowhere)
+    assert kernel.log.reasons() == ["no job acme/j9"] * 3 and kernel.log.asked - asked == one_catch_up
 
 
 # -- registrations -------------------------------------------------------------------------------
