@@ -242,7 +242,7 @@ def _gpus_reason(reported: list[Gpu], registered: list[Gpu]) -> str | None:
         where = f"GPU {mine.index}"
         if theirs.index != mine.index:
             return f"{where}: the workload saw no GPU of that index (it saw GPU {theirs.index})"
-        if theirs.model.strip() != mine.model.strip():
+        if _model(theirs.model) != _model(mine.model):
             return f"{where}: the workload saw model {_quote(theirs.model)}, registered {mine.model!r}"
         if abs(theirs.vram_total_mb - mine.vram_total_mb) > _VRAM_TOLERANCE * mine.vram_total_mb:
             return (
@@ -252,6 +252,12 @@ def _gpus_reason(reported: list[Gpu], registered: list[Gpu]) -> str | None:
         if theirs.uuid and mine.uuid and theirs.uuid != mine.uuid:
             return f"{where}: the workload saw uuid {_quote(theirs.uuid)}, registered {mine.uuid!r}"
     return None
+
+
+def _model(name: str) -> str:
+    """A GPU model as compared: a Kubernetes node's GPU feature discovery label writes NVML's spaces as
+    dashes (``NVIDIA-A100-SXM4-80GB`` for ``NVIDIA A100-SXM4-80GB``), and either may be registered."""
+    return "-".join(name.split())
 
 
 def _throughput_reason(tflops: float | None, registered: list[Gpu], floors: dict[str, float]) -> str | None:

@@ -35,6 +35,7 @@ EDGE_IMPORTS: dict[str, str] = {
     "ops/dispatcher/service.py -> agent.state": "the dispatcher remembers handled commands as an agent does",
     "ops/dispatcher/rounds.py -> agent.reports": "the dispatcher meters a pod with the agent's meter",
     "ops/dispatcher/run.py -> agent.identity": "the dispatcher holds its state dir with the agent's lock",
+    "ops/dispatcher/verification.py -> agent.verify": "a node's challenge runs the agent's program",
 }
 """Edge-to-edge imports and why (a path ending in ``/`` stands for every module below it);
 ``ops/bench/`` drives every part and may import any of them."""

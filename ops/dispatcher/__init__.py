@@ -18,5 +18,7 @@ The parts:
   agent would claim for it (pure, with the agent's own builders of :mod:`core.reports`);
 * :mod:`ops.dispatcher.fetch`: the program the fetcher init container runs (presigned GETs into the
   working dir);
+* :mod:`ops.dispatcher.verification`: a new node's verification challenge as a Job on the node, and
+  its report claimed as the node-worker's;
 * the cluster's side (nodes, the API conversation) and the service (``resontech dispatcher run``).
 """

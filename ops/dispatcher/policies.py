@@ -158,6 +158,11 @@ def _namespace_peer(namespace_name: str, pod_labels: dict[str, str]) -> Manifest
     return peer
 
 
+def default_deny(ns: str, labels: dict[str, str]) -> Manifest:
+    """No ingress and no egress for any pod of the namespace (what other policies do not allow)."""
+    return _policy(ns, labels, "default-deny", {}, ingress=[], egress=[])
+
+
 def network_policies(
     ns: str,
     labels: dict[str, str],
@@ -182,7 +187,7 @@ def network_policies(
         "ports": [{"protocol": "TCP", "port": ctx.object_store_port}],
     }
     policies = [
-        _policy(ns, labels, "default-deny", {}, ingress=[], egress=[]),
+        default_deny(ns, labels),
         _policy(ns, labels, "allow-dns", {}, egress=[dns]),
         _policy(ns, labels, "allow-object-store", {}, egress=[store]),
     ]

@@ -3,7 +3,9 @@ assignments. Pure: the caller lists the namespaces and the objects, and reads th
 projections (:func:`current`).
 
 * A namespace whose work is over (no current assignment of the dispatcher's workers holds it) is
-  deleted: nothing is left running, unwatched and unmetered, after a restart.
+  deleted: nothing is left running, unwatched and unmetered, after a restart. So is every verification
+  namespace (:mod:`ops.dispatcher.verification`): the kernel challenges again a worker whose answer
+  never came.
 * A current assignment the dispatcher had applied, whose objects are gone from the cluster (deleted by
   hand, lost with a node), is reported lost: the kernel places it again, as for a lost agent's work.
 
@@ -79,7 +81,7 @@ def owned_work(ns: Namespace, namespace_of: NamespaceOf) -> tuple[str, str, str]
     tenant = ns.annotations.get(names.TENANT_ID, "")
     work_id = ns.annotations.get(names.WORK_ID, "")
     kind = ns.labels.get(names.WORK_KIND, "")
-    if not tenant or not work_id or kind not in ("job", "endpoint"):
+    if not tenant or not work_id or kind not in ("job", "endpoint", "verify"):
         return None
     try:
         expected = namespace_of(tenant, work_id, kind)

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     opt("--context", help="the kubeconfig context (default: its current one)")
     opt("--state-dir", type=Path, help="default: <data dir>/dispatcher/<cluster>")
-    opt("--vouch", action="store_true", help="vouch for every node as the operator (no verification job)")
+    opt("--vouch", action="store_true", help="vouch for every node as the operator (no verification Job)")
     opt("--poll-s", type=float, default=1.0, help="seconds between rounds (default 1)")
     opt(
         "--heartbeat-s",

@@ -4,8 +4,9 @@ Life of a dispatcher (docs/dispatcher.md says why each step is so):
 
 1. It reads its state dir (:mod:`ops.dispatcher.state`), lists the cluster's nodes and enrolls and
    registers each as a worker (:mod:`ops.dispatcher.fleet`). The kernel then asks for each new worker's
-   verification job; with ``vouch`` the operator's dispatcher answers by vouching for the node
-   (``worker.verified``), otherwise it waits for the operator to (no verification pod yet).
+   verification job; the dispatcher runs it as a Job on the node and claims its report
+   (:mod:`ops.dispatcher.verification`), or, with ``vouch``, answers by vouching for the node as the
+   operator (``worker.verified``).
 2. It reconciles (:mod:`ops.dispatcher.reconcile`) against the kernel's current assignments of its
    workers, read from the schedule and endpoint projections: an assignment it holds that the kernel
    no longer assigns is deleted and nothing is claimed for it; a namespace of its own whose work has
@@ -58,6 +59,7 @@ from ops.dispatcher.context import RenderContext
 from ops.dispatcher.fleet import CORDONED, Fleet, Identity
 from ops.dispatcher.reconcile import Held, current
 from ops.dispatcher.state import HeldAssignments, Tracked
+from ops.dispatcher.verification import Verifications
 from ops.enrollment import enroll_kernel_agent
 from projections import ENDPOINTS, SCHEDULE
 from projections.runner import ProjectionRunner
@@ -67,10 +69,6 @@ from schemas.workers import Heartbeat, WorkerPolicySet, WorkerRegistered, Worker
 
 log = logging.getLogger("resontech.dispatcher")
 API_KEY_BYTES = 24
-NO_VERIFICATION = (
-    "worker %s: verification jobs do not run on clusters yet; the operator vouches for a cluster's "
-    "nodes (`resontech dispatcher run --vouch`)"
-)
 
 
 @dataclass(frozen=True)
@@ -137,6 +135,7 @@ class Dispatcher:
             refused_rounds=timing.refused_rounds,
             linger_ms=round(timing.linger_s * 1000),
         )
+        self.verifications = Verifications(cluster, ctx, self.emit)
         self._takers: dict[str, asyncio.Task[None]] = {}
         self.registered = asyncio.Event()
 
@@ -151,6 +150,7 @@ class Dispatcher:
         self.registered.set()
         loops = [
             self._every(self.timing.poll_s, self.rounds.poll),
+            self._every(self.timing.poll_s, self.verifications.poll),
             self._every(self.timing.heartbeat_s, self.beat),
             self._every(self.timing.metering_s, self.rounds.meter),
             self._every(self.timing.nodes_s, self.refresh_nodes),
@@ -267,11 +267,18 @@ class Dispatcher:
                     vouched = WorkerVerified(by=by)
                     await self.log.append(worker_subject(worker_id, vouched), vouched)
                 case VerifyWorker():
-                    log.warning(NO_VERIFICATION, worker_id)
+                    await self._verify(worker_id, cmd)
                 case StartWork() | StopWork():
                     await self._work(worker_id, cmd, command_id(record))
 
         return handle
+
+    async def _verify(self, worker_id: str, cmd: VerifyWorker) -> None:
+        node = self.fleet.nodes.get(worker_id)
+        if node is None:
+            log.warning("verification %s for worker %s: its node is gone", cmd.challenge_id, worker_id)
+            return  # the kernel's challenge expires, as an agent's that went away
+        await self.verifications.start(worker_id, node.name, len(node.gpus), cmd)
 
     async def _work(self, worker_id: str, cmd: StartWork | StopWork, cmd_id: str) -> None:
         here = self.held.get(cmd.assignment_id)

@@ -155,6 +155,12 @@ def test_an_honest_report_passes() -> None:
     seen = [_gpu(1), _gpu(0, vram=81_559 - 1_000, uuid="GPU-x")]
     no_uuid = Gpu(index=0, model=H100, vram_total_mb=81_559, vram_free_mb=0)
     assert _judge(_report(gpus=seen, gpu_tflops=612.3), [no_uuid, _gpu(1)]) is None
+    # a Kubernetes node registered from its GPU feature discovery label, which writes spaces as dashes
+    labelled = [
+        _gpu(0, model="NVIDIA-H100-80GB-HBM3", uuid=""),
+        _gpu(1, model="NVIDIA-H100-80GB-HBM3", uuid=""),
+    ]
+    assert _judge(_report(gpus=TWO_H100, gpu_tflops=612.3), labelled) is None
     # exactly at the deadline
     assert _judge(_report(), [], received_ns=1_000_000_000_000 + 120_000_000_000) is None
 

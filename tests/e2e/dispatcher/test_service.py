@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,9 @@ from ops.dispatcher.context import RenderContext
 from ops.dispatcher.fleet import CORDONED, Identity, worker_id_for
 from ops.dispatcher.manifests import work_namespace
 from ops.dispatcher.service import Dispatcher, Timing
+from ops.dispatcher.verification import CONTAINER as VERIFY_CONTAINER
+from ops.dispatcher.verification import JOB as VERIFY_JOB
+from ops.dispatcher.verification import verification_namespace
 from schemas.commands import StopWork
 from schemas.endpoints import EndpointDeployed, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import (
@@ -46,8 +50,13 @@ from schemas.jobs import (
     JobSubmitted,
 )
 from schemas.metering import UsageTick
-from schemas.workers import WorkerPolicy
-from tests.support import IntakeProcess, coordinator, of, records, until, wait_records
+from schemas.workers import (
+    WorkerPolicy,
+    WorkerVerificationFailed,
+    WorkerVerificationRequested,
+    WorkerVerified,
+)
+from tests.support import REPO, IntakeProcess, coordinator, of, records, until, wait_records
 
 if TYPE_CHECKING:
     from tests.support.kube import Kube
@@ -104,11 +113,11 @@ async def dispatch(kube: Kube, intake: EventLog, tmp_path: Path) -> AsyncIterato
     """``await dispatch()`` starts a dispatcher for the emulated cluster (state in ``tmp_path``)."""
     started: list[Running] = []
 
-    async def start(state: str = "state") -> Running:
+    async def start(state: str = "state", *, vouch: bool = True) -> Running:
         event_log = await EventLog.connect(intake.settings, name="dispatcher")
         cluster = Cluster.from_kubeconfig(kube.kubeconfig)
         identity = Identity(cluster=CLUSTER, provider="kube-provider")
-        d = Dispatcher(cluster, event_log, identity, CTX, tmp_path / state, vouch=True, timing=FAST)
+        d = Dispatcher(cluster, event_log, identity, CTX, tmp_path / state, vouch=vouch, timing=FAST)
         stop = asyncio.Event()
         running = Running(d, asyncio.create_task(d.run(stop)), stop)
         started.append(running)
@@ -387,6 +396,50 @@ async def test_a_cordoned_node_takes_no_new_work_until_it_is_uncordoned(
         await kube.cordon("gpu-a", on=False)
         assert (await placement(log, "acme", "two")).assignments[0].worker_id == cordoned
     assert policies(await records(log, "WORKERS")) == [CORDONED, WorkerPolicy()]
+
+
+async def test_a_new_node_is_verified_by_a_job_that_runs_the_verification_program_on_it(
+    kube: Kube, kernel: EventLog, dispatch: Callable[..., Any]
+) -> None:
+    """No vouching: the kernel's challenge becomes a Job pinned to the node. The test, as its kubelet,
+    runs the Job's own command (the real verification program, on a CPU node here) and serves what it
+    printed as the pod's log; the intake judges the claimed answer and verifies the worker."""
+    from tests.support.kube import JOBS
+
+    address = [{"type": "InternalIP", "address": "10.0.0.9"}]
+    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    await kube.add_node(
+        "cpu-a", labels={"kubernetes.io/hostname": "cpu-a"}, allocatable=allocatable, addresses=address
+    )
+    log, worker = kernel, worker_id_for(CLUSTER, "cpu-a")
+
+    def about(found: list[Any], event: type) -> list[Any]:
+        return [
+            r.event for r in found if r.subject.startswith(f"worker.{worker}.") and isinstance(r.event, event)
+        ]
+
+    await dispatch(vouch=False)
+    found = await wait_records(
+        log, "WORKERS", lambda rs: about(rs, WorkerVerificationRequested), "a challenge"
+    )
+    [challenge] = about(found, WorkerVerificationRequested)
+    ns = verification_namespace(challenge.challenge_id, CTX)
+    async with controllers(kube):
+        await until(lambda: f"{VERIFY_JOB}-pod" in pods_of(kube, ns), "the verification pod", TIMEOUT_S)
+        pod = kube.mock.objects[JOBS, ns, VERIFY_JOB]["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"kubernetes.io/hostname": "cpu-a"}
+        command = pod["containers"][0]["command"]
+        ran = await asyncio.create_subprocess_exec(
+            sys.executable, *command[1:], cwd=REPO, stdout=asyncio.subprocess.PIPE
+        )
+        printed, _ = await asyncio.wait_for(ran.communicate(), TIMEOUT_S)
+        kube.set_log(ns, f"{VERIFY_JOB}-pod", printed.decode())
+        await kube.set_pod_phase(ns, f"{VERIFY_JOB}-pod", "Succeeded", container=VERIFY_CONTAINER)
+        found = await wait_records(log, "WORKERS", lambda rs: about(rs, WorkerVerified), "verified")
+        await until(lambda: not kube.mock.has_namespace(ns), "the namespace deleted", TIMEOUT_S)
+    [verified] = about(found, WorkerVerified)
+    assert verified.challenge_id == challenge.challenge_id and verified.by == "intake"
+    assert not about(found, WorkerVerificationFailed)
 
 
 # -- teardown: cancel and restart ------------------------------------------------------------------

@@ -40,8 +40,8 @@ from ops.dispatcher.render import RenderPresigner, endpoint_commands, job_comman
 from schemas.api.endpoints import DeployEndpoint
 from schemas.api.jobs import SubmitJob
 from schemas.commands import StartWork, WorkSpec
+from tests.support.fake_cluster import K8S
 
-K8S = "1.36"
 """The Kubernetes release every manifest is validated against (the newest kubernetes-validate ships)."""
 REPO = Path(__file__).resolve().parents[3]
 CTX = RenderContext(object_store_cidr="10.0.0.7/32", object_store_port=9000)

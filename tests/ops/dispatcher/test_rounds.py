@@ -1,7 +1,7 @@
 """The rules a dispatcher's round decides (:mod:`ops.dispatcher.rounds`), with fakes of what a
-:class:`Rounds` is built from: a cluster that keeps what is applied (the test is its kubelet: it makes
-pods from the applied controllers' templates and writes their logs), a list of the claims, a clock the
-test moves, and the real held-assignment store in a temp state dir. No NATS, no Kubernetes."""
+:class:`Rounds` is built from: a cluster that keeps what is applied (:mod:`tests.support.fake_cluster`:
+the test is its kubelet), a list of the claims, a clock the test moves, and the real held-assignment
+store in a temp state dir. No NATS, no Kubernetes."""
 
 from __future__ import annotations
 
@@ -13,15 +13,10 @@ from typing import Any
 import pytest
 
 from core import protocol
-from core.errors import NotFound
 from core.reports import Append
-from ops.dispatcher.cluster import LOG_TAIL_BYTES, ClusterRefused, ClusterUnreachable, Json, Namespace
-from ops.dispatcher.context import RenderContext
+from ops.dispatcher.cluster import ClusterRefused, ClusterUnreachable
 from ops.dispatcher.endpoints import replica_name
-from ops.dispatcher.manifests import work_namespace
-from ops.dispatcher.podstate import PodState, pod_state
 from ops.dispatcher.reconcile import Held
-from ops.dispatcher.reporting import WORKLOAD_CONTAINER
 from ops.dispatcher.rounds import UNREADABLE_WAIT_MS, Rounds
 from ops.dispatcher.shards import job_name
 from ops.dispatcher.state import HeldAssignments, Tracked, load_assignments
@@ -29,15 +24,12 @@ from schemas.commands import StartWork, WorkSpec
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobShardCompleted, JobStarted
 from schemas.metering import UsageTick
+from tests.support.fake_cluster import CTX, NODE_PORT, FakeCluster, controller_of, namespace_of
 
-CTX = RenderContext()
 WORKER, OTHER_WORKER = "kc-gpu-a", "kc-gpu-b"
 NODE_ADDRESS = "10.0.0.7"
-NODE_PORT = 30123
 T0 = 1_800_000_000_000
 KEY = "k" * 24
-Key = tuple[str, str, str | None, str]
-"""``(apiVersion, kind, namespace, name)`` of an object in the fake cluster."""
 
 
 def job(slot: int = 0, *, work_id: str = "etl-1", epoch: int = 1) -> StartWork:
@@ -63,132 +55,6 @@ def replica(slot: int = 0, *, runtime: str = "vllm") -> StartWork:
         epoch=1,
         spec=WorkSpec(runtime=runtime, options={"model": "org/model"}, gpus=1),
     )
-
-
-def namespace_of(cmd: StartWork) -> str:
-    return work_namespace(cmd.tenant, cmd.work_id, cmd.work_kind, CTX)
-
-
-def controller_of(cmd: StartWork) -> Key:
-    if cmd.work_kind == "job":
-        return "batch/v1", "Job", namespace_of(cmd), job_name(cmd.epoch, cmd.slot)
-    return "apps/v1", "Deployment", namespace_of(cmd), replica_name(cmd)
-
-
-class FakeCluster:
-    """The cluster as the rounds use it: applied objects by key; pods and logs as the test puts them.
-
-    Like the API server, it gives a Service a node port when it is created. ``failure`` is raised by
-    every apply while set.
-    """
-
-    def __init__(self) -> None:
-        self.stored: dict[Key, Json] = {}
-        self.pod_list: list[PodState] = []
-        self.logs: dict[tuple[str, str], str] = {}
-        self.failure: Exception | None = None
-        self.deleted: list[str] = []
-        """``Kind namespace/name`` (``Namespace name``) of every deletion asked, in order."""
-        self.applies = 0
-        self.partial = 0
-        """With a number, the next apply stores that many objects, then is refused."""
-        self.unreadable: set[str] = set()
-        """Pods (``namespace/name``) whose log read fails as a dead kubelet's does."""
-        self.log_reads: list[str] = []
-
-    async def apply(self, manifests: list[Json]) -> object:
-        self.applies += 1
-        if self.failure is not None:
-            raise self.failure
-        if self.partial:
-            manifests, self.partial = manifests[: self.partial], 0
-            await self.apply(manifests)
-            raise ClusterRefused("exceeded quota: work-quota", status=403, reason="Forbidden")
-        for m in manifests:
-            meta = m["metadata"]
-            if m["kind"] == "Service":
-                m["spec"]["ports"][0]["nodePort"] = NODE_PORT
-            self.stored[(m["apiVersion"], m["kind"], meta.get("namespace"), meta["name"])] = m
-        return [m["metadata"]["name"] for m in manifests]
-
-    async def delete_namespace(self, name: str) -> bool:
-        self.deleted.append(f"Namespace {name}")
-        gone = [k for k in self.stored if k[2] == name or (k[1], k[3]) == ("Namespace", name)]
-        for key in gone:
-            del self.stored[key]
-        self.pod_list = [p for p in self.pod_list if p.namespace != name]
-        return bool(gone)
-
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        self.deleted.append(f"{kind} {namespace}/{name}")
-        return self.stored.pop((api_version, kind, namespace, name), None) is not None
-
-    async def namespaces(self, label_selector: str) -> list[Namespace]:
-        return [
-            Namespace(name, m["metadata"]["labels"], m["metadata"]["annotations"], terminating=False)
-            for (_, kind, _, name), m in self.stored.items()
-            if kind == "Namespace"
-        ]
-
-    async def objects(
-        self, api_version: str, kind: str, namespace: str | None = None, label_selector: str = ""
-    ) -> list[Json]:
-        return [
-            m
-            for (v, k, ns, _), m in self.stored.items()
-            if (v, k) == (api_version, kind) and namespace in (None, ns)
-        ]
-
-    async def pods(self, namespace: str | None, label_selector: str = "") -> list[PodState]:
-        return [p for p in self.pod_list if namespace in (None, p.namespace)]
-
-    async def pod_log(
-        self,
-        namespace: str,
-        pod: str,
-        container: str = "",
-        *,
-        since: str = "",
-        tail_lines: int = 0,
-        timestamps: bool = True,
-    ) -> str:
-        """As the API server serves it: from the first line of ``since``'s second, else the last
-        ``tail_lines``, else the start; at most :data:`LOG_TAIL_BYTES` of it."""
-        self.log_reads.append(f"{namespace}/{pod}")
-        if f"{namespace}/{pod}" in self.unreadable:
-            raise ClusterUnreachable(f"log of pod {namespace}/{pod}: 504 Timeout: the kubelet did not answer")
-        if (namespace, pod) not in self.logs:
-            raise NotFound(f"no pod {namespace}/{pod}")
-        lines = self.logs[(namespace, pod)].splitlines(keepends=True)
-        if since:
-            lines = [line for line in lines if line[:19] >= since[:19]]
-        elif tail_lines:
-            lines = lines[-tail_lines:]
-        return "".join(lines).encode()[:LOG_TAIL_BYTES].decode(errors="replace")
-
-    def run_pod(self, cmd: StartWork, phase: str, state: Json, *, ready: bool = False, log: str = "") -> None:
-        """Be the kubelet: the pod of ``cmd``'s controller, from its template, in ``phase``."""
-        api_version, kind, ns, name = controller_of(cmd)
-        template = self.stored[(api_version, kind, ns, name)]["spec"]["template"]
-        pod = pod_state(
-            {
-                "metadata": {
-                    "namespace": ns,
-                    "name": f"{name}-pod",
-                    "labels": template["metadata"]["labels"],
-                },
-                "spec": {"nodeName": "gpu-a"},
-                "status": {
-                    "phase": phase,
-                    "startTime": "2026-11-24T14:00:00Z",
-                    "containerStatuses": [
-                        {"name": WORKLOAD_CONTAINER[cmd.work_kind], "state": state, "ready": ready}
-                    ],
-                },
-            }
-        )
-        self.pod_list = [p for p in self.pod_list if (p.namespace, p.name) != (ns, pod.name)] + [pod]
-        self.logs[(pod.namespace, pod.name)] = log
 
 
 RUNNING = {"running": {"startedAt": "2026-11-24T14:00:00Z"}}
