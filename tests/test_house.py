@@ -43,6 +43,7 @@ OUTSIDE_THE_ROOT: dict[str, str] = {
     "UnknownFamily": "schemas imports nothing of ours, so its one error cannot derive from core's root",
     "ConnectionClosed": "a WebSocket close frame: its code is the frame's number, not an error code",
     "FeedClose": "a WebSocket close frame: its code is the frame's number, not an error code",
+    "CheckpointRefused": "the pod's supervisor is standard library only (it runs in the tenant's image)",
 }
 """Exception classes that stand outside :class:`core.errors.ResontechError`, and why."""
 SIZED = (*PACKAGES, "examples")

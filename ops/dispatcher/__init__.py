@@ -17,7 +17,8 @@ The parts:
 * :mod:`ops.dispatcher.podstate` and :mod:`ops.dispatcher.reporting`: a pod's JSON read, and what an
   agent would claim for it (pure, with the agent's own builders of :mod:`core.reports`);
 * :mod:`ops.dispatcher.fetch`: the program the fetcher init container runs (presigned GETs into the
-  working dir);
+  working dir); :mod:`ops.dispatcher.supervise`: the first process of a shard that uploads its
+  checkpoints (presigned PUTs of what its workload reports);
 * :mod:`ops.dispatcher.verification`: a new node's verification challenge as a Job on the node, and
   its report claimed as the node-worker's;
 * the cluster's side (nodes, the API conversation) and the service (``resontech dispatcher run``).

@@ -1,7 +1,8 @@
 """The fetcher: the init container of every pod the dispatcher renders
 (``python3 -m ops.dispatcher.fetch WORKDIR [DOWNLOADS_JSON]``).
 
-It makes the working dir's folders (``data``, ``checkpoints``, ``tmp``), then fetches every entry of
+It makes the working dir's folders (``data``, ``checkpoints``, ``tmp``), copies the supervisor
+(:mod:`ops.dispatcher.supervise`) into ``.resontech``, then fetches every entry of
 the downloads file (``[{"path", "url", "unpack"?}]``, mounted from the pod's inputs Secret) with a
 plain GET of its presigned URL into ``WORKDIR/<path>``, as an agent does (:mod:`agent.downloads`):
 every path stays inside the working dir, a file is written under a temporary name and renamed once
@@ -23,6 +24,10 @@ from pathlib import Path, PurePosixPath
 
 TIMEOUT_S = 300
 FOLDERS = ("data", "checkpoints", "tmp")
+KERNEL_FOLDER = ".resontech"
+SUPERVISOR = "supervise.py"
+"""Copied into ``WORKDIR/.resontech``: the workload's image may be the tenant's
+(:mod:`ops.dispatcher.supervise`)."""
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -67,6 +72,8 @@ def main(argv: list[str]) -> int:
     root = Path(argv[0])
     for folder in FOLDERS:
         (root / folder).mkdir(mode=0o700, parents=True, exist_ok=True)
+    (root / KERNEL_FOLDER).mkdir(mode=0o700, exist_ok=True)
+    shutil.copyfile(Path(__file__).with_name(SUPERVISOR), root / KERNEL_FOLDER / SUPERVISOR)
     entries = json.loads(Path(argv[1]).read_text()) if len(argv) > 1 else []
     for entry in entries:
         target = fetch(root, entry["path"], entry["url"])

@@ -33,6 +33,9 @@ Manifest = dict[str, Any]
 WORKDIR = PurePosixPath("/work")
 INPUTS_DIR = "/var/run/resontech/inputs"
 DOWNLOADS_FILE = "downloads.json"
+UPLOADS_DIR = "/var/run/resontech/uploads"
+UPLOADS_FILE = "urls.json"
+"""The checkpoint upload URLs of a shard (``[[object key, URL], ...]``), mounted in its container only."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _IMAGE = re.compile(
     r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?/)?"  # registry host[:port]/
@@ -121,15 +124,19 @@ def mounts(*, inputs: bool = False) -> list[Manifest]:
     return found
 
 
-def volumes(ctx: RenderContext, inputs_secret: str | None) -> list[Manifest]:
-    """The working dir and ``/tmp`` (emptyDirs), and the Secret with the fetcher's presigned URLs."""
+def volumes(
+    ctx: RenderContext, inputs_secret: str | None, uploads_secret: str | None = None
+) -> list[Manifest]:
+    """The working dir and ``/tmp`` (emptyDirs), the Secret with the fetcher's presigned URLs, and the
+    one with a shard's checkpoint upload URLs."""
     found: list[Manifest] = [
         {"name": "work", "emptyDir": {"sizeLimit": mebibytes(ctx.work_mb)}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": mebibytes(ctx.tmp_mb)}},
     ]
-    if inputs_secret is not None:
-        secret = {"secretName": inputs_secret, "defaultMode": 0o440}
-        found.append({"name": "inputs", "secret": secret})
+    for volume, secret_name in (("inputs", inputs_secret), ("uploads", uploads_secret)):
+        if secret_name is not None:
+            secret = {"secretName": secret_name, "defaultMode": 0o440}
+            found.append({"name": volume, "secret": secret})
     return found
 
 
@@ -173,6 +180,7 @@ def pod_spec(
     *,
     init: list[Manifest],
     inputs_secret: str | None,
+    uploads_secret: str | None = None,
     restart: str,
     gpus: int,
     node: str | None = None,
@@ -197,7 +205,7 @@ def pod_spec(
         },
         "initContainers": init,
         "containers": containers,
-        "volumes": volumes(ctx, inputs_secret),
+        "volumes": volumes(ctx, inputs_secret, uploads_secret),
     }
     if node:
         if not is_label_value(node):
@@ -224,6 +232,19 @@ def inputs_secret(
         "type": "Opaque",
         "immutable": True,
         "stringData": {DOWNLOADS_FILE: downloads_json(entries)},
+    }
+
+
+def uploads_secret(name: str, ns: str, labels: dict[str, str], urls: Mapping[str, str]) -> Manifest:
+    """A shard's checkpoint upload URLs, in the order they are used (presigned PUTs of its own
+    checkpoint keys), for the supervisor (:mod:`ops.dispatcher.supervise`), immutable."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {UPLOADS_FILE: json.dumps([[key, url] for key, url in urls.items()], indent=1)},
     }
 
 

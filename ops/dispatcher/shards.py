@@ -30,9 +30,10 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from core.flare import KIT_FILE, ORG
-from core.workenv import workload_env
+from core.workenv import CHECKPOINTS, workload_env
 from ops.dispatcher import pods
 from ops.dispatcher.context import RenderContext
+from ops.dispatcher.fetch import KERNEL_FOLDER, SUPERVISOR
 from ops.dispatcher.names import ASSIGNMENT, ASSIGNMENT_ID, EPOCH, ROLE, SHARD, ManifestError, label_value
 from ops.dispatcher.pods import WORKDIR, Dispatch, escape
 from ops.dispatcher.policies import PodSize, metadata
@@ -62,6 +63,7 @@ class ShardPod:
     container: Manifest
     downloads: list[dict[str, str]]
     size: PodSize
+    uploads: dict[str, str]
 
 
 def fl_server_host(namespace: str, ctx: RenderContext) -> str:
@@ -138,13 +140,21 @@ def _argv_and_env(cmd: StartWork, ctx: RenderContext, master: str) -> tuple[list
 
 
 def shard_pod(cmd: StartWork, ctx: RenderContext, master: str) -> ShardPod:
-    """The container and inputs of one shard."""
+    """The container and inputs of one shard. A shard with checkpoint upload URLs (shard 0, whose rank
+    0 writes the world's checkpoints) runs under the supervisor, which uploads the files its workload
+    reports (:mod:`ops.dispatcher.supervise`)."""
     size = pods.pod_size(cmd.spec, 1024)
     argv, runtime_env = _argv_and_env(cmd, ctx, master)
     env = {**workload_env(cmd, WORKDIR, gpu_indices=list(range(cmd.spec.gpus))), **runtime_env}
     image = pods.image_of(cmd.spec.options, ctx.default_image)
+    if cmd.spec.checkpoint_urls:
+        supervisor = str(WORKDIR / KERNEL_FOLDER / SUPERVISOR)
+        urls = f"{pods.UPLOADS_DIR}/{pods.UPLOADS_FILE}"
+        argv = [ctx.python, supervisor, urls, str(WORKDIR / CHECKPOINTS), "--", *argv]
     container = pods.main_container("shard", image, argv, pods.env_list(env), size, ctx)
-    return ShardPod(container, _fetches(cmd), size)
+    if cmd.spec.checkpoint_urls:
+        container["volumeMounts"].append({"name": "uploads", "mountPath": pods.UPLOADS_DIR, "readOnly": True})
+    return ShardPod(container, _fetches(cmd), size, dict(cmd.spec.checkpoint_urls))
 
 
 def headless_service(ns: str, labels: dict[str, str], port: int) -> Manifest:
@@ -179,12 +189,14 @@ def shard_job(
     pod_labels = {**labels, **own}
     annotations = {ASSIGNMENT_ID: cmd.assignment_id}
     secret = f"{name}-inputs" if shard.downloads else None
+    uploads = f"{name}-uploads" if shard.uploads else None
     init = [pods.fetcher(ctx, shard.size, has_inputs=secret is not None)]
     spec = pods.pod_spec(
         ctx,
         [shard.container],
         init=init,
         inputs_secret=secret,
+        uploads_secret=uploads,
         restart="Never",
         gpus=shard.size.gpus,
         node=dispatch.node,
@@ -203,6 +215,8 @@ def shard_job(
         },
     }
     objects = [] if secret is None else [pods.inputs_secret(secret, ns, labels, shard.downloads)]
+    if uploads is not None:
+        objects.append(pods.uploads_secret(uploads, ns, labels, shard.uploads))
     return [*objects, job], shard.size
 
 
