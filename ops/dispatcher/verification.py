@@ -52,6 +52,8 @@ CONTAINER = "verify"
 MEMORY_MB = 4096
 """The verification container's memory: torch and CUDA's context on a GPU node, the 1 GiB ``/tmp``."""
 JOB = "verify"
+TAIL_LINES = 100
+"""The lines of the program's log read for its report (its last line; torch's warnings may precede it)."""
 WORKER_ID = f"{names.DOMAIN}/worker-id"
 """An annotation of the verification namespace: the worker the challenge is for."""
 
@@ -189,7 +191,9 @@ class Verifications:
         if done:
             pod = done[0]
             try:
-                text = await self.cluster.pod_log(ns, pod.name, CONTAINER, timestamps=False)
+                text = await self.cluster.pod_log(
+                    ns, pod.name, CONTAINER, tail_lines=TAIL_LINES, timestamps=False
+                )
             except ResontechError as exc:
                 return _failed(cmd, f"its log could not be read: {exc.message}")
             return report_of(text, cmd.challenge_id) or _failed(cmd, f"no report (pod {pod.phase})")

@@ -136,6 +136,18 @@ async def test_the_programs_report_is_claimed_as_the_workers_and_the_namespace_g
     assert ("batch/v1", "Job", NS, JOB) in cluster.stored
 
 
+async def test_the_report_is_found_after_a_long_log(cluster: FakeCluster) -> None:
+    claims = Claims()
+    v = verifications(cluster, claims, [T0])
+    await v.start(WORKER, NODE, 0, CHALLENGE)
+    c = CHALLENGE
+    warnings = "".join(f"UserWarning: line {n} of what torch says first\n" for n in range(5000))
+    pod_ended(cluster, "Succeeded", warnings + format_report(run(c.challenge_id, c.seed, c.size, c.rounds)))
+    await v.poll()
+    [report] = claims.reports()
+    assert report.error == "" and report.checksum == answer(c.seed, c.size, c.rounds)
+
+
 @pytest.mark.parametrize(
     ("phase", "log", "unreadable", "error"),
     [
