@@ -225,26 +225,26 @@ def inputs_secret(
 ) -> Manifest:
     """The fetcher's presigned URLs (they grant an hour's read of the tenant's objects: a Secret, not
     a ConfigMap), immutable."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
-        "type": "Opaque",
-        "immutable": True,
-        "stringData": {DOWNLOADS_FILE: downloads_json(entries)},
-    }
+    return _url_secret(name, ns, labels, DOWNLOADS_FILE, downloads_json(entries))
 
 
 def uploads_secret(name: str, ns: str, labels: dict[str, str], urls: Mapping[str, str]) -> Manifest:
     """A shard's checkpoint upload URLs, in the order they are used (presigned PUTs of its own
     checkpoint keys), for the supervisor (:mod:`ops.dispatcher.supervise`), immutable."""
+    return _url_secret(
+        name, ns, labels, UPLOADS_FILE, json.dumps([[k, u] for k, u in urls.items()], indent=1)
+    )
+
+
+def _url_secret(name: str, ns: str, labels: dict[str, str], file: str, text: str) -> Manifest:
+    """An immutable Secret holding one file of presigned URLs."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
         "type": "Opaque",
         "immutable": True,
-        "stringData": {UPLOADS_FILE: json.dumps([[key, url] for key, url in urls.items()], indent=1)},
+        "stringData": {file: text},
     }
 
 

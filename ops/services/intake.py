@@ -29,6 +29,10 @@ which leaves the work queue. Several instances may share the consumer.
   (:mod:`ops.services.verifier`, every round); its answer is checked by computing the expected checksum
   (:func:`core.verification.answer`, in a thread) and :func:`core.verification.judge`; the outcome is
   the kernel's ``worker.verified`` or ``worker.verification_failed``.
+
+One module, about 500 lines: the rules live elsewhere (:mod:`projections.claims`, the verifier, the
+budgets); what stays here is one batch's order of judging, appending and acknowledging, which reads
+best whole.
 """
 
 from __future__ import annotations
