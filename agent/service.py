@@ -406,6 +406,8 @@ class Agent:
             return f"this host cannot sandbox workloads: {self.sandbox_problem}"
         if cmd.spec.runtime not in RUNTIMES:
             return f"runtime {cmd.spec.runtime!r} not available on this worker"
+        if cmd.spec.image is not None:
+            return f"this worker runs no container images (the work names {cmd.spec.image[:200]!r})"
         if cmd.assignment_id in self._assignments:
             return "assignment already running"
         a = self._assignments

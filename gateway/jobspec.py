@@ -248,7 +248,7 @@ def check_admission(
         )
     reason = never_fits(request_for_job(JobRecord(tenant=tenant, job_id=job_id, spec=event)), hosts, now_ns)
     if reason is not None:
-        raise invalid_spec(
-            f"this job could never be placed: {reason}; ask for less per shard, fewer shards or another pool",
-            "unplaceable",
+        alternatives = "less per shard, fewer shards" + (
+            ", another pool or no image" if event.image else " or another pool"
         )
+        raise invalid_spec(f"this job could never be placed: {reason}; ask for {alternatives}", "unplaceable")

@@ -182,6 +182,7 @@ def request_for_job(
         priority=job.spec.priority,
         exclude_workers=frozenset(job.rejected_by) | frozenset(exclude),
         epoch=job.epoch + 1 if epoch is None else epoch,
+        image=job.spec.image is not None,
     )
 
 
@@ -213,6 +214,7 @@ def request_for_endpoint(
         pool=endpoint.spec.pool,
         exclude_workers=frozenset(exclude),
         epoch=endpoint.epoch + 1 if epoch is None else epoch,
+        image=endpoint.spec.image is not None,
     )
 
 

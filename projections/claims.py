@@ -28,7 +28,9 @@ The rules, by what is claimed:
   never clipped. The tick the kernel stores takes tenant, provider, pool, GPU type and tier from the
   assignment and the registry, never from the claim.
 * **A registration** is refused unless the worker is enrolled, and its provider, pool, owner tenant
-  and region are those of its enrollment token; a policy only for a registered worker.
+  and region are those of its enrollment token, and it says sandbox ``kubernetes`` (it runs work
+  naming a container image) only from one of the kernel's own node-workers; a policy only for a
+  registered worker.
 
 A refusal whose reason may be the kernel's own lag (a job, an assignment, a worker or an enrollment
 it does not know yet) is marked ``unknown``: the service judges it again once its projections have
@@ -46,12 +48,13 @@ from urllib.parse import urlsplit
 
 from core.addresses import ANY_NETWORK, IPAddress, IPNetwork, addresses_refusal, literal_ip
 from core.errors import InvalidInput
+from core.placement.rules import RUNS_IMAGES
 from core.pricing import CPU_GPU_TYPE, gpu_family
 from core.streams import split_intake
 from projections.candidates import tier_of
 from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key
 from projections.endpoints import find_tenure as replica_tenure
-from projections.providers import ProvidersState, enrollment_of
+from projections.providers import ProvidersState, enrollment_of, is_kernel_worker_id
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from projections.schedule import find_tenure as shard_tenure
@@ -196,6 +199,11 @@ def _registration(sender: str, subject: str, claim: WorkerRegistered, facts: Fac
     for name, value in said.items():
         if value != recorded[name]:
             return Refused(f"registers {name} {value!r}, but its enrollment says {recorded[name]!r}")
+    if claim.sandbox == RUNS_IMAGES and not is_kernel_worker_id(sender):
+        return Refused(
+            f"sandbox {RUNS_IMAGES!r} is the kernel's own Kubernetes nodes' (they alone run work that "
+            "names a container image); an agent runs work in its host's own environment"
+        )
     if claim.address and not _HOST.match(claim.address):
         return Refused(f"address {claim.address[:80]!r} is not a host name or IP address")
     if (

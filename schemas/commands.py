@@ -57,6 +57,9 @@ class WorkSpec(Value, frozen=True, kw_only=True):
         tier: the provider's tier when placed, copied onto usage ticks for payouts.
         shards: how many shards the whole job has.
         options: runtime-specific settings.
+        image: the container image the work names (``None``: the worker's own environment). Only a
+            worker that runs images (``sandbox`` ``kubernetes``) is given such work; any other
+            refuses it.
     """
 
     runtime: str
@@ -75,6 +78,7 @@ class WorkSpec(Value, frozen=True, kw_only=True):
     tier: str = "unverified"
     shards: int = 1
     options: dict[str, str] = {}
+    image: str | None = None
 
 
 class StartWork(Event, tag="cmd.start_work", frozen=True, kw_only=True):

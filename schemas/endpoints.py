@@ -29,6 +29,8 @@ class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True
         max_queue: requests that may wait in the endpoint's line (per gateway); more are refused (429).
         queue_timeout_s: how long a request may wait in line (a cold start included) before a 429.
         routing: how a replica is chosen (:data:`Routing`).
+        image: the container image of the engine (``None``: the platform's); only workers that run
+            images take such an endpoint.
     """
 
     name: str
@@ -47,6 +49,7 @@ class EndpointDeployed(Event, tag="endpoint.deployed", frozen=True, kw_only=True
     max_queue: int = 64
     queue_timeout_s: float = 120.0
     routing: Routing = "round_robin"
+    image: str | None = None
 
 
 class EndpointScaled(Event, tag="endpoint.scaled", frozen=True, kw_only=True):

@@ -72,6 +72,8 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
         output_prefix: where the job writes its results in the workspace (empty: the workspace's
             own ``model_out/`` and ``files_out/``).
         federated: the training code of a ``federated`` job.
+        image: the container image each shard runs in (``None``: the worker's own environment);
+            only workers that run images take such a job.
     """
 
     name: str
@@ -90,6 +92,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     submitted_by: str = ""
     output_prefix: str = ""
     federated: FederatedTraining | None = None
+    image: str | None = None
 
 
 class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):

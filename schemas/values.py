@@ -15,8 +15,17 @@ WorkKind = Literal["job", "endpoint"]
 """What a piece of placed work belongs to."""
 WorkerState = Literal["available", "unverified", "cordoned", "lost", "deregistered"]
 """A worker's state in the registry: only ``available`` workers take new work."""
-Sandboxing = Literal["bubblewrap", "off", "unavailable", ""]
+Sandboxing = Literal["bubblewrap", "kubernetes", "off", "unavailable", ""]
 """How a worker's host isolates workloads (:class:`schemas.workers.WorkerRegistered`)."""
+
+IMAGE_PATTERN = (
+    r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?/)?"  # registry host[:port]/
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # path
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+"""A plain OCI image reference, ``[registry[:port]/]path[:tag][@sha256:digest]``: nothing a container
+runtime or a manifest could read as anything else."""
+MAX_IMAGE_LENGTH = 512
 
 
 class Gpu(Value, frozen=True, kw_only=True):

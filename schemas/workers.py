@@ -42,7 +42,10 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
     Attributes:
         address: the host address other workers reach this one at (the rendezvous of a distributed
             job whose shard 0 it holds); empty when the agent did not say.
-        sandbox: how the host isolates workloads (:mod:`core.sandbox`): ``bubblewrap``; ``off``
+        sandbox: how the host isolates workloads (:mod:`core.sandbox`): ``bubblewrap``;
+            ``kubernetes`` (a node of the kernel's own cluster, :mod:`ops.dispatcher`: every workload
+            is a container, so it alone runs work that names an ``image``; the intake accepts it
+            only from the kernel's node-workers); ``off``
             (started ``--unsandboxed`` for local development: it takes only its owner's work);
             ``unavailable`` (the sandbox cannot start here: it takes no work, ``sandbox_problem``
             says why); empty from agents older than the sandbox and from simulated ones.

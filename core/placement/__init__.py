@@ -14,6 +14,10 @@ Filters, in order; a rejected worker is counted under the first reason it fails:
   A worker whose host cannot sandbox workloads takes no work at all, and one started unsandboxed
   (local development) only its owner's own managed or private work, never shared work it would
   borrow (:mod:`core.sandbox`).
+* ``image``: work that names its own container image runs only on workers that run images (sandbox
+  ``kubernetes``: the nodes of the kernel's own clusters, :mod:`ops.dispatcher`); an agent's host
+  runs workloads in its own environment and takes none of it. A lane is a pool, an owner and
+  whether the work names an image: an image-running worker serves both lanes of its pool and owner.
 * ``gpu_type``: GPU work with a ``gpu_type`` needs a worker of that family
   (:func:`core.pricing.gpu_family`); CPU work (``gpus == 0``) ignores ``gpu_type`` and fits any host.
 * ``state`` (cordoned, lost, deregistered, unverified), ``silent`` (no heartbeat, or the latest is older than

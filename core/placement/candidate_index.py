@@ -137,7 +137,7 @@ def _open_shelf(heap: list[Entry], group: list[Head], start: int, geo: float, ne
 class CandidateIndex:
     """Candidates kept in sorted lists ("shelves"), for placement that inspects few workers.
 
-    A worker that may take work sits, for each lane (pool and owner) it serves, on the shelf of its
+    A worker that may take work sits, for each lane (pool, owner, image or not) it serves, on the shelf of its
     GPU family, region and room (:func:`room_of`: free GPUs, and bands of usable VRAM, free CPUs
     and free memory), ordered by :func:`core.placement.base_score`. The shelves of one lane,
     family, region and set of resources they have none of (a *group*: one geo term for every worker
@@ -281,9 +281,10 @@ class CandidateIndex:
         need: Room = (request.gpus, request.vram_mb if request.gpus else 0, request.cpus, request.memory_mb)
         top, failed = self._best(d, families, need)
         lane_size = sum(sizes.values())
+        in_pool = sum((self._sizes.get((*d.lane[:2], False)) or Counter()).values())  # images or not
         in_type = sum(sizes[f] for f in families)
         filtered = Counter(reason for reason, _ in failed)
-        filtered.update(pool=len(self) - lane_size, gpu_type=lane_size - in_type)
+        filtered.update(pool=len(self) - in_pool, image=in_pool - lane_size, gpu_type=lane_size - in_type)
         pruned = filtered.copy()
         pruned["pruned"] = in_type - len(top) - len(failed)
         placed = gang(request, top, len(self), pruned)

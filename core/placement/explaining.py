@@ -23,6 +23,10 @@ _PREDICATES: dict[str, tuple[str, str]] = {
 }
 
 
+_IMAGES = {False: "", True: " that run container images"}
+"""How a lane's workers are named when the work names an image (only such workers take it)."""
+
+
 def group_of(reason: str, state: str) -> str:
     """How a failing worker is described in a waiting reason (``_PREDICATES``)."""
     if reason == "state":
@@ -61,10 +65,11 @@ def permanent_reason(d: Decision, lane_live: int, idle: int) -> str | None:
     """
     r = d.request
     if lane_live == 0:
-        return None if r.pool == "shared" else f"tenant {r.tenant} has no {r.pool} workers"
+        return None if r.pool == "shared" else f"tenant {r.tenant} has no {r.pool} workers{_IMAGES[r.image]}"
     if idle < len(r.slots):
         unit, shape = _unit_and_shape(d)
-        return f"{unit} need {shape}; the {r.pool} pool could hold at most {idle} of them even if idle"
+        where = f"the {r.pool} pool's workers{_IMAGES[True]}" if r.image else f"the {r.pool} pool"
+        return f"{unit} need {shape}; {where} could hold at most {idle} of them even if idle"
     return None
 
 
@@ -98,12 +103,14 @@ def unplaceable(
     if never is not None:
         return Unplaceable(reason=never, provenance=provenance, permanent=True)
     if lane_live == 0:
-        return Unplaceable(reason="waiting: no workers in the shared pool", provenance=provenance)
+        return Unplaceable(
+            reason=f"waiting: no workers in the shared pool{_IMAGES[r.image]}", provenance=provenance
+        )
     unit, shape = _unit_and_shape(d)
     have = sum(n for g, n in groups.items() if g != "deregistered") + len(feasible)
     who = f"{_plural(have, 'worker')} {'has' if have == 1 else 'have'} that GPU"
     if d.family is None:
-        who = f"{_plural(have, 'worker')} in the {r.pool} pool"
+        who = f"{_plural(have, 'worker')} in the {r.pool} pool{_IMAGES[r.image]}"
     parts = [f"{n} {_PREDICATES[g][n != 1]}" for g in _PREDICATES if (n := groups[g])]
     if feasible:
         room = sum(item[1] for item in feasible)
@@ -114,6 +121,7 @@ def unplaceable(
 
 REASONS: dict[str, str] = {
     "pool": "not in the pool (or not the tenant's)",
+    "image": "runs no container images (the work names one)",
     "gpu_type": "another GPU type",
     "state": "cordoned, lost, deregistered or not verified yet",
     "silent": "no recent heartbeat",

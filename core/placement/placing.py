@@ -69,7 +69,7 @@ def place(
             feasible.append(ranked)
             continue
         filtered[reason] += 1
-        if reason not in ("pool", "gpu_type"):
+        if reason not in ("pool", "image", "gpu_type"):
             groups[group_of(reason, c.state)] += 1
     feasible.sort(key=rank_key)
     placed = gang(request, feasible, len(candidates), filtered)

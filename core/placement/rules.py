@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from core.clock import NS_PER_S, silent_at
 from core.placement.values import Candidate, PlacementRequest, RankWeights
@@ -15,32 +16,37 @@ from schemas.workers import MaintenanceWindow
 MINUTES_PER_DAY = 1440
 MINUTES_PER_WEEK = 7 * MINUTES_PER_DAY
 CAPACITY = ("policy_concurrency", "gpus", "vram", "cpus", "memory")
-FILTERS: tuple[str, ...] = ("pool", "gpu_type", "state", "silent", "excluded", "policy_tenant")
+FILTERS: tuple[str, ...] = ("pool", "image", "gpu_type", "state", "silent", "excluded", "policy_tenant")
 FILTERS += ("policy_pool", "policy_price", "maintenance", *CAPACITY)
 """Every filter reason, in the order they are checked."""
 
-Lane = tuple[str, str]
+Lane = tuple[str, str, bool]
+"""A pool, an owner (``""`` for shared) and whether the work names its own container image."""
 Ranked = tuple[ScoreCard, int, float]  # a feasible worker's card, the slots it can take, its base score
+RUNS_IMAGES: Final = "kubernetes"
+"""The sandbox of workers that run work naming an image (every workload of theirs is a container)."""
 
 
 def lanes(c: Candidate) -> tuple[Lane, ...]:
-    """The ``(pool, owner)`` lanes whose work the worker may take (owner ``""`` for shared). A host
-    that cannot sandbox takes none; an unsandboxed one only its owner's own."""
+    """The ``(pool, owner, image)`` lanes whose work the worker may take (owner ``""`` for shared).
+    A host that cannot sandbox takes none; an unsandboxed one only its owner's own; only a worker
+    that runs images takes work that names one."""
     if c.sandbox == "unavailable":
         return ()
-    own: tuple[Lane, ...] = ((c.pool, c.owner_tenant),) if c.owner_tenant and c.pool != "shared" else ()
-    if c.sandbox == "off":
-        return own
-    if c.pool == "shared":
-        return (("shared", ""),)
-    if c.pool == "managed" and "shared" in c.policy.allowed_pools:
-        return (*own, ("shared", ""))
-    return own
+    owners: tuple[tuple[str, str], ...] = (
+        ((c.pool, c.owner_tenant),) if c.owner_tenant and c.pool != "shared" else ()
+    )
+    if c.sandbox != "off" and c.pool == "shared":
+        owners = (("shared", ""),)
+    elif c.sandbox != "off" and c.pool == "managed" and "shared" in c.policy.allowed_pools:
+        owners = (*owners, ("shared", ""))
+    images = (False, True) if c.sandbox == RUNS_IMAGES else (False,)
+    return tuple((pool, owner, image) for pool, owner in owners for image in images)
 
 
 def request_lane(request: PlacementRequest) -> Lane:
     """The lane a request draws from."""
-    return (request.pool, "" if request.pool == "shared" else request.tenant)
+    return (request.pool, "" if request.pool == "shared" else request.tenant, request.image)
 
 
 def in_maintenance(windows: Iterable[MaintenanceWindow], now_ns: int) -> bool:
@@ -114,9 +120,10 @@ class Decision:
         return self._prices[family]
 
     def structural(self, c: Candidate) -> str | None:
-        """``pool`` or ``gpu_type`` if the worker can never take this request's work."""
-        if self.lane not in lanes(c):
-            return "pool"
+        """``pool``, ``image`` or ``gpu_type`` if the worker can never take this request's work."""
+        served = lanes(c)
+        if self.lane not in served:
+            return "image" if (*self.lane[:2], False) in served else "pool"
         if self.family is not None and c.gpu_family != self.family:
             return "gpu_type"
         return None

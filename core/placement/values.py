@@ -32,6 +32,8 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
             worker's GPU family in ``pool`` at ``now_ns``.
         exclude_workers: workers never to use (just lost, or rejected this work).
         epoch: the fencing epoch stamped on every new assignment.
+        image: the work names its own container image: only workers that run images take it
+            (:func:`core.placement.rules.lanes`).
     """
 
     work_id: str
@@ -49,6 +51,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
     price_micros_per_gpu_hour: int | None = None
     exclude_workers: frozenset[str] = frozenset()
     epoch: int
+    image: bool = False
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,7 +70,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         util: live mean GPU utilisation (CPU on a CPU host), 0..1, ``None`` without telemetry.
         uptime / tier: 30-day uptime and tier (:mod:`projections.candidates`) when built.
         last_beat_ns / interval_s: the latest heartbeat's time (``None``: never) and interval.
-        sandbox: how its host isolates workloads (``off``: owner's work only; ``unavailable``: none).
+        sandbox: how its host isolates workloads (``off``: owner's work only; ``unavailable``: none;
+            ``kubernetes``: a node of the kernel's cluster, which alone runs work naming an image).
     """
 
     worker_id: str

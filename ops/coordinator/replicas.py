@@ -81,6 +81,7 @@ def start_command(
             pool=endpoint.spec.pool,
             tier=tier,
             options=options,
+            image=endpoint.spec.image,
         ),
         price_micros_per_gpu_hour=list_price_micros(gpu_type, endpoint.spec.pool) if gpu_type else 0,
     )

@@ -66,6 +66,7 @@ def start_command(
             tier=tier,
             shards=job.spec.shards,
             resume_from=job.last_checkpoint.object_key if job.last_checkpoint else None,
+            image=job.spec.image,
         ),
         price_micros_per_gpu_hour=list_price_micros(resources.gpu_type, job.spec.pool),
     )

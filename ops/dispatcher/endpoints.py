@@ -95,7 +95,7 @@ def _engine(cmd: StartWork, ctx: RenderContext) -> tuple[str, list[str], dict[st
     where = ["--host", "0.0.0.0", "--port", str(ctx.engine_port)]
     if opts.get("engine") == "cpu":
         argv = [ctx.python, "-m", "agent.engines.embeddings", "--model", _model(cmd)]
-        return ctx.default_image, [*argv, "--served-model-name", served, *where], {}
+        return pods.image_of(spec, ctx.default_image), [*argv, "--served-model-name", served, *where], {}
     argv = [ctx.python, "-m", VLLM_ENTRY, "--model", _model(cmd), "--served-model-name", served, *where]
     argv += ["--disable-uvicorn-access-log"]
     if "max_model_len" in opts:
@@ -103,7 +103,7 @@ def _engine(cmd: StartWork, ctx: RenderContext) -> tuple[str, list[str], dict[st
     if spec.gpus > 1:
         argv += ["--tensor-parallel-size", str(spec.gpus)]
     if spec.gpus:
-        return pods.image_of(opts, ctx.vllm_image), argv, {}
+        return pods.image_of(spec, ctx.vllm_image), argv, {}
     argv += ["--dtype", escape(opts.get("dtype", "float32")), "--enforce-eager"]
     env = {
         "VLLM_TARGET_DEVICE": "cpu",
@@ -111,7 +111,7 @@ def _engine(cmd: StartWork, ctx: RenderContext) -> tuple[str, list[str], dict[st
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_WAIT_POLICY": "PASSIVE",
     }
-    return pods.image_of(opts, ctx.vllm_cpu_image), argv, env
+    return pods.image_of(spec, ctx.vllm_cpu_image), argv, env
 
 
 def _container(cmd: StartWork, key_secret: str, size: PodSize, ctx: RenderContext) -> Manifest:

@@ -24,6 +24,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from core.errors import InvalidInput
+from core.placement.rules import RUNS_IMAGES
 from schemas.values import Gpu, Pool
 from schemas.workers import WorkerRegistered
 
@@ -225,7 +226,8 @@ def registration(
     configuration gives every node of its cluster (provider, pool, owner, region). The region is the
     configuration's, never the node's label: the enrollment names it (a node's labels are the
     cluster's claim, and data residency must not rest on them), and the intake refuses a registration
-    that says otherwise."""
+    that says otherwise. Its sandbox is ``kubernetes``: every workload is a hardened pod, so the node
+    takes work that names its own container image (which no agent's host does)."""
     return WorkerRegistered(
         provider=provider,
         hostname=worker.hostname,
@@ -239,4 +241,5 @@ def registration(
         agent_version=version,
         address=worker.address,
         labels={"kubernetes_node": worker.name, **worker.labels},
+        sandbox=RUNS_IMAGES,
     )

@@ -28,6 +28,7 @@ from ops.dispatcher.context import RenderContext
 from ops.dispatcher.names import ManifestError, is_label_value
 from ops.dispatcher.policies import PodSize, mebibytes, millicores
 from schemas.commands import StartWork, WorkSpec
+from schemas.values import IMAGE_PATTERN, MAX_IMAGE_LENGTH
 
 Manifest = dict[str, Any]
 WORKDIR = PurePosixPath("/work")
@@ -37,11 +38,7 @@ UPLOADS_DIR = "/var/run/resontech/uploads"
 UPLOADS_FILE = "urls.json"
 """The checkpoint upload URLs of a shard (``[[object key, URL], ...]``), mounted in its container only."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_IMAGE = re.compile(
-    r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?/)?"  # registry host[:port]/
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # path
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
-)
+_IMAGE = re.compile(IMAGE_PATTERN)
 
 
 def escape(value: str) -> str:
@@ -50,14 +47,15 @@ def escape(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def image_of(options: Mapping[str, str], default: str) -> str:
-    """The image the work names (``options["image"]``), else ``default``.
+def image_of(spec: WorkSpec, default: str) -> str:
+    """The image the work names (:attr:`WorkSpec.image`), else ``default``.
 
     Raises:
-        ManifestError: the named image is not a plain image reference.
+        ManifestError: the image is not a plain image reference (the gateway refuses such a spec;
+            this guards the dispatcher's own configuration and events older than that check).
     """
-    image = options.get("image") or default
-    if len(image) > 512 or not _IMAGE.match(image):
+    image = spec.image or default
+    if len(image) > MAX_IMAGE_LENGTH or not _IMAGE.match(image):
         raise ManifestError(f"image {image[:80]!r} is not an image reference (registry/name:tag[@digest])")
     return image
 

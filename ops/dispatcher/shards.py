@@ -146,7 +146,7 @@ def shard_pod(cmd: StartWork, ctx: RenderContext, master: str) -> ShardPod:
     size = pods.pod_size(cmd.spec, 1024)
     argv, runtime_env = _argv_and_env(cmd, ctx, master)
     env = {**workload_env(cmd, WORKDIR, gpu_indices=list(range(cmd.spec.gpus))), **runtime_env}
-    image = pods.image_of(cmd.spec.options, ctx.default_image)
+    image = pods.image_of(cmd.spec, ctx.default_image)
     if cmd.spec.checkpoint_urls:
         supervisor = str(WORKDIR / KERNEL_FOLDER / SUPERVISOR)
         urls = f"{pods.UPLOADS_DIR}/{pods.UPLOADS_FILE}"

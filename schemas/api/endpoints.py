@@ -12,7 +12,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from schemas.api.common import Page, PageQuery, Request
-from schemas.api.jobs import Pool, Token
+from schemas.api.jobs import Image, Pool, Token
 from schemas.endpoints import EndpointDeployed, Routing
 
 EndpointName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -46,6 +46,9 @@ class DeployEndpoint(Request, frozen=True, kw_only=True):
             ``x-session-id`` header, goes to the same replica while it serves) or ``prefix`` (the
             same leading prompt text goes to the same replica, for its prefix cache, within a bound
             on load imbalance).
+        image: the engine's container image (a vLLM build of your own, say). Only workers that run
+            images take such an endpoint: today the nodes of the kernel's own Kubernetes clusters.
+            Default: the platform's engine.
     """
 
     name: EndpointName
@@ -64,6 +67,7 @@ class DeployEndpoint(Request, frozen=True, kw_only=True):
     max_queue: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 64
     queue_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 120.0
     routing: Routing = "round_robin"
+    image: Image | None = None
 
 
 class ScaleEndpoint(Request, frozen=True, kw_only=True):

@@ -12,12 +12,15 @@ import msgspec
 
 from schemas.api.common import Page, PageQuery, Request
 from schemas.jobs import JobSubmitted
+from schemas.values import IMAGE_PATTERN, MAX_IMAGE_LENGTH
 
 Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 """Letters, digits, ``-`` and ``_``, 1-64 characters (safe as a subject token)."""
 JobName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 """Letters, digits, ``.``, ``-`` and ``_``, 1-64 characters: the ``{name}`` of ``jobs/{name}/``."""
 ObjectKey = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+Image = Annotated[str, msgspec.Meta(max_length=MAX_IMAGE_LENGTH, pattern=IMAGE_PATTERN)]
+"""A plain container image reference (``registry/name:tag``, optionally ``@sha256:<digest>``)."""
 Kind = Literal["process", "federated", "ddp"]
 Pool = Literal["shared", "managed", "private"]
 JobStateName = Literal["queued", "placed", "running", "completed", "failed", "cancelled"]
@@ -108,6 +111,9 @@ class SubmitJob(Request, frozen=True, kw_only=True):
         output_prefix: workspace prefix the job writes to, ending in ``/`` (default: the
             workspace's ``model_out/`` and ``files_out/``).
         max_price_micros_per_gpu_hour: the most the tenant pays per GPU-hour (default: list price).
+        image: the container image each shard runs in (``registry/name:tag``, a ``@sha256:``
+            digest to pin it). Only workers that run images take such a job: today the nodes of the
+            kernel's own Kubernetes clusters. Default: the worker's own environment.
     """
 
     name: JobName
@@ -128,6 +134,7 @@ class SubmitJob(Request, frozen=True, kw_only=True):
     output_prefix: Annotated[str, msgspec.Meta(max_length=1024)] = ""
     max_price_micros_per_gpu_hour: Annotated[int, msgspec.Meta(ge=0)] | None = None
     federated: FederatedSpec | None = None
+    image: Image | None = None
 
 
 class TenantQuery(Request, frozen=True, kw_only=True):

@@ -51,6 +51,9 @@ FILTER_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("pool", {"pool": "private", "owner_tenant": "other"}, {"pool": "private"}),
     ("pool", {}, {"pool": "managed"}),  # managed work never goes to shared workers
     ("pool", {"pool": "managed", "owner_tenant": None}, {"pool": "managed"}),
+    ("image", {}, {"image": True}),  # an agent's host runs no images
+    ("image", {"sandbox": "bubblewrap"}, {"image": True}),
+    ("pool", {"sandbox": "kubernetes"}, {"pool": "managed", "image": True}),  # the lane's pool first
     ("gpu_type", {}, {"gpu_type": "H100"}),
     ("state", {"state": "cordoned"}, {}),
     ("state", {"state": "lost"}, {}),
@@ -284,6 +287,28 @@ def test_empty_shared_pool_waits() -> None:
     assert (result.permanent, result.reason) == (False, "waiting: no workers in the shared pool")
 
 
+def test_work_that_names_an_image_runs_only_on_workers_that_run_images() -> None:
+    node, agent = host("node", sandbox="kubernetes"), host("agent", sandbox="bubblewrap", uptime=1.0)
+    assert workers(place(placement_request(image=True), [agent, node], now_ns=NOW)) == ["node"]
+    assert workers(place(placement_request(), [agent, node], now_ns=NOW)) == ["agent"]  # plain work: either
+    refused = failed(place(placement_request(image=True), [agent], now_ns=NOW))
+    assert (refused.permanent, refused.reason) == (
+        False,
+        "waiting: no workers in the shared pool that run container images",
+    )
+    assert refused.provenance.filtered == {"image": 1}
+    assert "  1 filtered out: runs no container images (the work names one)" in explain(refused.provenance)
+    own = host("own", pool="private", owner_tenant="acme", sandbox="bubblewrap")
+    never = failed(place(placement_request(pool="private", image=True), [own], now_ns=NOW))
+    assert (never.permanent, never.reason) == (
+        True,
+        "tenant acme has no private workers that run container images",
+    )
+    small = failed(place(placement_request(slots=[0, 1], gpus=4, image=True), [node, agent], now_ns=NOW))
+    assert small.permanent
+    assert "the shared pool's workers that run container images could hold at most 1" in small.reason
+
+
 def test_explain() -> None:
     fleet = [host("w1"), host("w2", state="cordoned")]
     lines = explain(placed(place(placement_request(), fleet, now_ns=NOW)).provenance)
@@ -409,6 +434,7 @@ def random_host(rng: random.Random, i: int) -> Candidate:
         uptime=rng.choice([1.0, 0.99, 0.96, 0.9, 0.5]),
         tier=rng.choice(["platinum", "gold", "silver", "unverified"]),
         last_beat_ns=rng.choice([NOW, NOW, NOW - S, NOW - 10 * S, None]),
+        sandbox=rng.choice(["bubblewrap", "bubblewrap", "kubernetes", "off", ""]),
     )
 
 
@@ -427,6 +453,7 @@ def random_request(rng: random.Random, n: int) -> PlacementRequest:
         region=rng.choice([None, "eu-west-1", "us-east-1"]),
         exclude_workers=frozenset(rng.sample([f"w{i:03d}" for i in range(40)], 3)),
         epoch=1,
+        image=rng.random() < 0.3,
     )
 
 
@@ -439,7 +466,12 @@ def test_index_gives_the_plain_scan_decision(seed: int) -> None:
     for n in range(30):
         req = random_request(rng, n)
         plain = place(req, index.candidates(), now_ns=NOW)
-        assert outcome(index.place(req, now_ns=NOW)) == outcome(plain)
+        indexed = index.place(req, now_ns=NOW)
+        assert outcome(indexed) == outcome(plain)
+        structural = ("pool", "image", "gpu_type")  # counted exactly by both
+        assert [indexed.provenance.filtered.get(r, 0) for r in structural] == [
+            plain.provenance.filtered.get(r, 0) for r in structural
+        ]
         if isinstance(plain, Placed):
             placed_any = True
             pruned = plain.provenance.filtered  # the plain scan counts every worker

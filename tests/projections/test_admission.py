@@ -180,6 +180,9 @@ def test_requests_from_jobs_and_endpoints() -> None:
     assert replica_gpus(changed(e, engine="cpu")) == 0
     assert replica_gpus(changed(e, gpu_type=None, vram_mb=0)) == 0
     assert replica_gpus(changed(e, gpu_type=None, vram_mb=0, engine="vllm")) == 1
+    assert not r.image and request_for_endpoint(changed(e, image="ghcr.io/acme/vllm:1")).image
+    assert not request_for_job(j).image
+    assert request_for_job(replace(j, spec=replace(j.spec, image="ghcr.io/acme/trainer:1"))).image
 
 
 # --- preemption ------------------------------------------------------------------------------------

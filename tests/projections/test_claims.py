@@ -389,11 +389,20 @@ def test_a_registration_says_what_its_enrollment_says() -> None:
         ({"region": "us-east"}, "registers region 'us-east'"),
         ({"address": "http://evil/"}, "is not a host name or IP address"),
         ({"sandbox": "unavailable", "sandbox_problem": "x" * 5_000}, "registration too large"),
+        ({"sandbox": "kubernetes"}, "sandbox 'kubernetes' is the kernel's own Kubernetes nodes'"),
     ):
         said = WorkerRegistered(**{"provider": "gpuco", "hostname": "h", "region": "eu-north", **lie})
         assert why in reason(claim(on, said, facts(enrolled=enrolled))), lie
     unenrolled = claim(on, honest, facts())
     assert isinstance(unenrolled, Refused) and unenrolled.unknown and "not enrolled" in unenrolled.reason
+    node = "kernel-lab-gpu-1"  # the dispatcher's node-worker (only the operator enrolls that namespace)
+    runs_images = WorkerRegistered(
+        provider="gpuco", hostname="gpu-1", region="eu-north", sandbox="kubernetes"
+    )
+    on_node = worker_subject(node, runs_images)
+    assert isinstance(
+        claim(on_node, runs_images, facts(enrolled={node: enrolled[ME]}), sender=node), Accepted
+    )
     assert "speaks only for itself" in reason(
         claim(worker_subject(OTHER, honest), honest, facts(enrolled=enrolled))
     )

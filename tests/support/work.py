@@ -32,6 +32,7 @@ def start_work(
             env=kw.pop("env", {}),
             tier=kw.pop("tier", "unverified"),
             gpus=kw.pop("gpus", 0),
+            image=kw.pop("image", None),
         ),
         **kw,
     )

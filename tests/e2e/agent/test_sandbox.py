@@ -69,6 +69,26 @@ async def test_a_host_that_cannot_sandbox_registers_why_and_refuses_work(
     assert not of(jobs, JobStarted)
 
 
+async def test_an_agent_refuses_work_that_names_a_container_image_rather_than_run_it_without(
+    log: EventLog, agents: Callable[..., AgentProcess], tmp_path: Path
+) -> None:
+    agent = agents("bare-host")
+    worker_id = await registered(log, agent)
+    [registration] = of(await records(log, "WORKERS", f"worker.{worker_id}.registered"), WorkerRegistered)
+    assert registration.sandbox == "bubblewrap"  # not "kubernetes": placement gives it no such work
+    ran = tmp_path / "ran"
+    await send(
+        log, worker_id, start_work(py(f"open({str(ran)!r}, 'w')"), image="docker.io/tenant/trainer:v1")
+    )
+    jobs = await wait_records(log, "JOBS", lambda rs: of(rs, JobRejected), "job.rejected")
+    [rejected] = of(jobs, JobRejected)
+    assert (
+        rejected.reason
+        == "this worker runs no container images (the work names 'docker.io/tenant/trainer:v1')"
+    )
+    assert not of(jobs, JobStarted) and not ran.exists()
+
+
 async def test_an_unsandboxed_worker_registers_so_and_runs_its_owners_work_as_its_own_process(
     log: EventLog, agents: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:

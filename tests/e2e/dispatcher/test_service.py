@@ -216,8 +216,9 @@ async def test_a_ddp_job_on_two_gpu_nodes_runs_to_completion_with_an_agents_even
     await add_gpu_nodes(kube)
     await dispatch()
     log, ns = kernel, work_namespace("acme", "ddp1", "job", CTX)
+    image = "registry.example:5000/acme/trainer:v3"  # the tenant's own: only nodes run images
     async with controllers(kube):
-        await submit(log, "acme", "ddp1", kind="ddp", shards=2)
+        await submit(log, "acme", "ddp1", kind="ddp", shards=2, image=image)
         placed = of(await job_events(log, "acme", "ddp1", lambda rs: of(rs, JobPlaced), "placed"), JobPlaced)[
             0
         ]
@@ -225,6 +226,9 @@ async def test_a_ddp_job_on_two_gpu_nodes_runs_to_completion_with_an_agents_even
         assert workers == {worker_id_for(CLUSTER, n) for n in NODES}  # one shard per GPU node
         await until(lambda: len(kube.names(JOBS, ns)) == 2, "both shards' Jobs", TIMEOUT_S)
         assert {pinned(kube, ns, j) for j in kube.names(JOBS, ns)} == set(NODES)
+        for job in kube.names(JOBS, ns):
+            [shard] = kube.mock.objects[JOBS, ns, job]["spec"]["template"]["spec"]["containers"]
+            assert shard["image"] == image
         for job in kube.names(JOBS, ns):
             line = 'RESONTECH_PROGRESS {"step": 10, "loss": 0.5}'
             await pod_runs(kube, ns, f"{job}-pod", ["booting", line])

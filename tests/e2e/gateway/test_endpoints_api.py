@@ -55,6 +55,8 @@ BAD: list[tuple[dict[str, Any], int, str]] = [
     (deploy_body(scale_to_zero_after_s=1), 400, "invalid_body"),
     (deploy_body(engine="tensorrt"), 400, "invalid_body"),
     (deploy_body(target_rps_per_replica=0), 400, "invalid_body"),
+    (deploy_body(image="vllm/vllm-openai:latest --privileged"), 400, "invalid_body"),
+    (deploy_body(image="$(VLLM_API_KEY)"), 400, "invalid_body"),
     (deploy_body(min_replicas=3, max_replicas=2), 422, "invalid_spec"),
     (deploy_body(model="not a model!"), 422, "invalid_spec"),
     # a repo id the agent's cache lookup would refuse is refused here first (core.hub's grammar)
@@ -83,6 +85,8 @@ async def test_bad_deployments_are_refused_and_append_nothing(api: Api, log: Eve
     assert await records(log, "ENDPOINTS") == []
     pinned = await deploy(api, admin, deploy_body(model="HuggingFaceTB/SmolLM2-135M-Instruct@v1.0"))
     assert pinned.status_code == 201, pinned.text  # a revision is part of the grammar
+    own = await deploy(api, admin, deploy_body(name="own-engine", image="ghcr.io/acme/vllm:0.11-patched"))
+    assert own.status_code == 201 and own.json()["spec"]["image"] == "ghcr.io/acme/vllm:0.11-patched"
 
 
 async def test_ids_and_live_names_are_unique_and_a_keyed_retry_is_stored_once(

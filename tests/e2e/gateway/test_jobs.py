@@ -157,6 +157,11 @@ BAD_SPECS: list[tuple[dict[str, Any], int, str]] = [
     (spec(pool="managed"), 422, "unplaceable"),
     (spec(resources={"gpus": 2}, shards=1), 422, "unplaceable"),
     (spec(inputs=["nowhere.txt"]), 422, "missing_objects"),
+    (spec(image="evil; rm -rf /"), 400, "invalid_body"),
+    (spec(image="--privileged"), 400, "invalid_body"),
+    (spec(image="img\nkind: Secret"), 400, "invalid_body"),
+    (spec(image="Team/Trainer:v1"), 400, "invalid_body"),  # a reference is lower case
+    (spec(image="a/" * 300 + "b"), 400, "invalid_body"),
 ]
 
 
@@ -233,6 +238,22 @@ async def test_a_federated_job_needs_no_shards_but_one_per_shard_if_it_has_any(
     put(api, tenant, "jobs/fl-some/shards/shard-1.zip")
     assert (await submit(api, admin, some)).status_code == 201
     assert [r.event.name for r in await job_events(log)] == ["fl-none", "fl-some"]
+
+
+async def test_a_job_that_names_an_image_is_kept_for_workers_that_run_images(api: Api, log: EventLog) -> None:
+    tenant, admin = await api.tenant()
+    await register_worker(api, "w-own", pool="private", owner_tenant=tenant)  # an agent's host: no images
+    image = "registry.example:5000/team/trainer:v1@sha256:" + "a" * 64
+    never = await submit(api, admin, spec(pool="private", image=image))
+    assert never.status_code == 422, never.text
+    error = never.json()["error"]
+    assert error["code"] == "unplaceable"
+    assert f"tenant {tenant} has no private workers that run container images" in error["message"]
+    accepted = await submit(api, admin, spec(image=image))  # shared: it waits for such workers
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["spec"]["image"] == image
+    [stored] = await job_events(log)
+    assert isinstance(stored.event, JobSubmitted) and stored.event.image == image
 
 
 async def test_a_job_over_the_tenants_whole_quota_is_refused(api: Api, log: EventLog) -> None:

@@ -472,14 +472,16 @@ async def test_identity_comes_from_the_enrollment_not_the_registration(
         {"provider": "someone-else"},
         {"region": "us-east"},
         {"pool": "managed", "owner_tenant": tenant},
+        {"sandbox": "kubernetes"},  # to be given work that names a container image, and run it bare
     ):
         await mallory.register(**lie)
-    refused = await quarantined(stack.log, me, 4)
-    assert [q.reason.split(",")[0] for q in refused] == [
+    refused = await quarantined(stack.log, me, 5)
+    assert [q.reason.split(",")[0].split(" (")[0] for q in refused] == [
         "registers pool 'private'",
         "registers provider 'someone-else'",
         "registers region 'us-east'",
         "registers pool 'managed'",
+        "sandbox 'kubernetes' is the kernel's own Kubernetes nodes'",
     ]
     registry, _ = await rebuild(stack.log, REGISTRY)
     assert me not in registry.workers  # nothing it said about itself was believed

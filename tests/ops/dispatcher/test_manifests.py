@@ -469,9 +469,9 @@ def _with(d: Dispatch, node: str | None = None, **changes: Any) -> Dispatch:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"options": {"image": "evil; rm -rf /"}}, "image"),
-        ({"options": {"image": "img\nkind: Secret"}}, "image"),
-        ({"options": {"image": "--privileged"}}, "image"),
+        ({"image": "evil; rm -rf /"}, "image"),
+        ({"image": "img\nkind: Secret"}, "image"),
+        ({"image": "--privileged"}, "image"),
         ({"downloads": {"../../etc/passwd": "http://x"}}, "relative path"),
         ({"downloads": {"/etc/passwd": "http://x"}}, "relative path"),
         ({"command": []}, "needs a command"),
@@ -503,9 +503,9 @@ def test_hostile_sites_models_and_nodes_are_refused() -> None:
 def test_an_image_the_work_names_is_used_when_it_is_an_image_reference() -> None:
     [d] = job({**PROCESS, "shards": 1})[0]
     image = "registry.example:5000/team/trainer:v1.2@sha256:" + "a" * 64
-    [main] = of_kind(job_manifests([_with(d, options={"image": image})], CTX), "Job")[0]["spec"]["template"][
-        "spec"
-    ]["containers"]
+    [main] = of_kind(job_manifests([_with(d, image=image)], CTX), "Job")[0]["spec"]["template"]["spec"][
+        "containers"
+    ]
     assert main["image"] == image
 
 

@@ -101,6 +101,7 @@ def test_registration_carries_the_node_facts_and_the_dispatcher_identity() -> No
     )
     assert len(event.gpus) == 8 and event.memory_mb == 1056 * 1024 and event.cpus == 95
     assert event.labels["kubernetes_node"] == "gpu-a"
+    assert event.sandbox == "kubernetes"  # every workload a pod: it takes work that names an image
 
 
 def test_a_cpu_node_has_no_gpus_and_no_problem() -> None:
