@@ -292,12 +292,16 @@ def test_unsandboxed_is_for_an_owners_own_workers_only(tmp_path: Path) -> None:
 def test_placement_gives_an_unsandboxed_worker_its_owners_work_and_a_broken_one_nothing() -> None:
     managed = Candidate(worker_id="w", pool="managed", owner_tenant="acme")
     lending = msgspec.structs.replace(managed, policy=WorkerPolicy(allowed_pools=["managed", "shared"]))
-    assert lanes(lending) == (("managed", "acme"), ("shared", ""))
+    assert lanes(lending) == (("managed", "acme", False), ("shared", "", False))  # (pool, owner, image)
     off = msgspec.structs.replace(lending, sandbox="off")
-    assert lanes(off) == (("managed", "acme"),)  # never another tenant's shared work
+    assert lanes(off) == (("managed", "acme", False),)  # never another tenant's shared work
     assert lanes(Candidate(worker_id="w", sandbox="unavailable")) == ()
     assert lanes(Candidate(worker_id="w", sandbox="off")) == ()
-    assert lanes(Candidate(worker_id="w", sandbox="bubblewrap")) == (("shared", ""),)
+    assert lanes(Candidate(worker_id="w", sandbox="bubblewrap")) == (("shared", "", False),)
+    assert lanes(Candidate(worker_id="w", sandbox="kubernetes")) == (
+        ("shared", "", False),
+        ("shared", "", True),
+    )
 
 
 def test_a_host_without_bubblewrap_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
