@@ -34,6 +34,14 @@ or quarantines the claim with its reason and sender: the worker id in the subjec
 that user publish, so the sender of a claim is known, and what the claim says is not believed.
 An agent may still create its own consumer with other options than the kernel's (never with another
 filter: the server refuses a filter that differs from the one in the create subject).
+
+A Kubernetes cluster's dispatcher (:mod:`ops.dispatcher`) is one more user of ``AGENTS``
+(``dispatcher-<cluster>``, :func:`dispatcher_permissions`): the agent permissions of every node-worker
+of its cluster that is enrolled, listed one by one (a NATS wildcard matches whole tokens, and a node's
+id is one token), regenerated as nodes enroll; plus the one claim that enrolls a new node of its
+cluster (``intake.<dispatcher>.provider.<provider>.agent_enrolled``, which the intake judges) and its
+question about its nodes (``kernel.cluster.<dispatcher>``, answered by the intake). Its replies come on
+``_INBOX_<dispatcher>``, an id in the kernel's namespace, so no agent's inbox can be its.
 """
 
 from __future__ import annotations
@@ -50,12 +58,14 @@ from schemas._base import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
 from schemas.metering import UsageTick
+from schemas.providers import AgentEnrolled
 from schemas.workers import WorkerPolicySet, WorkerRegistered, WorkerVerificationReported
 
 KERNEL_ACCOUNT = "KERNEL"
 AGENTS_ACCOUNT = "AGENTS"
 KERNEL_USER = "kernel"
 JS_API = "$JS.API"
+CLUSTER_QUESTIONS = "kernel.cluster"
 AGENT_JS_API_PREFIX = "JS.KERNEL.API"
 """Where an agent reaches the kernel's JetStream API (``Settings.nats_js_api_prefix``)."""
 BCRYPT_COST = 8
@@ -112,6 +122,11 @@ def agent_user(worker_id: str) -> str:
     return f"agent-{token(worker_id, 'worker id')}"
 
 
+def dispatcher_user(cluster: str) -> str:
+    """The NATS user of a cluster's dispatcher: ``dispatcher-<cluster>``."""
+    return f"dispatcher-{token(cluster, 'cluster')}"
+
+
 def inbox_prefix(worker_id: str) -> str:
     """The reply-subject prefix of an enrolled agent (``Settings.nats_inbox_prefix``)."""
     return f"_INBOX_{token(worker_id, 'worker id')}"
@@ -145,10 +160,32 @@ def agent_permissions(worker_id: str) -> Permissions:
     )
 
 
+def cluster_question(dispatcher: str) -> str:
+    """Where a cluster's dispatcher asks the kernel for its nodes' enrollment and assignments
+    (``kernel.cluster.<dispatcher id>``; the intake answers, :class:`schemas.providers.ClusterFacts`)."""
+    return f"{CLUSTER_QUESTIONS}.{token(dispatcher, 'dispatcher id')}"
+
+
+def _node_enrollment(dispatcher: str, provider: str) -> str:
+    """The claim a dispatcher enrolls a new node-worker with (judged by :mod:`projections.claims`)."""
+    return f"intake.{dispatcher}.provider.{provider}.{AgentEnrolled.event_name()}"
+
+
+def dispatcher_permissions(dispatcher: str, provider: str, nodes: Iterable[str]) -> Permissions:
+    """What the dispatcher of a cluster may do: exactly what the agents of its enrolled node-workers
+    ``nodes`` may (their heartbeats, claims and commands), plus enrolling new nodes of its provider
+    and asking about its nodes, with replies on its own inbox prefix. Nothing of another worker, no
+    stream read, no kernel event."""
+    own = (_node_enrollment(dispatcher, provider), cluster_question(dispatcher))
+    for_nodes = (s for node in nodes for s in agent_permissions(node).publish)
+    return Permissions(publish=(*own, *for_nodes), subscribe=(f"{inbox_prefix(dispatcher)}.>",))
+
+
 def kernel_services() -> tuple[KernelService, ...]:
-    """Everything ``KERNEL`` exports to ``AGENTS``: the union of every agent's permissions, with the
-    worker id as a wildcard."""
-    events = [KernelService(s, s) for s in _agent_event_patterns("*")]
+    """Everything ``KERNEL`` exports to ``AGENTS``: the union of every agent's and dispatcher's
+    permissions, with the worker id, dispatcher id and provider as wildcards."""
+    events = [KernelService(s, s) for s in (*_agent_event_patterns("*"), _node_enrollment("*", "*"))]
+    events.append(KernelService(f"{CLUSTER_QUESTIONS}.*", f"{CLUSTER_QUESTIONS}.*"))
     api = [
         ("CONSUMER.INFO.COMMANDS.*", False),
         ("CONSUMER.CREATE.COMMANDS.*.cmd.*", False),
@@ -204,19 +241,42 @@ def server_accounts(kernel_users: Mapping[str, str], agents_file: str) -> str:
     )
 
 
-def agent_users(agents: Iterable[tuple[str, str]]) -> str:
+@dataclass(frozen=True, slots=True)
+class DispatcherUser:
+    """A cluster's dispatcher as the server's configuration holds it.
+
+    Attributes:
+        nodes: its enrolled node-workers, whose agent permissions it has.
+    """
+
+    cluster: str
+    dispatcher: str
+    provider: str
+    password_bcrypt: str
+    nodes: tuple[str, ...]
+
+
+def agent_users(agents: Iterable[tuple[str, str]], dispatchers: Iterable[DispatcherUser] = ()) -> str:
     """The agents file: ``users = [...]`` for ``(worker_id, password bcrypt)`` pairs, each with its
-    :func:`agent_permissions`."""
+    :func:`agent_permissions`, and for each dispatcher its :func:`dispatcher_permissions`."""
     lines = [
         "# generated by resontech from the PROVIDERS stream (ops/services/natsauth.py); do not edit",
         "users = [",
     ]
-    for worker_id, password_bcrypt in agents:
-        perms = agent_permissions(worker_id)
+    users = [(agent_user(w), bcrypt_hash, agent_permissions(w)) for w, bcrypt_hash in agents]
+    users += [
+        (
+            dispatcher_user(d.cluster),
+            d.password_bcrypt,
+            dispatcher_permissions(d.dispatcher, d.provider, d.nodes),
+        )
+        for d in dispatchers
+    ]
+    for user, password_bcrypt, perms in users:
         publish = ", ".join(_q(s) for s in perms.publish)
         subscribe = ", ".join(_q(s) for s in perms.subscribe)
         lines.append(
-            f"  {{user: {_q(agent_user(worker_id))}, password: {_q(password_bcrypt)}, permissions: {{"
+            f"  {{user: {_q(user)}, password: {_q(password_bcrypt)}, permissions: {{"
             f"publish: {{allow: [{publish}]}}, subscribe: {{allow: [{subscribe}]}}}}}}"
         )
     return "\n".join([*lines, "]"]) + "\n"

@@ -31,6 +31,10 @@ The rules, by what is claimed:
   and region are those of its enrollment token, and it says sandbox ``kubernetes`` (it runs work
   naming a container image) only from one of the kernel's own node-workers; a policy only for a
   registered worker.
+* **A node's enrollment** (``provider.<provider>.agent_enrolled``) only from the live dispatcher of a
+  cluster (:func:`projections.providers.dispatching`: its sender id is ``kernel-<cluster>``, which
+  NATS lets only that dispatcher's user publish under), for a worker id of that cluster's namespace
+  (``kernel-<cluster>-...``) nobody holds, under the cluster's own token, with no credentials.
 
 A refusal whose reason may be the kernel's own lag (a job, an assignment, a worker or an enrollment
 it does not know yet) is marked ``unknown``: the service judges it again once its projections have
@@ -54,7 +58,7 @@ from core.streams import split_intake
 from projections.candidates import tier_of
 from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key
 from projections.endpoints import find_tenure as replica_tenure
-from projections.providers import ProvidersState, enrollment_of, is_kernel_worker_id
+from projections.providers import ProvidersState, dispatching, enrollment_of, is_kernel_worker_id
 from projections.registry import RegistryState, WorkerRecord
 from projections.schedule import TERMINAL, JobRecord, ScheduleState, job_key
 from projections.schedule import find_tenure as shard_tenure
@@ -63,6 +67,7 @@ from schemas._base import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
 from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
 from schemas.metering import UsageTick
+from schemas.providers import AgentEnrolled
 from schemas.workers import WorkerPolicySet, WorkerRegistered
 
 CLOCK_SKEW_MS = 5_000
@@ -77,6 +82,7 @@ MAX_LOG_TAIL = 64 * 1024
 MAX_METRICS = 64
 """Most metrics one progress report may carry."""
 _HOST = re.compile(r"^[A-Za-z0-9.:_-]{1,253}$")
+_WORKER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one subject token, as long as a node-worker's id may be
 _KEY = re.compile(r"^[A-Za-z0-9._/=+-]{1,1024}$")
 _API_KEY = re.compile(r"^[A-Za-z0-9_-]{0,128}$")
 """A replica's key: URL-safe base64 (what ``secrets.token_urlsafe`` makes), safe in a header."""
@@ -163,7 +169,38 @@ def judge(
             return _replica_report(sender, tokens, subject, claim, facts)
         case UsageTick():
             return _usage(sender, tokens, subject, claim, facts, billed_until_ms)
+        case AgentEnrolled():
+            return _node_enrollment(sender, tokens, subject, claim, facts)
     return Refused(f"agents may not say {claim.event_tag()}")
+
+
+def _node_enrollment(
+    sender: str, tokens: list[str], subject: str, claim: AgentEnrolled, facts: Facts
+) -> Verdict:
+    """A cluster's dispatcher enrolls a new node-worker of its own cluster, under its cluster's token
+    (the operator's terms: provider, pool, region, owner tenant), with no credentials of its own."""
+    found = dispatching(facts.providers, sender)
+    if found is None:
+        return Refused(f"{sender} is no enrolled cluster's dispatcher: only one enrolls nodes", unknown=True)
+    provider, cluster = found
+    prefix = f"{sender}-"
+    if len(tokens) != 3 or tokens[1] != provider:
+        return Refused(f"the dispatcher of {cluster.cluster} enrolls nodes of provider {provider} only")
+    if claim.token_id != cluster.token_id:
+        return Refused(
+            f"a node of {cluster.cluster} enrolls under its cluster's terms, not {claim.token_id[:80]!r}"
+        )
+    if not claim.worker_id.startswith(prefix) or not _WORKER.match(claim.worker_id):
+        return Refused(
+            f"worker {claim.worker_id[:80]!r} is not a node of cluster {cluster.cluster} ({prefix}<node>)"
+        )
+    if claim.nats_user or claim.nats_password_bcrypt:
+        return Refused("a node-worker has no credentials of its own: its dispatcher speaks for it")
+    if len(claim.hostname) > MAX_TEXT:
+        return Refused("enrollment too large")
+    if facts.providers.enrolled.get(claim.worker_id) is not None:
+        return Refused(f"worker {claim.worker_id} is enrolled already")
+    return Accepted(subject, claim)
 
 
 # -- workers -------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from schemas.envelope import Recorded
 from schemas.providers import (
     AgentCredentialsRevoked,
     AgentEnrolled,
+    ClusterCredentialsRevoked,
+    ClusterEnrolled,
     EnrollmentTokenApproved,
     EnrollmentTokenIssued,
     EnrollmentTokenRevoked,
@@ -92,6 +94,18 @@ class EnrolledAgent(msgspec.Struct, frozen=True, kw_only=True):
     revoked: bool = False
 
 
+class EnrolledCluster(msgspec.Struct, frozen=True, kw_only=True):
+    """A Kubernetes cluster whose dispatcher the operator enrolled (:class:`ClusterEnrolled`);
+    ``revoked``: its credentials were."""
+
+    cluster: str
+    token_id: str
+    nats_user: str
+    nats_password_bcrypt: str
+    enrolled_ns: int = 0
+    revoked: bool = False
+
+
 class ProviderRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One provider account. ``last_seq``: PROVIDERS sequence of its latest event."""
 
@@ -101,6 +115,7 @@ class ProviderRecord(msgspec.Struct, frozen=True, kw_only=True):
     keys: dict[str, ProviderKey] = {}
     tokens: dict[str, EnrollmentToken] = {}
     agents: dict[str, EnrolledAgent] = {}
+    clusters: dict[str, EnrolledCluster] = {}
     last_seq: int = 0
 
 
@@ -110,6 +125,8 @@ class ProvidersState(msgspec.Struct, kw_only=True):
     seq: int = 0
     providers: dict[str, ProviderRecord] = {}
     enrolled: dict[str, str] = {}
+    dispatchers: dict[str, str] = {}
+    """:func:`dispatcher_id` of a live cluster -> its provider."""
 
 
 class Enrollment(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,6 +178,18 @@ def _changed(record: ProviderRecord, event: Any, t: int) -> ProviderRecord:
         case AgentCredentialsRevoked(worker_id=worker_id) if worker_id in record.agents:
             agent = replace(record.agents[worker_id], revoked=True)
             return replace(record, agents={**record.agents, worker_id: agent})
+        case ClusterEnrolled(cluster=cluster):
+            enrolled = EnrolledCluster(
+                cluster=cluster,
+                token_id=event.token_id,
+                nats_user=event.nats_user,
+                nats_password_bcrypt=event.nats_password_bcrypt,
+                enrolled_ns=t,
+            )
+            return replace(record, clusters={**record.clusters, cluster: enrolled})
+        case ClusterCredentialsRevoked(cluster=cluster) if cluster in record.clusters:
+            revoked = replace(record.clusters[cluster], revoked=True)
+            return replace(record, clusters={**record.clusters, cluster: revoked})
     return record
 
 
@@ -173,6 +202,11 @@ def evolve(state: ProvidersState, recorded: Recorded[Any]) -> ProvidersState:
     event = recorded.event
     if isinstance(event, AgentEnrolled) and state.enrolled.get(event.worker_id, provider) != provider:
         return state  # another provider holds the id: first come keeps it (module docstring)
+    if (
+        isinstance(event, ClusterEnrolled)
+        and state.dispatchers.get(dispatcher_id(event.cluster), provider) != provider
+    ):
+        return state  # another provider's live cluster of that name: it keeps it
     old = state.providers.get(provider)
     if isinstance(event, ProviderCreated):
         new = old or ProviderRecord(provider=provider, created_ns=recorded.time_ns)
@@ -183,6 +217,12 @@ def evolve(state: ProvidersState, recorded: Recorded[Any]) -> ProvidersState:
         return state
     state.providers[provider] = msgspec.structs.replace(new, last_seq=recorded.seq)
     match event:
+        case ClusterEnrolled(cluster=cluster):
+            state.dispatchers[dispatcher_id(cluster)] = provider
+        case ClusterCredentialsRevoked(cluster=cluster) if (
+            state.dispatchers.get(dispatcher_id(cluster)) == provider
+        ):
+            del state.dispatchers[dispatcher_id(cluster)]
         case AgentEnrolled(worker_id=worker_id):
             state.enrolled[worker_id] = provider
         case AgentCredentialsRevoked(worker_id=worker_id) if state.enrolled.get(worker_id) == provider:
@@ -247,6 +287,42 @@ def enrolled_provider(state: ProvidersState, worker_id: str) -> str | None:
     return state.enrolled.get(worker_id)
 
 
+def dispatcher_id(cluster: str) -> str:
+    """The id a cluster's dispatcher speaks under (``kernel-<cluster>``: its intake claims, its
+    questions, its NATS inbox), in the kernel's namespace, where no provider's agent may be."""
+    return f"{KERNEL_WORKER_PREFIX}{cluster}"
+
+
+def dispatching(state: ProvidersState, sender: str) -> tuple[str, EnrolledCluster] | None:
+    """``(provider, cluster)`` if ``sender`` is the :func:`dispatcher_id` of a live cluster."""
+    provider = state.dispatchers.get(sender)
+    if provider is None:
+        return None
+    record = state.providers[provider]
+    for cluster in record.clusters.values():
+        if dispatcher_id(cluster.cluster) == sender and not cluster.revoked:
+            return provider, cluster
+    return None
+
+
+def cluster_nodes(state: ProvidersState, provider: str, cluster: EnrolledCluster) -> list[str]:
+    """The live node-workers of ``cluster``: enrolled under its token, in its namespace, by id."""
+    prefix = f"{dispatcher_id(cluster.cluster)}-"
+    agents = state.providers[provider].agents.values()
+    return sorted(
+        a.worker_id
+        for a in agents
+        if a.token_id == cluster.token_id and not a.revoked and a.worker_id.startswith(prefix)
+    )
+
+
+def active_clusters(state: ProvidersState) -> list[tuple[str, EnrolledCluster]]:
+    """Every cluster whose dispatcher's credentials are live, as ``(provider, cluster)``: the NATS
+    server's dispatcher users."""
+    found = [dispatching(state, sender) for sender in sorted(state.dispatchers)]
+    return [f for f in found if f is not None]
+
+
 def enrollment_of(state: ProvidersState, worker_id: str) -> Enrollment | None:
     """The live (not revoked) enrollment of ``worker_id``, with the pool, region and owner tenant of
     the token it enrolled with; ``None`` if it has none.
@@ -292,5 +368,5 @@ def active_agents(state: ProvidersState) -> list[EnrolledAgent]:
 
 
 PROVIDERS: Projection[ProvidersState] = Projection(
-    name="providers", stream="PROVIDERS", version=4, state_type=ProvidersState, evolve=evolve
+    name="providers", stream="PROVIDERS", version=5, state_type=ProvidersState, evolve=evolve
 )

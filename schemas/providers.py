@@ -11,7 +11,7 @@ The NATS server's list of agent users is derived from these events (``AgentEnrol
 
 from __future__ import annotations
 
-from schemas._base import Event, Fields
+from schemas._base import Event, Fields, Value
 from schemas.values import KeyIssue, KeyRevocation
 
 
@@ -103,6 +103,64 @@ class AgentCredentialsRevoked(Event, tag="provider.agent_credentials_revoked", f
     revoked_by: str = ""
 
 
+class ClusterEnrolled(Event, tag="provider.cluster_enrolled", frozen=True, kw_only=True):
+    """The operator enrolled a Kubernetes cluster's dispatcher (``resontech dispatcher enroll``): its
+    own NATS user, with exactly the agent permissions of the cluster's node-workers (which it enrolls
+    through the intake, under ``token_id``'s terms) and nothing else. Enrolling a cluster again
+    replaces its credentials.
+
+    Attributes:
+        cluster: the cluster's name; its node-workers are ``kernel-<cluster>-<node>``.
+        token_id: the provider's token whose pool, region and owner tenant every node enrolls with.
+        nats_user / nats_password_bcrypt: as :class:`AgentEnrolled`'s.
+    """
+
+    cluster: str
+    token_id: str
+    nats_user: str
+    nats_password_bcrypt: str
+    enrolled_by: str = ""
+
+
+class ClusterCredentialsRevoked(Event, tag="provider.cluster_credentials_revoked", frozen=True, kw_only=True):
+    """The NATS credentials of a cluster's dispatcher stop working (its nodes keep their enrollment,
+    and fall silent)."""
+
+    cluster: str
+    revoked_by: str = ""
+
+
+class HeldAssignment(Value, frozen=True, kw_only=True):
+    """A current assignment of one of a cluster's node-workers, as the kernel holds it.
+
+    Attributes:
+        kind: ``job`` or ``endpoint``.
+    """
+
+    assignment_id: str
+    tenant: str
+    work_id: str
+    kind: str
+    worker_id: str
+
+
+class ClusterFacts(Value, frozen=True, kw_only=True):
+    """The kernel's answer to a dispatcher's question (``kernel.cluster.<dispatcher>``): its nodes
+    that are enrolled, and their current assignments, as of the log's ``seq`` positions.
+
+    Attributes:
+        token_id: the token its new nodes enroll under (:class:`ClusterEnrolled`).
+        enrolled: node-worker ids enrolled under the cluster's token, live.
+        assignments: the current assignments of those workers (jobs not ended, endpoints not deleted).
+        error: why there is no answer (the asker is no live cluster's dispatcher); empty otherwise.
+    """
+
+    token_id: str = ""
+    enrolled: list[str] = []
+    assignments: list[HeldAssignment] = []
+    error: str = ""
+
+
 ProviderEvent = (
     ProviderCreated
     | ProviderKeyIssued
@@ -112,4 +170,6 @@ ProviderEvent = (
     | EnrollmentTokenApproved
     | AgentEnrolled
     | AgentCredentialsRevoked
+    | ClusterEnrolled
+    | ClusterCredentialsRevoked
 )

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import api
 
+from core.errors import LogUnavailable
 from core.log import appending, decoding, queues, reading, snapshots
 from core.log import streams as stream_setup
 from core.log.appending import DEFAULT_MAX_IN_FLIGHT
@@ -32,6 +36,8 @@ from core.wire import MSG_ID, Position, Quarantined, RawRecord, new_event_id
 from schemas._base import Event
 from schemas.catalog import encode
 from schemas.envelope import Recorded
+
+log = logging.getLogger("resontech.log")
 
 
 class EventLog(LogConnection):
@@ -272,6 +278,47 @@ class EventLog(LogConnection):
             await asyncio.gather(*list(self._background), return_exceptions=True)
         bounds = await self.stream_bounds("QUARANTINE")
         return await decoding.read_quarantine(self._js, bounds, after_seq=after_seq, limit=limit)
+
+    # Questions and answers (core NATS request/reply, no stream)
+
+    async def ask(self, subject: str, data: bytes = b"", *, timeout_s: float = 5.0) -> bytes:
+        """One request on ``subject`` and its one answer (a reply on this connection's inbox).
+
+        Raises:
+            LogUnavailable: nobody answered within ``timeout_s`` (no kernel service is up, or this
+                connection may not ask that).
+        """
+        try:
+            reply = await self._nc.request(subject, data, timeout=timeout_s)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise LogUnavailable(
+                f"no answer on {subject} within {timeout_s:g} s ({type(exc).__name__})"
+            ) from None
+        return reply.data
+
+    async def answer(
+        self, subject: str, respond: Callable[[str, bytes], Awaitable[bytes]], stop: asyncio.Event
+    ) -> None:
+        """Answer requests on ``subject`` (wildcards allowed; one queue group, so several instances
+        share them) with ``respond(subject, data)`` until ``stop`` is set. A request whose answer
+        fails is logged and left unanswered: the asker's time-out says so."""
+
+        async def on_request(msg: Msg) -> None:
+            if not msg.reply:
+                return
+            try:
+                answer = await respond(msg.subject, msg.data)
+            except Exception:
+                log.exception("cannot answer %s", msg.subject)
+                return
+            await self._nc.publish(msg.reply, answer)
+
+        subscription = await self._nc.subscribe(subject, queue="kernel", cb=on_request)
+        try:
+            await stop.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
 
     # Work queues (core.log.queues)
 

@@ -255,6 +255,20 @@ def cmd_dispatcher_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_dispatcher_enroll(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.dispatcher import run
+
+    print(_run(run.enroll(args, settings)))
+    return 0
+
+
+def cmd_dispatcher_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    from ops.dispatcher import run
+
+    print(_run(run.revoke(args, settings)))
+    return 0
+
+
 def cmd_dispatcher_render(args: argparse.Namespace, settings: Settings) -> int:
     from ops.dispatcher.render import command
 
@@ -395,6 +409,17 @@ def _add_dispatcher_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     _common(p)
     run.add_arguments(p)
     p.set_defaults(handler=cmd_dispatcher_run)
+    help_text = "enroll a cluster (operator): write its dispatcher's own NATS credentials"
+    p = commands.add_parser("enroll", help=help_text, description=help_text)
+    _common(p)
+    run.add_identity_arguments(p, required=True)
+    p.add_argument("--out", type=Path, required=True, help="where to write the credentials (mode 0600)")
+    p.set_defaults(handler=cmd_dispatcher_enroll)
+    help_text = "revoke a cluster's dispatcher credentials (operator)"
+    p = commands.add_parser("revoke", help=help_text, description=help_text)
+    _common(p)
+    p.add_argument("--cluster", required=True)
+    p.set_defaults(handler=cmd_dispatcher_revoke)
     help_text = "print the Kubernetes objects a job or endpoint spec becomes, as YAML (nothing is applied)"
     p = commands.add_parser("render", help=help_text, description=help_text)
     _common(p)

@@ -2,12 +2,12 @@
 
 Each node becomes one worker whose id is :func:`worker_id_for` (``kernel-``, the cluster's name and
 the node's, stable across restarts, one subject token: in the kernel's namespace, which no provider's
-agent may enroll, :data:`projections.providers.KERNEL_WORKER_PREFIX`). The dispatcher enrolls it as
-the operator's own (the dispatcher is the operator's component:
-:func:`ops.enrollment.enroll_kernel_agent`, refused when another provider holds the id, with the
-provider, pool, region and owner tenant of the dispatcher's configuration) and then claims its
-registration on the intake, as an agent does: the intake checks the claim against that enrollment
-and stores the kernel's ``worker.registered``. A node whose facts change (GPUs added, a new label)
+agent may enroll, :data:`projections.providers.KERNEL_WORKER_PREFIX`). The dispatcher enrolls it by a
+claim on the intake (``provider.<provider>.agent_enrolled``), which the intake accepts from the
+cluster's enrolled dispatcher only, for an id of its cluster nobody holds, under the cluster's terms
+(provider, pool, region and owner tenant: :func:`ops.enrollment.enroll_cluster`); once the node is
+enrolled, it claims its registration, as an agent does: the intake checks the claim against that
+enrollment and stores the kernel's ``worker.registered``. A node whose facts change (GPUs added, a new label)
 is registered again.
 
 Liveness is the node's ``Ready`` condition (:func:`~ops.dispatcher.nodes.is_ready`): the dispatcher
@@ -135,8 +135,9 @@ class Fleet:
         return due
 
     def alive(self) -> list[str]:
-        """The workers to heartbeat for: listed, Ready, and not refused by the kernel."""
-        return [w for w, node in self.nodes.items() if node.ready and w not in self.refused]
+        """The workers to heartbeat for: listed, registered, Ready, and not refused by the kernel."""
+        live = (w for w, node in self.nodes.items() if node.ready and w not in self.refused)
+        return [w for w in live if w in self.registered]
 
     def ready(self, worker_id: str) -> bool:
         """Whether a worker's node was listed last as Ready."""

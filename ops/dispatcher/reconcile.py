@@ -1,6 +1,6 @@
 """What a dispatcher puts right when it starts: its namespaces against the kernel's current
-assignments. Pure: the caller lists the namespaces and the objects, and reads the assignments from the
-projections (:func:`current`).
+assignments. Pure: the caller lists the namespaces and the objects, and asks the kernel for the
+assignments (:func:`projections.clusters.cluster_facts`).
 
 * A namespace whose work is over (no current assignment of the dispatcher's workers holds it) is
   deleted: nothing is left running, unwatched and unmetered, after a restart. So is every verification
@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 from ops.dispatcher import names
 from ops.dispatcher.cluster import Namespace
-from projections.endpoints import EndpointsState
-from projections.schedule import TERMINAL, ScheduleState
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +45,6 @@ class Reconciliation:
     delete: tuple[str, ...]
     lost: tuple[Held, ...]
     foreign: tuple[str, ...]
-
-
-def current(schedule: ScheduleState, endpoints: EndpointsState, workers: Collection[str]) -> list[Held]:
-    """The kernel's current assignments of ``workers``: the shards of live jobs and the replicas of
-    endpoints not deleted, as the schedule and endpoint projections hold them."""
-    found = [
-        Held(a.assignment_id, job.tenant, job.job_id, "job")
-        for job in schedule.jobs.values()
-        if job.state not in TERMINAL
-        for a in job.assignments.values()
-        if a.worker_id in workers
-    ]
-    found += [
-        Held(r.assignment_id, endpoint.tenant, endpoint.endpoint_id, "endpoint")
-        for endpoint in endpoints.endpoints.values()
-        if endpoint.state != "deleted"
-        for r in endpoint.replicas.values()
-        if r.worker_id in workers
-    ]
-    return found
 
 
 NamespaceOf = Callable[[str, str, str], str]

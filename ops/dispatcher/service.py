@@ -2,13 +2,16 @@
 
 Life of a dispatcher (docs/dispatcher.md says why each step is so):
 
-1. It reads its state dir (:mod:`ops.dispatcher.state`), lists the cluster's nodes and enrolls and
-   registers each as a worker (:mod:`ops.dispatcher.fleet`). The kernel then asks for each new worker's
-   verification job; the dispatcher runs it as a Job on the node and claims its report
-   (:mod:`ops.dispatcher.verification`), or, with ``vouch``, answers by vouching for the node as the
-   operator (``worker.verified``).
+1. It reads its state dir (:mod:`ops.dispatcher.state`). With the kernel's credentials it enrolls its
+   cluster as the operator (:func:`ops.enrollment.enroll_cluster`, once); with its own NATS user
+   (``own_user``) the operator did. It lists the cluster's nodes, claims the enrollment of each new
+   one and registers each enrolled one as a worker (:mod:`ops.dispatcher.fleet`). The kernel then asks
+   for each new worker's verification job; the dispatcher runs it as a Job on the node and claims its
+   report (:mod:`ops.dispatcher.verification`), or, with ``vouch`` (the kernel's credentials only),
+   answers by vouching for the node as the operator (``worker.verified``).
 2. It reconciles (:mod:`ops.dispatcher.reconcile`) against the kernel's current assignments of its
-   workers, read from the schedule and endpoint projections: an assignment it holds that the kernel
+   workers, which it asks the kernel for (``kernel.cluster.<dispatcher>``, answered by the intake from
+   its projections caught up with the log): an assignment it holds that the kernel
    no longer assigns is deleted and nothing is claimed for it; a namespace of its own whose work has
    no current assignment here is deleted; an assignment it holds whose objects vanished is reported
    lost.
@@ -46,29 +49,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent.commands import admit, command_id, stops, take_commands
 from agent.heartbeat import append_reliably
 from agent.state import CommandState
-from core.errors import EnrollmentRefused, ResontechError
+from core.errors import ConfigError, EnrollmentRefused, LogUnavailable, ResontechError
 from core.log import EventLog
+from core.natsauth import cluster_question
 from core.reports import Append, rejected
-from core.streams import heartbeat_subject, intake_subject, worker_subject
+from core.streams import heartbeat_subject, intake_subject, provider_subject, worker_subject
 from ops.dispatcher import rounds
 from ops.dispatcher.cluster import Cluster
 from ops.dispatcher.context import RenderContext
 from ops.dispatcher.fleet import CORDONED, Fleet, Identity
-from ops.dispatcher.reconcile import Held, current
+from ops.dispatcher.reconcile import Held
 from ops.dispatcher.state import HeldAssignments, Tracked
 from ops.dispatcher.verification import Verifications
-from ops.enrollment import enroll_kernel_agent
-from projections import ENDPOINTS, SCHEDULE
-from projections.runner import ProjectionRunner
+from ops.enrollment import enroll_cluster
+from projections.providers import dispatcher_id
 from schemas.commands import RegistrationRefused, StartWork, StopWork, VerifyWorker
 from schemas.envelope import Recorded
+from schemas.providers import AgentEnrolled, ClusterFacts
 from schemas.workers import Heartbeat, WorkerPolicySet, WorkerRegistered, WorkerVerified
 
 log = logging.getLogger("resontech.dispatcher")
 API_KEY_BYTES = 24
+QUESTION_S = 10.0
+"""How long the dispatcher waits for the kernel's answer about its nodes (the intake catches up first)."""
+ENROLL_ROUNDS = 6
+JOIN_PAUSE_S = 0.5
+"""Node rounds a claimed enrollment may take before the dispatcher says it was refused."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,10 @@ class Dispatcher:
         identity: what its nodes register as.
         ctx: the operator's rendering settings.
         state_dir: where it remembers commands and assignments.
-        vouch: vouch for every node as the operator (``worker.verified``).
+        vouch: vouch for every node as the operator (``worker.verified``; the kernel's credentials only).
+        own_user: ``event_log`` connects as the cluster's own NATS user (``resontech dispatcher
+            enroll``); otherwise with the kernel's credentials, and the dispatcher enrolls its cluster
+            itself, as the operator.
     """
 
     def __init__(
@@ -111,8 +125,20 @@ class Dispatcher:
         *,
         vouch: bool = False,
         timing: Timing = Timing(),
+        own_user: bool = False,
     ) -> None:
+        if vouch and own_user:
+            raise ConfigError(
+                "--vouch stores worker.verified, which only the kernel's credentials may: with the "
+                "cluster's own NATS user, the verification Job verifies each node"
+            )
         self.cluster = cluster
+        self.own_user = own_user
+        self.id = dispatcher_id(identity.cluster)
+        self.facts = ClusterFacts()
+        """What the kernel said last of the cluster's nodes (:meth:`ask`)."""
+        self.enrolling: dict[str, int] = {}
+        """worker id -> node rounds since its enrollment was claimed, until the kernel says it is enrolled."""
         self.log = event_log
         self.ctx = ctx
         self.state_dir = state_dir
@@ -143,7 +169,7 @@ class Dispatcher:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Register the nodes, reconcile, then serve until ``stop`` is set (module docstring)."""
-        await self.refresh_nodes()
+        await self._join(stop)
         current = await self.current()
         async with self.busy:
             await self.rounds.reconcile(current)
@@ -165,6 +191,38 @@ class Dispatcher:
             await asyncio.gather(*tasks, *self._takers.values(), return_exceptions=True)
             self._takers.clear()
 
+    async def _join(self, stop: asyncio.Event) -> None:
+        """Enroll the cluster (with the kernel's credentials), wait for the kernel's first answer
+        about it, and enroll and register the nodes listed now, a few rounds at most (a node the
+        kernel refuses must not hold up the others' reconciliation)."""
+        if not self.own_user:
+            i = self.fleet.identity
+            await enroll_cluster(
+                self.log,
+                i.cluster,
+                provider=i.provider,
+                pool=i.pool,
+                region=i.region,
+                owner_tenant=i.owner_tenant,
+                by=f"dispatcher {i.cluster}",
+                rotate=False,
+            )
+        while not stop.is_set():  # the intake may start after the dispatcher
+            try:
+                await self.ask()
+                break
+            except LogUnavailable as exc:
+                log.warning("waiting for the kernel to answer about the cluster: %s", exc.message)
+                await asyncio.sleep(1.0)
+        for _ in range(ENROLL_ROUNDS):
+            await self.refresh_nodes()
+            waiting = [
+                w for w in self.fleet.nodes if w not in self.fleet.registered and w not in self.fleet.refused
+            ]
+            if not waiting or stop.is_set():
+                return
+            await asyncio.sleep(JOIN_PAUSE_S)
+
     async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
         """Run ``step`` every ``interval_s`` (from start to start: a slow step does not stretch the
         cadence, which heartbeats depend on), never two at once."""
@@ -181,51 +239,82 @@ class Dispatcher:
                 log.exception("%s failed", step.__name__)
             await asyncio.sleep(max(0.0, started + interval_s - loop.time()))
 
+    async def ask(self) -> ClusterFacts:
+        """Ask the kernel (the intake, caught up with the log) which of the cluster's nodes are
+        enrolled and what it assigns them (:func:`projections.clusters.cluster_facts`).
+
+        Raises:
+            LogUnavailable: no intake answered.
+            EnrollmentRefused: the kernel knows no live enrollment of this cluster.
+        """
+        data = await self.log.ask(cluster_question(self.id), timeout_s=QUESTION_S)
+        facts = msgspec.json.decode(data, type=ClusterFacts)
+        if facts.error:
+            raise EnrollmentRefused(f"{facts.error}: enroll it with `resontech dispatcher enroll`")
+        self.facts = facts
+        return facts
+
     async def current(self) -> list[Held]:
         """The kernel's current assignments of the cluster's workers (listed now, or holding an
-        assignment here), from the schedule and endpoint projections caught up to now."""
-        schedule = ProjectionRunner(self.log, SCHEDULE, write_snapshots=False)
-        endpoints = ProjectionRunner(self.log, ENDPOINTS, write_snapshots=False)
-        for runner in (schedule, endpoints):
-            await runner.load()
-            await runner.catch_up()
+        assignment here), as the kernel answers now."""
         workers = set(self.fleet.nodes) | {t.worker_id for t in self.held.values()}
-        return current(schedule.state, endpoints.state, workers)
+        facts = await self.ask()
+        return [
+            Held(a.assignment_id, a.tenant, a.work_id, a.kind)
+            for a in facts.assignments
+            if a.worker_id in workers
+        ]
 
     # -- nodes -----------------------------------------------------------------------------------
 
     async def refresh_nodes(self) -> None:
-        """List the nodes; enroll and register new and changed ones, and take their commands."""
+        """List the nodes; enroll new ones, register new and changed ones, and take their commands."""
         listing = await self.cluster.nodes()
-        for worker_id, event in self.fleet.update(listing.items):
-            await self._register(worker_id, event)
+        due = self.fleet.update(listing.items)
+        if self.enrolling or any(w not in self.facts.enrolled for w, _ in due):
+            await self.ask()
+        for worker_id, event in due:
+            if worker_id in self.facts.enrolled:
+                self.enrolling.pop(worker_id, None)
+                await self._register(worker_id, event)
+            else:
+                await self._enroll(worker_id, event)
         for worker_id, policy_set in self.fleet.policies_due():
             await self._claim_policy(worker_id, policy_set)
         for worker_id in self.fleet.nodes:
-            if worker_id not in self._takers:
+            if worker_id not in self._takers and worker_id in self.fleet.registered:
                 handle = self._handler(worker_id)
                 self._takers[worker_id] = asyncio.create_task(
                     take_commands(self.log, worker_id, self.busy, handle)
                 )
 
+    async def _enroll(self, worker_id: str, event: WorkerRegistered) -> None:
+        """Claim a new node's enrollment, once; it registers once the kernel says it is enrolled."""
+        rounds_waited = self.enrolling.get(worker_id)
+        if rounds_waited is None:
+            enrolled = AgentEnrolled(
+                token_id=self.facts.token_id, worker_id=worker_id, hostname=event.hostname
+            )
+            subject = provider_subject(self.fleet.identity.provider, enrolled)
+            await self.log.append(intake_subject(self.id, subject), enrolled)
+            log.info(
+                "node %s: enrollment of worker %s claimed", event.labels.get("kubernetes_node"), worker_id
+            )
+        elif rounds_waited == ENROLL_ROUNDS:
+            log.error(
+                "node %s: worker %s is still not enrolled; the intake refused its enrollment "
+                "(`resontech quarantine` says why)",
+                event.labels.get("kubernetes_node"),
+                worker_id,
+            )
+        self.enrolling[worker_id] = (rounds_waited or 0) + 1
+
     async def _register(self, worker_id: str, event: WorkerRegistered) -> None:
-        i = self.fleet.identity
-        if worker_id not in self.fleet.registered:
-            try:
-                await enroll_kernel_agent(
-                    self.log,
-                    worker_id,
-                    provider=i.provider,
-                    pool=i.pool,
-                    region=i.region,
-                    owner_tenant=i.owner_tenant,
-                    by=f"dispatcher {i.cluster}",
-                )
-            except EnrollmentRefused as exc:  # another holds the id: the node takes no work as it
-                self.fleet.refused[worker_id] = exc.message
-                log.error("node worker %s not enrolled: %s", worker_id, exc.message)
-                return
-        await self.log.append(intake_subject(worker_id, worker_subject(worker_id, event)), event)
+        try:
+            await self.log.append(intake_subject(worker_id, worker_subject(worker_id, event)), event)
+        except ResontechError as exc:  # with its own user: NATS may not know the new node's subjects yet
+            log.info("worker %s: registration not stored yet, next round: %s", worker_id, exc.message)
+            return
         self.fleet.registered[worker_id] = event
         log.info("node %s registered as worker %s", event.labels.get("kubernetes_node"), worker_id)
 

@@ -25,6 +25,8 @@ which leaves the work queue. Several instances may share the consumer.
   up here (``getaddrinfo``, in a thread, at most :data:`RESOLVE_S`) just before its claim is judged,
   and the judge gets the addresses as facts; the kernel's own services are resolved once at start
   (:mod:`core.addresses`).
+* Questions: a cluster's dispatcher asks which of its nodes are enrolled and what the kernel assigns
+  them (``kernel.cluster.<dispatcher>``); the intake answers from its projections, caught up first.
 * Verification: every new worker (or one whose GPUs changed) gets a verification job
   (:mod:`ops.services.verifier`, every round); its answer is checked by computing the expected checksum
   (:func:`core.verification.answer`, in a thread) and :func:`core.verification.judge`; the outcome is
@@ -50,6 +52,7 @@ import msgspec
 from core import addresses, verification
 from core.errors import ConcurrencyConflict, ResontechError
 from core.log import EventLog, Pulled
+from core.natsauth import CLUSTER_QUESTIONS
 from core.settings import Settings
 from core.streams import command_subject, split_intake, worker_subject
 from core.wire import Position
@@ -58,6 +61,7 @@ from ops.services.budgets import AgentBudgets, Budget, Rate
 from ops.services.verifier import Verifier
 from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import Facts, Refused, Verdict, judge
+from projections.clusters import cluster_facts
 from projections.registry import RegistryState
 from projections.runner import ProjectionRunner
 from schemas._base import Event
@@ -154,6 +158,9 @@ class Intake:
             self._caught_up_ns = time.time_ns() - CLOCK_MARGIN_NS
             self.ready.set()
             log.info("%s caught up; judging claims", self.name)
+            tasks.append(
+                asyncio.create_task(self.log.answer(f"{CLUSTER_QUESTIONS}.*", self.cluster_question, stop))
+            )
             async with contextlib.aclosing(self._batches(stop)) as batches:
                 async for batch in batches:
                     await self.handle(batch)
@@ -320,6 +327,16 @@ class Intake:
             replica_networks=self.replica_networks,
             resolved=resolved or {},
         )
+
+    async def cluster_question(self, subject: str, _: bytes) -> bytes:
+        """A dispatcher's question about its nodes (:func:`projections.clusters.cluster_facts`), answered
+        once the projections have caught up with the log: a restarted dispatcher reconciles against
+        the kernel as it is now. The asker is the subject's last token, which NATS lets only that
+        dispatcher's user publish (:func:`core.natsauth.dispatcher_permissions`)."""
+        await self.catch_up()
+        sender = subject.rsplit(".", 1)[-1]
+        facts = cluster_facts(self.providers.state, self.schedule.state, self.endpoints.state, sender)
+        return msgspec.json.encode(facts)
 
     async def catch_up(self) -> None:
         """Wait until every projection has applied its stream as it is now."""

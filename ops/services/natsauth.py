@@ -1,7 +1,8 @@
 """Keep a nats-server's agent users in step with the PROVIDERS stream (``resontech nats-auth``).
 
 The users of enrolled agents are derived from events: ``provider.agent_enrolled`` adds one (with the
-bcrypt hash of its password), ``provider.agent_credentials_revoked`` removes it. This service follows
+bcrypt hash of its password), ``provider.agent_credentials_revoked`` removes it. A cluster's dispatcher
+(``provider.cluster_enrolled``) is a user whose permissions grow as its nodes enroll. This service follows
 the providers projection, renders the agents file (:func:`core.natsauth.agent_users`) whenever the
 set of live agents changes, writes it atomically and makes the server reload it: a new agent can
 connect within moments of enrolling, and a revoked one is disconnected and refused from then on.
@@ -23,13 +24,18 @@ from typing import Any
 
 from core.files import write_private
 from core.log import EventLog
-from core.natsauth import agent_users
+from core.natsauth import DispatcherUser, agent_users
 from core.settings import Settings
 from projections import PROVIDERS
-from projections.providers import ProvidersState, active_agents
+from projections.providers import ProvidersState, active_agents, active_clusters, cluster_nodes, dispatcher_id
 from projections.runner import ProjectionRunner
 from schemas.envelope import Recorded
-from schemas.providers import AgentCredentialsRevoked, AgentEnrolled
+from schemas.providers import (
+    AgentCredentialsRevoked,
+    AgentEnrolled,
+    ClusterCredentialsRevoked,
+    ClusterEnrolled,
+)
 
 log = logging.getLogger("resontech.natsauth")
 
@@ -59,7 +65,10 @@ class AgentUsersSync:
         changed = asyncio.Event()
 
         def on_record(record: Recorded[Any]) -> None:
-            if isinstance(record.event, AgentEnrolled | AgentCredentialsRevoked):
+            if isinstance(
+                record.event,
+                AgentEnrolled | AgentCredentialsRevoked | ClusterEnrolled | ClusterCredentialsRevoked,
+            ):
                 changed.set()
 
         runner.listeners.append(on_record)
@@ -88,7 +97,17 @@ class AgentUsersSync:
         users = [
             (a.worker_id, a.nats_password_bcrypt) for a in active_agents(state) if a.nats_password_bcrypt
         ]
-        text = agent_users(users)
+        dispatchers = [
+            DispatcherUser(
+                cluster=c.cluster,
+                dispatcher=dispatcher_id(c.cluster),
+                provider=provider,
+                password_bcrypt=c.nats_password_bcrypt,
+                nodes=tuple(cluster_nodes(state, provider, c)),
+            )
+            for provider, c in active_clusters(state)
+        ]
+        text = agent_users(users, dispatchers)
         try:
             current = self.agents_file.read_text()
         except FileNotFoundError:
@@ -96,7 +115,12 @@ class AgentUsersSync:
         if current != text:
             write_private(self.agents_file, text)
             await asyncio.to_thread(self.reload)
-            log.info("agent users: %d live, server reloaded (PROVIDERS seq %d)", len(users), seq)
+            log.info(
+                "agent users: %d live, %d dispatchers; server reloaded (PROVIDERS seq %d)",
+                len(users),
+                len(dispatchers),
+                seq,
+            )
         async with self.synced:
             self.synced_seq = seq
             self.synced.notify_all()

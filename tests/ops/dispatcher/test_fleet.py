@@ -41,9 +41,13 @@ def test_the_region_is_the_dispatchers_and_not_a_nodes_label() -> None:
     assert fleet.update([node("a", **{"topology.kubernetes.io/region": "us-east"})]) == []  # unchanged
 
 
-def test_only_ready_listed_unrefused_nodes_are_alive() -> None:
+def test_only_ready_listed_registered_unrefused_nodes_are_alive() -> None:
     fleet = Fleet(Identity(cluster="kc", provider="p"))
-    fleet.update([node("a"), node("b", ready="False"), node("c", ready="Unknown"), node("d", ip="10.0.0.4")])
+    due = fleet.update(
+        [node("a"), node("b", ready="False"), node("c", ready="Unknown"), node("d", ip="10.0.0.4")]
+    )
+    assert fleet.alive() == []  # nothing beats for a node the kernel has not registered (or enrolled)
+    fleet.registered.update(due)
     assert fleet.alive() == ["kernel-kc-a", "kernel-kc-d"]
     fleet.refused["kernel-kc-d"] = "not enrolled"
     assert fleet.alive() == ["kernel-kc-a"]
