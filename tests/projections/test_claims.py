@@ -4,14 +4,17 @@ attacks with real credentials and a real server are in :mod:`tests.e2e.trust.tes
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import msgspec
 import pytest
 
 from core.streams import endpoint_subject, intake_subject, job_subject, metering_subject, worker_subject
 from projections import ENDPOINTS, PROVIDERS, REGISTRY, SCHEDULE
 from projections.claims import END_GRACE_MS, Accepted, Facts, Refused, judge
 from projections.probation import RETRY_AFTER_S, due
+from projections.providers import dispatching
 from projections.tenure import RETIRED_KEEP_NS
 from schemas._base import Event
 from schemas.endpoints import EndpointDeployed, EndpointReplicaPlaced, EndpointReplicaReady
@@ -30,7 +33,13 @@ from schemas.jobs import (
     JobSubmitted,
 )
 from schemas.metering import UsageTick
-from schemas.providers import AgentEnrolled, EnrollmentTokenIssued, ProviderCreated
+from schemas.providers import (
+    AgentEnrolled,
+    ClusterCredentialsRevoked,
+    ClusterEnrolled,
+    EnrollmentTokenIssued,
+    ProviderCreated,
+)
 from schemas.values import Assignment, Gpu, Provenance
 from schemas.workers import (
     WorkerRegistered,
@@ -406,6 +415,62 @@ def test_a_registration_says_what_its_enrollment_says() -> None:
     assert "speaks only for itself" in reason(
         claim(worker_subject(OTHER, honest), honest, facts(enrolled=enrolled))
     )
+
+
+def test_only_a_clusters_dispatcher_enrolls_its_own_new_nodes_under_its_terms() -> None:
+    terms = EnrollmentTokenIssued(token_id="ct", token_sha256="x", expires_ns=T0, region="eu-north")
+    events: list[tuple[str, Event, int]] = [
+        ("provider.gpuco.created", ProviderCreated(display_name="GPU Co"), T0),
+        ("provider.gpuco.enrollment_token_issued", terms, T0),
+        (
+            "provider.gpuco.cluster_enrolled",
+            ClusterEnrolled(
+                cluster="lab", token_id="ct", nats_user="dispatcher-lab", nats_password_bcrypt="h"
+            ),
+            T0,
+        ),
+        ("provider.gpuco.agent_enrolled", AgentEnrolled(token_id="ct", worker_id="kernel-lab-old"), T0),
+    ]
+    f = dataclasses.replace(facts(), providers=fold(PROVIDERS, events))
+    node = AgentEnrolled(token_id="ct", worker_id="kernel-lab-gpu-a", hostname="gpu-a")
+    on = "provider.gpuco.agent_enrolled"
+    verdict = claim(on, node, f, sender="kernel-lab")
+    assert isinstance(verdict, Accepted) and (verdict.subject, verdict.event) == (on, node)
+    for sender, subject, lie, why in (
+        ("kernel-other", on, {}, "kernel-other is no enrolled cluster's dispatcher"),
+        (ME, on, {}, f"{ME} is no enrolled cluster's dispatcher"),  # a provider's agent
+        ("kernel-lab", "provider.someone.agent_enrolled", {}, "enrolls nodes of provider gpuco only"),
+        ("kernel-lab", on, {"token_id": "another"}, "enrolls under its cluster's terms"),
+        ("kernel-lab", on, {"worker_id": "kernel-labx-a"}, "is not a node of cluster lab"),
+        ("kernel-lab", on, {"worker_id": "w-0123456789ab"}, "is not a node of cluster lab"),
+        ("kernel-lab", on, {"worker_id": "kernel-lab-a.b"}, "is not a node of cluster lab"),
+        ("kernel-lab", on, {"nats_password_bcrypt": "$2b$08$x"}, "has no credentials of its own"),
+        ("kernel-lab", on, {"worker_id": "kernel-lab-old"}, "is enrolled already"),
+    ):
+        said = msgspec.structs.replace(node, **lie)
+        assert why in reason(claim(subject, said, f, sender=sender)), (sender, lie)
+    revoked = [
+        *events,
+        ("provider.gpuco.cluster_credentials_revoked", ClusterCredentialsRevoked(cluster="lab"), T0),
+    ]
+    f = dataclasses.replace(f, providers=fold(PROVIDERS, revoked))
+    assert "no enrolled cluster's dispatcher" in reason(claim(on, node, f, sender="kernel-lab"))
+
+
+def test_a_cluster_name_another_provider_holds_live_is_not_taken() -> None:
+    enrolled = ClusterEnrolled(
+        cluster="lab", token_id="t", nats_user="dispatcher-lab", nats_password_bcrypt="h"
+    )
+    events: list[tuple[str, Event, int]] = [
+        ("provider.a.created", ProviderCreated(display_name="A"), T0),
+        ("provider.b.created", ProviderCreated(display_name="B"), T0),
+        ("provider.a.cluster_enrolled", enrolled, T0),
+        ("provider.b.cluster_enrolled", msgspec.structs.replace(enrolled, nats_password_bcrypt="mine"), T0),
+    ]
+    state = fold(PROVIDERS, events)
+    assert state.dispatchers == {"kernel-lab": "a"} and "lab" not in state.providers["b"].clusters
+    found = dispatching(state, "kernel-lab")
+    assert found is not None and found[0] == "a" and found[1].nats_password_bcrypt == "h"
 
 
 def test_probation_challenges_expires_and_retries() -> None:
