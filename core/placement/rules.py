@@ -23,6 +23,7 @@ FILTERS += ("policy_pool", "policy_price", "maintenance", *CAPACITY)
 Lane = tuple[str, str, bool]
 """A pool, an owner (``""`` for shared) and whether the work names its own container image."""
 Ranked = tuple[ScoreCard, int, float]  # a feasible worker's card, the slots it can take, its base score
+_SHARED: tuple[Lane, ...] = (("shared", "", False),)
 RUNS_IMAGES: Final = "kubernetes"
 """The sandbox of workers that run work naming an image (every workload of theirs is a container)."""
 
@@ -33,15 +34,15 @@ def lanes(c: Candidate) -> tuple[Lane, ...]:
     that runs images takes work that names one."""
     if c.sandbox == "unavailable":
         return ()
-    owners: tuple[tuple[str, str], ...] = (
-        ((c.pool, c.owner_tenant),) if c.owner_tenant and c.pool != "shared" else ()
-    )
     if c.sandbox != "off" and c.pool == "shared":
-        owners = (("shared", ""),)
-    elif c.sandbox != "off" and c.pool == "managed" and "shared" in c.policy.allowed_pools:
-        owners = (*owners, ("shared", ""))
-    images = (False, True) if c.sandbox == RUNS_IMAGES else (False,)
-    return tuple((pool, owner, image) for pool, owner in owners for image in images)
+        plain: tuple[Lane, ...] = _SHARED
+    else:
+        plain = ((c.pool, c.owner_tenant, False),) if c.owner_tenant and c.pool != "shared" else ()
+        if c.sandbox != "off" and c.pool == "managed" and "shared" in c.policy.allowed_pools:
+            plain = (*plain, *_SHARED)
+    if c.sandbox != RUNS_IMAGES:
+        return plain
+    return (*plain, *((pool, owner, True) for pool, owner, _ in plain))
 
 
 def request_lane(request: PlacementRequest) -> Lane:
