@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 
-from schemas.commands import Rendezvous
+from schemas.commands import Rendezvous, WorkSpec
 
 PORT_RANGE = range(29500, 31500)
 """Master ports the kernel hands out (29500 is torchrun's own default)."""
@@ -55,3 +55,15 @@ def rendezvous(
         backend="nccl" if gpus > 0 else "gloo",
         timeout_s=RDZV_TIMEOUT_S,
     )
+
+
+def rank_env(spec: WorkSpec, rdzv: Rendezvous) -> dict[str, str]:
+    """What every rank of a node is told besides torchrun's own variables: the collective backend
+    (``RESONTECH_DDP_BACKEND``), how the job shards the model (``RESONTECH_STRATEGY``: ``ddp`` or
+    ``fsdp``) and its CPU threads (``OMP_NUM_THREADS``: the shard's CPUs shared by its ranks, at least
+    one; torch would otherwise take every core of the host)."""
+    return {
+        "RESONTECH_DDP_BACKEND": rdzv.backend,
+        "RESONTECH_STRATEGY": spec.options.get("strategy", "ddp"),
+        "OMP_NUM_THREADS": str(max(1, int(spec.cpus // rdzv.nproc_per_node))),
+    }

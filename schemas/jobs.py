@@ -74,6 +74,8 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
         federated: the training code of a ``federated`` job.
         image: the container image each shard runs in (``None``: the worker's own environment);
             only workers that run images take such a job.
+        strategy: how a ``ddp`` job's script shards the model (``ddp``, ``fsdp``; ``None``: ``ddp``),
+            given to it as ``$RESONTECH_STRATEGY``.
     """
 
     name: str
@@ -93,6 +95,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     output_prefix: str = ""
     federated: FederatedTraining | None = None
     image: str | None = None
+    strategy: str | None = None
 
 
 class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):

@@ -10,9 +10,9 @@ the agent's own interpreter (the torch installed beside the agent)::
         <workdir>/<command[0]> <command[1:]>
 
 in the assignment's folder (so the inputs lie where their keys say), with the clean environment of
-:func:`agent.runtimes.base.workload_env` plus ``RESONTECH_DDP_BACKEND`` (``gloo`` on CPU; ``nccl``
-with GPUs, one rank per GPU of ``CUDA_VISIBLE_DEVICES``) and ``OMP_NUM_THREADS`` (the shard's CPUs
-per rank; torch would otherwise take every core of the host).
+:func:`agent.runtimes.base.workload_env` plus :func:`core.rendezvous.rank_env`:
+``RESONTECH_DDP_BACKEND`` (``gloo`` on CPU; ``nccl`` with GPUs, one rank per GPU of
+``CUDA_VISIBLE_DEVICES``), ``RESONTECH_STRATEGY`` (``ddp`` or ``fsdp``) and ``OMP_NUM_THREADS``.
 
 ``--max-restarts 0``: torchrun does not restart a failed rank itself. The kernel restarts the whole
 gang, on whichever workers are alive, from the last checkpoint (:mod:`projections.gangs`).
@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from agent import downloads  # a module, not its names: agent.downloads imports agent.runtimes
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, log_tail, prepare, spawn
+from core.rendezvous import rank_env
 from core.sandbox import Sandbox
 from schemas.commands import Rendezvous, WorkSpec
 
@@ -60,7 +61,7 @@ class TorchrunRuntime:
         if rdzv is None or not spec.command:
             raise StartFailed("a torchrun assignment needs a command and a rendezvous")
         prepare(workdir)
-        extra = {"RESONTECH_DDP_BACKEND": rdzv.backend, "OMP_NUM_THREADS": str(threads(spec, rdzv))}
+        extra = rank_env(spec, rdzv)
         if spec.resume_url and spec.resume_from:
             name = PurePosixPath(spec.resume_from).name
             [resume] = await downloads.fetch_all({name: spec.resume_url}, workdir / "resume")
@@ -88,11 +89,6 @@ def command(rdzv: Rendezvous, script: str, args: list[str]) -> list[str]:
         "--max-restarts", "0",
         script, *args,
     ]  # fmt: skip
-
-
-def threads(spec: WorkSpec, rdzv: Rendezvous) -> int:
-    """CPU threads per rank: the shard's CPUs shared by its ranks, at least one."""
-    return max(1, int(spec.cpus // rdzv.nproc_per_node))
 
 
 def port_free(port: int) -> bool:

@@ -67,6 +67,7 @@ def start_command(
             shards=job.spec.shards,
             resume_from=job.last_checkpoint.object_key if job.last_checkpoint else None,
             image=job.spec.image,
+            options={"strategy": job.spec.strategy or "ddp"} if job.spec.kind == "ddp" else {},
         ),
         price_micros_per_gpu_hour=list_price_micros(resources.gpu_type, job.spec.pool),
     )

@@ -30,6 +30,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from core.flare import KIT_FILE, ORG
+from core.rendezvous import rank_env
 from core.workenv import CHECKPOINTS, workload_env
 from ops.dispatcher import pods
 from ops.dispatcher.context import RenderContext
@@ -116,8 +117,7 @@ def _argv_and_env(cmd: StartWork, ctx: RenderContext, master: str) -> tuple[list
             "--rdzv-conf", f"timeout={rdzv.timeout_s}", "--max-restarts", "0",
             escape(str(WORKDIR / script)), *(escape(a) for a in spec.command[1:]),
         ]  # fmt: skip
-        threads = max(1, int(spec.cpus // rdzv.nproc_per_node))
-        env = {"RESONTECH_DDP_BACKEND": rdzv.backend, "OMP_NUM_THREADS": str(threads)}
+        env = rank_env(spec, rdzv)
         if spec.resume_url and spec.resume_from:
             env["RESONTECH_RESUME_PATH"] = str(WORKDIR / "resume" / PurePosixPath(spec.resume_from).name)
         return argv, env

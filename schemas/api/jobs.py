@@ -111,6 +111,10 @@ class SubmitJob(Request, frozen=True, kw_only=True):
         output_prefix: workspace prefix the job writes to, ending in ``/`` (default: the
             workspace's ``model_out/`` and ``files_out/``).
         max_price_micros_per_gpu_hour: the most the tenant pays per GPU-hour (default: list price).
+        strategy: how a ``ddp`` job's script spreads the model over its ranks, passed to it as
+            ``$RESONTECH_STRATEGY``: ``ddp`` (the default: every rank holds the whole model) or
+            ``fsdp`` (FSDP2: parameters, gradients and optimizer state sharded over every rank);
+            ``deepspeed`` is refused until the platform ships DeepSpeed. ``ddp`` jobs only.
         image: the container image each shard runs in (``registry/name:tag``, a ``@sha256:``
             digest to pin it). Only workers that run images take such a job: today the nodes of the
             kernel's own Kubernetes clusters. Default: the worker's own environment.
@@ -135,6 +139,7 @@ class SubmitJob(Request, frozen=True, kw_only=True):
     max_price_micros_per_gpu_hour: Annotated[int, msgspec.Meta(ge=0)] | None = None
     federated: FederatedSpec | None = None
     image: Image | None = None
+    strategy: Literal["ddp", "fsdp", "deepspeed"] | None = None
 
 
 class TenantQuery(Request, frozen=True, kw_only=True):

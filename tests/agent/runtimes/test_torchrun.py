@@ -18,9 +18,9 @@ import pytest
 from agent.checkpoints import CheckpointUploads
 from agent.protocol import CheckpointLine, ProtocolError, parse_line
 from agent.runtimes import RUNTIMES, StartFailed, workload_env
-from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, port_free, threads
+from agent.runtimes.torchrun import TorchrunRuntime, before_report, command, port_free
 from core.files import TenantTree
-from core.rendezvous import PORT_RANGE, master_port, rendezvous
+from core.rendezvous import PORT_RANGE, master_port, rank_env, rendezvous
 from core.sandbox import Sandbox
 from core.settings import Settings
 from ops.coordinator.inputs import Presigner
@@ -187,8 +187,10 @@ def test_the_torchrun_command_of_a_node() -> None:
         "--nnodes 4 --node-rank 3 --nproc-per-node 2 --master-addr 10.0.0.5 --master-port 29611 "
         "--rdzv-conf timeout=300 --max-restarts 0 /w/data/train.py --lr 0.1"
     )
-    assert threads(WorkSpec(runtime="torchrun", cpus=8), rdzv) == 4
-    assert threads(WorkSpec(runtime="torchrun", cpus=0.5), rdzv) == 1
+    env = rank_env(WorkSpec(runtime="torchrun", cpus=8, options={"strategy": "fsdp"}), rdzv)
+    assert env == {"RESONTECH_DDP_BACKEND": "gloo", "RESONTECH_STRATEGY": "fsdp", "OMP_NUM_THREADS": "4"}
+    assert rank_env(WorkSpec(runtime="torchrun", cpus=0.5), rdzv)["OMP_NUM_THREADS"] == "1"
+    assert rank_env(WorkSpec(runtime="torchrun"), rdzv)["RESONTECH_STRATEGY"] == "ddp"  # older commands
     assert RUNTIMES["torchrun"] is TorchrunRuntime
 
 

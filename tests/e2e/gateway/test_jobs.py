@@ -157,6 +157,9 @@ BAD_SPECS: list[tuple[dict[str, Any], int, str]] = [
     (spec(pool="managed"), 422, "unplaceable"),
     (spec(resources={"gpus": 2}, shards=1), 422, "unplaceable"),
     (spec(inputs=["nowhere.txt"]), 422, "missing_objects"),
+    (spec(strategy="fsdp"), 422, "invalid_spec"),  # a process job has no ranks to shard over
+    (spec(kind="ddp", command=["t.py"], inputs=["t.py"], strategy="deepspeed"), 422, "strategy_unavailable"),
+    (spec(kind="ddp", command=["t.py"], inputs=["t.py"], strategy="zero9"), 400, "invalid_body"),
     (spec(image="evil; rm -rf /"), 400, "invalid_body"),
     (spec(image="--privileged"), 400, "invalid_body"),
     (spec(image="img\nkind: Secret"), 400, "invalid_body"),

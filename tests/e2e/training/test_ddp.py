@@ -1,5 +1,6 @@
-"""DDP jobs end to end: real agents, a real coordinator, real torchrun (gloo on CPU), the real object
-store, and the example's training script (``examples/ddp-mlp/train.py``).
+"""DDP and FSDP jobs end to end: real agents, a real coordinator, real torchrun (gloo on CPU), the real
+object store, and the examples' training scripts (``examples/ddp-mlp/train.py``,
+``examples/fsdp-lm/train.py``).
 
 Each test uses a tenant (so a bucket) of its own, the session's servers and free ports only (the
 master port is hashed from the job id), so the tests run in parallel with the rest of the suite.
@@ -10,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import io
+import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +27,7 @@ from agent.runtimes.process import kill_marked
 from core.log import EventLog
 from core.streams import job_subject
 from ops.devstack.objectstore import ObjectStoreServer
+from ops.ports import free_port
 from schemas.envelope import Recorded
 from schemas.jobs import (
     JobAssignmentRevoked,
@@ -229,3 +235,88 @@ async def test_an_input_gone_from_the_workspace_fails_the_job_naming_it(
         jobs = await job_until(log, ended, "the job failed", timeout=60)
     [failed] = [e for e in of(jobs, JobFailed) if e.slot is None]
     assert f"input {DATA}: the object store answered 404" in failed.reason
+
+
+# -- strategy: fsdp (examples/fsdp-lm) -----------------------------------------------------------
+
+FSDP_EXAMPLE = REPO / "examples" / "fsdp-lm"
+FSDP_SCRIPT = "scripts/fsdp-lm/train.py"
+TOKENS = "jobs/lm/tokens.npz"
+FSDP_ARGS = ("--data", TOKENS, "--epochs", "6", "--checkpoint-every", "2", "--batch-size", "32")
+FSDP_STEPS_PER_EPOCH = 256 // 2 // 32  # 256 sequences, two ranks
+
+
+def fsdp_workspace(object_store: ObjectStoreServer, root: Path) -> tuple[str, Any]:
+    """A fresh tenant whose bucket holds the FSDP example and its corpus (also written under ``root``)."""
+    spec = importlib.util.spec_from_file_location("fsdp_lm_make_data", FSDP_EXAMPLE / "make_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = io.BytesIO()
+    np.savez(data, tokens=module.synthetic(256))
+    (root / TOKENS).parent.mkdir(parents=True, exist_ok=True)
+    (root / TOKENS).write_bytes(data.getvalue())
+    tenant = f"lm{secrets.token_hex(4)}"
+    s3 = object_store.client()
+    s3.create_bucket(Bucket=f"rt-{tenant}")
+    s3.put_object(Bucket=f"rt-{tenant}", Key=TOKENS, Body=data.getvalue())
+    s3.put_object(Bucket=f"rt-{tenant}", Key=FSDP_SCRIPT, Body=(FSDP_EXAMPLE / "train.py").read_bytes())
+    return tenant, s3
+
+
+def uninterrupted(root: Path) -> dict[str, Any]:
+    """The same training, same seed and world size, run straight through by torchrun on this host:
+    the reference the platform's interrupted run must end equal to."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    argv += ["--master-port", str(free_port()), str(FSDP_EXAMPLE / "train.py"), *FSDP_ARGS]
+    env = {**os.environ, "RESONTECH_CHECKPOINT_DIR": str(root / "reference"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state: dict[str, Any] = torch.load(root / "reference" / "epoch-0006.pt", weights_only=True)
+    return state
+
+
+async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupted_run(
+    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer, tmp_path: Path
+) -> None:
+    """``strategy: fsdp``: FSDP2 over two nodes (gloo, CPU); the host of one rank dies after the first
+    checkpoint, the gang restarts from it, and the final parameters equal those of a run that was
+    never interrupted (no step skipped or done twice: the step counter comes from the checkpoint)."""
+    tenant, s3 = fsdp_workspace(object_store, tmp_path)
+    nodes = {
+        await registered(log, agent): agent
+        for agent in (agents("f1", *HEARTBEAT), agents("f2", *HEARTBEAT), agents("f3", *HEARTBEAT))
+    }
+    event = JobSubmitted(
+        name="lm",
+        kind="ddp",
+        strategy="fsdp",
+        shards=2,
+        command=[FSDP_SCRIPT, *FSDP_ARGS, "--min-epoch-seconds", "0.5"],
+        inputs=[FSDP_SCRIPT, TOKENS],
+        resources=JobResources(cpus=1.0),
+    )
+    await log.append(job_subject(tenant, "lm-1", event), event)
+    async with coordinator(log):
+        jobs = await job_until(log, lambda rs: of(rs, JobCheckpointed), "the first checkpoint")
+        [placed] = of(jobs, JobPlaced)
+        victim = next(a for a in placed.assignments if a.slot == 1)
+        nodes[victim.worker_id].kill()
+        kill_marked(nodes[victim.worker_id].work_dir / victim.assignment_id)
+        jobs = await job_until(log, ended, "the job ended")
+    reference = await asyncio.to_thread(uninterrupted, tmp_path)
+    assert of(jobs, JobCompleted), [e for e in of(jobs, JobFailed)]
+    assert len(of(jobs, JobPlaced)) == 2  # restarted once, from the checkpoint
+    resumed = [e for e in of(jobs, JobProgress) if e.epoch == 2 and e.train_epoch is not None]
+    assert resumed[0].train_epoch > 1 and resumed[-1].train_epoch == 6
+    assert all(p.step == FSDP_STEPS_PER_EPOCH * p.train_epoch for p in of(jobs, JobProgress) if p.train_epoch)
+    assert all(p.metrics["world_size"] == 2.0 for p in resumed)
+    final = load_checkpoint(s3, tenant, of(jobs, JobCheckpointed)[-1].object_key)
+    assert (
+        (final["epoch"], final["step"])
+        == (6, 6 * FSDP_STEPS_PER_EPOCH)
+        == (reference["epoch"], reference["step"])
+    )
+    assert final["model"].keys() == reference["model"].keys()
+    worst = max((final["model"][k] - reference["model"][k]).abs().max().item() for k in reference["model"])
+    assert worst <= 1e-5, f"parameters differ by {worst} from the uninterrupted run"

@@ -1,0 +1,188 @@
+"""A small causal transformer language model trained with FSDP2 (``torch.distributed.fsdp.fully_shard``)
+on the synthetic corpus of ``make_data.py``: the resontech ``strategy: fsdp`` contract, by example.
+
+Every shard of a ``kind: ddp`` job runs this script under ``torchrun`` (one node per shard; the job's
+``strategy`` says how the script shards the model, ``$RESONTECH_STRATEGY``). FSDP2 shards every
+parameter, gradient and optimizer state across all ranks (ZeRO-3's memory: each rank holds
+1/world of them), gathering a block's parameters only while it computes. What the script does for the
+platform, as the DDP example does:
+
+* ``init_process_group`` with ``$RESONTECH_DDP_BACKEND`` (``gloo`` on CPU, ``nccl`` on GPUs) and a
+  one-dimensional device mesh over every rank (``cpu`` or ``cuda``: FSDP2 runs on CPU given a CPU
+  mesh).
+* Rank 0 prints ``RESONTECH_PROGRESS`` after every epoch.
+* A checkpoint every ``--checkpoint-every`` epochs: the full model and optimizer state, gathered from
+  the shards (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict``), written by rank 0
+  to ``$RESONTECH_CHECKPOINT_DIR`` and reported with ``RESONTECH_CHECKPOINT``; the agent uploads it.
+  A full state loads on any number of ranks, so a restart may run on another world size.
+* With ``$RESONTECH_RESUME_PATH`` (every node fetched the checkpoint), every rank reads it and keeps
+  its own shard of it (``set_state_dict`` with ``full_state_dict``); training continues from the
+  epoch after it, and the step counter comes from the checkpoint: no step is skipped or done twice.
+
+Everything is seeded (weights, data order per epoch), so two runs of the same arguments on the same
+world size end with the same parameters, a run interrupted and resumed included.
+
+Locally, without the platform: ``torchrun --nproc-per-node 2 train.py --data tokens.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def report(keyword: str, **fields: Any) -> None:
+    """One line of the workload protocol, in one write (the node's ranks share the agent's pipe)."""
+    sys.stdout.write(f"RESONTECH_{keyword} {json.dumps(fields)}\n")
+    sys.stdout.flush()
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="tokens.npz", help="the corpus (.npz with tokens)")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--checkpoint-every", type=int, default=2, help="epochs between checkpoints")
+    parser.add_argument("--min-epoch-seconds", type=float, default=0.0)
+    return parser.parse_args()
+
+
+class Block(nn.Module):
+    """Pre-norm self-attention and MLP, causal."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, vocab: int, length: int, width: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.position = nn.Parameter(torch.zeros(length, width))
+        self.blocks = nn.ModuleList(Block(width, heads=4) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf"), device=tokens.device), diagonal=1)
+        x = self.embed(tokens) + self.position[:n]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+
+def sharded(model: LanguageModel, mesh: Any) -> LanguageModel:
+    """FSDP2: each block is a unit of its own (gathered only while it runs), then the root (the
+    embeddings and the head)."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def save_checkpoint(state: dict[str, Any], epoch: int, step: int) -> None:
+    folder = Path(os.environ.get("RESONTECH_CHECKPOINT_DIR", "checkpoints"))
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"epoch-{epoch:04d}.pt"
+    partial = folder / f".{name}.partial"
+    torch.save(state, partial)
+    partial.replace(folder / name)  # the agent never sees a half-written file
+    report("CHECKPOINT", path=name, step=step)
+
+
+def main() -> None:
+    args = arguments()
+    backend = os.environ.get("RESONTECH_DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kind = "cuda" if backend == "nccl" else "cpu"
+    if kind == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    mesh = init_device_mesh(kind, (world,))
+    device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+    tokens = torch.from_numpy(np.load(args.data)["tokens"])
+    vocab, length = int(tokens.max()) + 1, tokens.shape[1] - 1
+    dataset = TensorDataset(tokens)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    torch.manual_seed(0)  # every rank builds the same weights before they are sharded
+    model = sharded(LanguageModel(vocab, length, args.width, args.layers).to(device), mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    first_epoch, step = 1, 0
+    resume = os.environ.get("RESONTECH_RESUME_PATH")
+    if resume:
+        state = torch.load(resume, map_location="cpu", weights_only=True)  # every node fetched it
+        options = StateDictOptions(full_state_dict=True)  # each rank keeps its own shard of it
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=options,
+        )
+        first_epoch, step = state["epoch"] + 1, state["step"]
+        if rank == 0:
+            source = os.environ.get("RESONTECH_RESUME_FROM", resume)
+            print(
+                f"resumed from {source}: epoch {state['epoch']}, step {step}, world size {world}", flush=True
+            )
+
+    for epoch in range(first_epoch, args.epochs + 1):
+        started = time.monotonic()
+        sampler.set_epoch(epoch)
+        totals = torch.zeros(2, device=device)  # loss sum, predicted tokens
+        for (batch,) in loader:
+            batch = batch.to(device)
+            logits = model(batch[:, :-1])
+            loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            totals += torch.tensor([loss.item() * batch[:, 1:].numel(), batch[:, 1:].numel()], device=device)
+        dist.all_reduce(totals)
+        loss_mean = (totals[0] / totals[1]).item()
+        if rank == 0:
+            metrics = {"perplexity": round(math.exp(loss_mean), 3), "world_size": world}
+            report("PROGRESS", train_epoch=epoch, step=step, loss=round(loss_mean, 5), metrics=metrics)
+        if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
+            model_state, optimizer_state = get_state_dict(model, optimizer, options=full)  # every rank
+            if rank == 0:
+                state = {"model": model_state, "optimizer": optimizer_state, "epoch": epoch, "step": step}
+                save_checkpoint(state, epoch, step)
+        time.sleep(max(0.0, args.min_epoch_seconds - (time.monotonic() - started)))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
