@@ -92,7 +92,7 @@ Placements = dict[str, tuple[int, JobPlaced]]
 
 async def trial(log: EventLog, kube: Kube, placements: Placements, n: int) -> dict[str, float]:
     job_id, tenant = f"d{n}", "bench"
-    kube.mock._requests.clear()  # kmock keeps every request it served; each trial starts alike
+    kube.forget_requests()  # each trial starts alike
     ns = work_namespace(tenant, job_id, "job", CTX)
     submitted = JobSubmitted(
         name=job_id, kind="ddp", shards=2, command=["train.py"], resources=JobResources(gpus=1, cpus=2)

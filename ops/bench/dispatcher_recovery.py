@@ -99,6 +99,7 @@ class Seen:
 async def stand_in_kubelet(kube: Kube, stop: asyncio.Event) -> None:
     """Make the controllers' pods and start each at once, on nodes whose kubelet answers."""
     while not stop.is_set():
+        kube.forget_requests()  # else the emulator's cost per request grows with every request served
         await kube.run_controllers()
         for (resource, ns, name), obj in list(kube.mock.objects.items()):
             if (

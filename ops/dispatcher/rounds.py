@@ -11,9 +11,11 @@ The rules a round applies:
 * poll: what waits is applied first; then every work's pods are listed, and every held assignment's
   pod (the newest its controller made) and its new log lines are read, all at once, each read with a
   time-out of its own, and each pod's claims made as soon as its log is in: a log that cannot be read
-  is no new lines for that pod (logged once, not asked again for :data:`UNREADABLE_WAIT_MS`), and a
-  pod on a node that is not Ready is not asked; an assignment whose object exists but whose pod does
-  not yet, and that never started, is left for the next round; one that ended is forgotten;
+  is no new lines for that pod (logged once, not asked again for :data:`UNREADABLE_WAIT_MS`), a
+  read still running after :data:`READ_WAIT_S` is left to end in a later round (no round waits on a
+  kubelet that never answers), and a pod on a node that is not Ready is not asked; an assignment
+  whose object exists but whose pod does not yet, and that never started, is left for the next
+  round; one that ended is forgotten;
 * meter: a usage tick per held assignment whose pod ran, claimed as its node-worker; none before;
 * forget: a last tick (if the pod ran) before the final claims, then the assignment is no longer held,
   and its own objects are deleted, applied or not (a refusal may leave part of them): its Job, or its
@@ -76,6 +78,8 @@ REFUSED_ROUNDS = 30
 MAX_BACKOFF_MS = 8_000
 """The longest wait between two applies the cluster refused (from 1 s, doubling): 30 refusals take
 about 3.5 minutes, the time a namespace may stay terminating while a dead node's pod goes."""
+READ_WAIT_S = 1.0
+"""How long a round waits for its pods' log reads before it leaves the slow ones running."""
 UNREADABLE_WAIT_MS = 30_000
 """How long a pod whose log could not be read is left unasked (its round would wait on the read)."""
 LINGER_MS = 60_000
@@ -159,6 +163,8 @@ class Rounds:
         self._emptied: dict[Work, int] = {}
         """Works whose last held assignment went, and when (their namespaces linger)."""
         self._unreadable: dict[tuple[str, str], int] = {}
+        self._reading: dict[str, asyncio.Task[Read]] = {}
+        """assignment id -> its pod's log read still running (at most one each)."""
         """Pods (namespace, name) whose log could not be read, and when to try again (Unix ms)."""
 
     # -- applying --------------------------------------------------------------------------------
@@ -273,7 +279,10 @@ class Rounds:
         """One round: apply what waits (unless backing off), delete lingering namespaces and list every
         held work's pods, under the dispatcher's lock; then read the pods' logs without it (a read may
         take its whole time-out, and commands must not wait on it), and take the lock again for each
-        pod's claims, as soon as its log is in, skipping an assignment a command let go meanwhile."""
+        pod's claims, as soon as its log is in, skipping an assignment a command let go meanwhile. The
+        round waits :data:`READ_WAIT_S` at most: a read still running (a kubelet that accepts and never
+        answers) goes on, no second read of that pod starts, and the round in which it ends handles
+        its pod, so it delays that pod alone, never the next round of every other pod."""
         async with self.busy:
             now = self.clock()
             for work in {_work(t) for t in self.held.values() if not t.applied}:
@@ -285,16 +294,32 @@ class Rounds:
                 if t.applied:
                     by_work[_work(t)].append(t)
             listed = await asyncio.gather(*(self._list_work(work, held) for work, held in by_work.items()))
-        reads = [asyncio.create_task(self._read_log(t, pod)) for found in listed for t, pod in found]
-        try:
-            for read in asyncio.as_completed(reads):
-                tracked, pod, new = await read
+        for found in listed:
+            for tracked, pod in found:
+                if tracked.cmd.assignment_id not in self._reading:
+                    self._reading[tracked.cmd.assignment_id] = asyncio.create_task(
+                        self._read_log(tracked, pod)
+                    )
+        pending = set(self._reading.values())
+        deadline = asyncio.get_running_loop().time() + READ_WAIT_S
+        while pending:
+            wait = max(0.0, deadline - asyncio.get_running_loop().time())
+            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                return  # the rest end in a later round: a read that hangs holds up no other pod
+            for read in done:
+                self._reading = {a: r for a, r in self._reading.items() if r is not read}
+                tracked, pod, new = read.result()
                 async with self.busy:
                     if self.held.get(tracked.cmd.assignment_id) is tracked:
                         await self._poll_one(tracked, pod, new)
-        finally:
-            for read in reads:
-                read.cancel()
+
+    async def close(self) -> None:
+        """Cancel the log reads still running (the dispatcher stops)."""
+        reads, self._reading = list(self._reading.values()), {}
+        for read in reads:
+            read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
 
     async def _list_work(self, work: Work, held: list[Tracked]) -> list[tuple[Tracked, PodState | None]]:
         """Each held assignment of the work with its pod (``None``: none), leaving out those whose

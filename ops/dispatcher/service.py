@@ -174,6 +174,7 @@ class Dispatcher:
         async with self.busy:
             await self.rounds.reconcile(current)
         self.registered.set()
+        self._take_commands()
         loops = [
             self._every(self.timing.poll_s, self.rounds.poll),
             self._every(self.timing.poll_s, self.verifications.poll),
@@ -190,6 +191,7 @@ class Dispatcher:
                     task.cancel()
             await asyncio.gather(*tasks, *self._takers.values(), return_exceptions=True)
             self._takers.clear()
+            await self.rounds.close()
 
     async def _join(self, stop: asyncio.Event) -> None:
         """Enroll the cluster (with the kernel's credentials), wait for the kernel's first answer
@@ -281,6 +283,11 @@ class Dispatcher:
                 await self._enroll(worker_id, event)
         for worker_id, policy_set in self.fleet.policies_due():
             await self._claim_policy(worker_id, policy_set)
+        if self.registered.is_set():  # commands wait for reconcile, which deletes verification Jobs
+            self._take_commands()
+
+    def _take_commands(self) -> None:
+        """Take the commands of every listed, registered node not taken yet."""
         for worker_id in self.fleet.nodes:
             if worker_id not in self._takers and worker_id in self.fleet.registered:
                 handle = self._handler(worker_id)

@@ -490,6 +490,13 @@ class Kube:
         status = {"phase": phase, "startTime": at, "containerStatuses": [reported]}
         await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": status})
 
+    def forget_requests(self) -> None:
+        """Drop kmock's record of the requests it served. kmock matches each new request against each
+        of its reactions by walking that whole record, so a long run slows down in proportion to the
+        requests served so far (the dispatcher benches' trial-to-trial growth). Benches call this as
+        they go; tests, which are short and may read the requests, do not."""
+        self.mock._requests.clear()
+
     async def run_controllers(self) -> list[tuple[str, str]]:
         """Make the pod of every Job and Deployment that has none (``<name>-pod``, Pending, on the node
         of its ``nodeSelector``, with its template's labels and first container's name), as the Job and

@@ -54,11 +54,17 @@ def test_a_dispatchers_permissions_are_its_nodes_agent_permissions_and_its_own_t
     assert set(dispatcher_permissions("kernel-lab", "prov", ()).publish) == own  # before any node enrolls
 
 
+async def synced(stack: Stack) -> None:
+    """Wait until the server's users reflect every PROVIDERS event stored so far (these tests append
+    to the log directly, which the gateway's projection may not have read yet)."""
+    await stack.sync.wait_synced(await stack.log.last_seq("PROVIDERS"))
+
+
 async def _enrolled_cluster(stack: Stack, cluster: str = "lab") -> DispatcherCredentials:
     provider, _ = await stack.provider()
     made = await enroll_cluster(stack.log, cluster, provider=provider, region="eu-north")
     assert made.password is not None
-    await stack.synced()
+    await synced(stack)
     return DispatcherCredentials(
         cluster=cluster,
         provider=provider,
@@ -161,7 +167,7 @@ async def test_a_dispatchers_user_can_do_nothing_but_its_nodes_work(stack: Stack
             claim = AgentEnrolled(token_id=facts.token_id, worker_id=worker_id)
             await own.append(intake_subject(me, provider_subject(creds.provider, claim)), claim)
         providers = await wait_for_state(stack.log, PROVIDERS, lambda s: node in s.enrolled and s, "its node")
-        await stack.synced()
+        await synced(stack)
         refused = await quarantined(stack.log, me, 2)
         assert [q.reason.split(" (")[0] for q in refused] == [
             f"worker {foreign_node!r} is not a node of cluster lab",
@@ -201,12 +207,12 @@ async def test_a_dispatchers_user_can_do_nothing_but_its_nodes_work(stack: Stack
 async def test_a_revoked_cluster_user_is_refused_and_its_question_unanswered(stack: Stack) -> None:
     creds = await _enrolled_cluster(stack)
     assert await revoke_cluster(stack.log, "lab")
-    await stack.synced()
+    await synced(stack)
     with pytest.raises(LogUnavailable):
         await EventLog.connect(creds.connection(stack.log.settings), name="revoked")
     # enrolling it again gives new credentials under the same terms; the old password stays refused
     again = await enroll_cluster(stack.log, "lab", provider=creds.provider, region="eu-north")
-    await stack.synced()
+    await synced(stack)
     with pytest.raises(LogUnavailable):
         await EventLog.connect(creds.connection(stack.log.settings), name="old")
     renewed = msgspec.structs.replace(creds, nats_password=again.password)
