@@ -117,6 +117,30 @@ def save_checkpoint(state: dict[str, Any], epoch: int, step: int) -> None:
     report("CHECKPOINT", path=name, step=step)
 
 
+def resumed(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int) -> tuple[int, int]:
+    """The first epoch to train and the step counter: from ``$RESONTECH_RESUME_PATH`` when set (every
+    node fetched it; each rank keeps its own shard of the full state), else ``(1, 0)``."""
+    resume = os.environ.get("RESONTECH_RESUME_PATH")
+    if not resume:
+        return 1, 0
+    state = torch.load(resume, map_location="cpu", weights_only=True)
+    options = StateDictOptions(full_state_dict=True)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=options,
+    )
+    if rank == 0:
+        source = os.environ.get("RESONTECH_RESUME_FROM", resume)
+        print(
+            f"resumed from {source}: epoch {state['epoch']}, step {state['step']}, world size {world}",
+            flush=True,
+        )
+    return state["epoch"] + 1, state["step"]
+
+
 def main() -> None:
     args = arguments()
     backend = os.environ.get("RESONTECH_DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -138,25 +162,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
-    first_epoch, step = 1, 0
-    resume = os.environ.get("RESONTECH_RESUME_PATH")
-    if resume:
-        state = torch.load(resume, map_location="cpu", weights_only=True)  # every node fetched it
-        options = StateDictOptions(full_state_dict=True)  # each rank keeps its own shard of it
-        set_state_dict(
-            model,
-            optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=options,
-        )
-        first_epoch, step = state["epoch"] + 1, state["step"]
-        if rank == 0:
-            source = os.environ.get("RESONTECH_RESUME_FROM", resume)
-            print(
-                f"resumed from {source}: epoch {state['epoch']}, step {step}, world size {world}", flush=True
-            )
-
+    first_epoch, step = resumed(model, optimizer, rank, world)
     for epoch in range(first_epoch, args.epochs + 1):
         started = time.monotonic()
         sampler.set_epoch(epoch)
