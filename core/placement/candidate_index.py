@@ -281,7 +281,8 @@ class CandidateIndex:
         need: Room = (request.gpus, request.vram_mb if request.gpus else 0, request.cpus, request.memory_mb)
         top, failed = self._best(d, families, need)
         lane_size = sum(sizes.values())
-        in_pool = sum((self._sizes.get((*d.lane[:2], False)) or Counter()).values())  # images or not
+        base = self._sizes.get((*d.lane[:2], False)) or Counter() if d.lane[2] else sizes
+        in_pool = sum(base.values())  # the lane's pool and owner, images or not
         in_type = sum(sizes[f] for f in families)
         filtered = Counter(reason for reason, _ in failed)
         filtered.update(pool=len(self) - in_pool, image=in_pool - lane_size, gpu_type=lane_size - in_type)
