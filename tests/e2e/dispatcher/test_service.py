@@ -122,6 +122,12 @@ async def dispatch(kube: Kube, intake: EventLog, tmp_path: Path) -> AsyncIterato
         running = Running(d, asyncio.create_task(d.run(stop)), stop)
         started.append(running)
         await asyncio.wait_for(d.registered.wait(), TIMEOUT_S)
+        # the dispatcher has claimed each node's registration; the kernel stores it a moment later,
+        # and a job placed before would see fewer nodes than there are
+        stored = {f"worker.{w}.{'verified' if vouch else 'registered'}" for w in d.fleet.registered}
+        await wait_records(
+            intake, "WORKERS", lambda rs: stored <= {r.subject for r in rs}, "nodes stored", TIMEOUT_S
+        )
         return running
 
     yield start
