@@ -31,6 +31,10 @@ A :class:`Rounds` is built from what it uses (the cluster, the held assignments,
 the nodes' addresses, the lock, the clock); the dispatcher wires it. A round holds that lock but while
 it reads logs, so a command is never handled in the middle of an apply or of a pod's claims, and never
 waits on a kubelet.
+
+One module past 500 lines on purpose: apply, poll, meter, forget and reconcile all act on the same
+held assignments under the same lock, and their order within a round is the point; what can stand
+alone already does (pod states, log resumption, reporting, rendering).
 """
 
 from __future__ import annotations

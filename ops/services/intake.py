@@ -32,9 +32,10 @@ which leaves the work queue. Several instances may share the consumer.
   (:func:`core.verification.answer`, in a thread) and :func:`core.verification.judge`; the outcome is
   the kernel's ``worker.verified`` or ``worker.verification_failed``.
 
-One module, about 500 lines: the rules live elsewhere (:mod:`projections.claims`, the verifier, the
-budgets); what stays here is one batch's order of judging, appending and acknowledging, which reads
-best whole.
+One module past 500 lines: the rules live elsewhere (:mod:`projections.claims`, the verifier, the
+budgets, :mod:`projections.clusters` for a dispatcher's question); what stays here is one batch's
+order of judging, appending and acknowledging, which reads best whole, and the one answer that needs
+the same caught-up projections.
 """
 
 from __future__ import annotations
