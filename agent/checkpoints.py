@@ -27,10 +27,12 @@ from typing import BinaryIO
 import httpx
 import msgspec
 
+from agent import checkpoint_parts
 from agent.protocol import CheckpointLine
 from agent.runtimes.base import StartFailed, checkpoint_dir
 from core.errors import ResontechError
 from core.files import TenantTree, UnsafeFile
+from schemas.commands import StartWork
 
 log = logging.getLogger("resontech.agent")
 CHUNK = 1 << 20
@@ -60,15 +62,34 @@ class CheckpointUploads:
         name: the assignment id, for the log.
     """
 
-    def __init__(self, folder: TenantTree | None, urls: dict[str, str], name: str) -> None:
+    def __init__(
+        self,
+        folder: TenantTree | None,
+        urls: dict[str, str],
+        name: str,
+        *,
+        part_urls: dict[str, str] | None = None,
+        slot: int = 0,
+    ) -> None:
         self.folder = folder
         self.targets = list(urls.items())
+        self.part_targets = list((part_urls or {}).items())
         self.name = name
+        self.slot = slot
         self.count = 0
+        self.parts = 0
+
+    @classmethod
+    def of(cls, cmd: StartWork, folder: TenantTree | None) -> CheckpointUploads:
+        """The uploads of the assignment ``cmd`` starts."""
+        spec = cmd.spec
+        return cls(folder, spec.checkpoint_urls, cmd.assignment_id, part_urls=spec.part_urls, slot=cmd.slot)
 
     async def resolve(self, line: CheckpointLine) -> CheckpointLine | None:
         """The report as an object key: ``line`` itself when it names one, else after uploading its
-        file (``None`` when the file could not be uploaded)."""
+        file or part (``None`` when it could not be uploaded)."""
+        if line.dir is not None and line.step is not None and line.object_key is None:
+            return await self._part(line, line.dir, line.step)
         if line.path is None:
             return line
         if not self.targets or self.folder is None:
@@ -85,6 +106,38 @@ class CheckpointUploads:
             self.folder.unlink(line.path)
         log.info("%s: checkpoint %s (%d bytes) uploaded to %s", self.name, line.path, size, key)
         return msgspec.structs.replace(line, object_key=key, path=None)
+
+    async def _part(self, line: CheckpointLine, name: str, step: int) -> CheckpointLine | None:
+        """Upload the folder ``name`` as this node's part of the checkpoint of ``step``, to the next
+        part URL: the turn advances on every part reported, uploaded or not, so that every node of
+        the world uses the same folder for the same save (:mod:`projections.checkpoints`)."""
+        turn, self.parts = self.parts, self.parts + 1
+        if not self.part_targets or self.folder is None:
+            log.warning("%s: checkpoint part %s ignored: this assignment has no part URLs", self.name, name)
+            return None
+        key, url = self.part_targets[turn % len(self.part_targets)]
+        try:
+            part = await asyncio.to_thread(
+                checkpoint_parts.open_part, self.folder, name, step=step, slot=self.slot
+            )
+        except UnsafeFile as exc:
+            log.warning("%s: checkpoint part %s refused: %s", self.name, name, exc.message)
+            return None
+        try:
+            size = await _put(url, checkpoint_parts.stream(part), part.size, f"checkpoint part {name}")
+        except UploadFailed as exc:
+            log.warning("%s: %s", self.name, exc.message)
+            return None
+        finally:
+            part.close()
+        with contextlib.suppress(OSError, UnsafeFile):
+            for member, _, _ in part.files:
+                self.folder.unlink(f"{name}/{member}")
+            os.rmdir(name, dir_fd=self.folder.fd)
+        log.info(
+            "%s: checkpoint part %s of step %d (%d bytes) uploaded to %s", self.name, name, step, size, key
+        )
+        return msgspec.structs.replace(line, object_key=key)
 
 
 async def _chunks(source: BinaryIO, size: int) -> AsyncIterator[bytes]:

@@ -42,7 +42,7 @@ async def forward_reports(
             the workload started (``None``: file checkpoints are refused).
         gpu_util: the assignment's GPU utilisation now, for progress that does not say it.
     """
-    uploads = CheckpointUploads(checkpoint_folder, cmd.spec.checkpoint_urls, cmd.assignment_id)
+    uploads = CheckpointUploads.of(cmd, checkpoint_folder)
     progress = reports.ProgressCoalescer()
     sent = 0
 

@@ -56,7 +56,15 @@ import bcrypt
 from core.streams import command_consumer, command_subject, token
 from schemas._base import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
-from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
+from schemas.jobs import (
+    JobCheckpointed,
+    JobCheckpointPartStored,
+    JobFailed,
+    JobProgress,
+    JobRejected,
+    JobShardCompleted,
+    JobStarted,
+)
 from schemas.metering import UsageTick
 from schemas.providers import AgentEnrolled
 from schemas.workers import WorkerPolicySet, WorkerRegistered, WorkerVerificationReported
@@ -80,6 +88,7 @@ AGENT_JOB_EVENTS: tuple[type[Event], ...] = (
     JobRejected,
     JobProgress,
     JobCheckpointed,
+    JobCheckpointPartStored,
     JobShardCompleted,
     JobFailed,
 )

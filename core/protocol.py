@@ -15,7 +15,16 @@ other line is just log output. All fields are optional unless marked.
     line: the agent removes the file once uploaded.
 ``RESONTECH_CHECKPOINT {"object_key": "jobs/x/ckpt/round-3.pt", "round": 3, "step": 300}``
     -> the same event for a checkpoint the workload has already written to the tenant's workspace
-    itself, under that key. Exactly one of ``path`` and ``object_key`` is given.
+    itself, under that key.
+``RESONTECH_CHECKPOINT {"dir": "step-000300", "step": 300}`` (``step`` required)
+    -> this node's part of a sharded checkpoint: the plain files directly in the folder ``dir`` of
+    ``$RESONTECH_CHECKPOINT_DIR`` (what this node's ranks wrote with ``torch.distributed.checkpoint``)
+    go up as one archive through the node's presigned URLs (``WorkSpec.part_urls``), and the agent
+    appends ``job.<tenant>.<job>.checkpoint_part_stored``; the checkpoint counts once every node's
+    part of the step is stored (see :mod:`agent.checkpoints`). One line per node: its local rank 0
+    prints it once the save has finished on every rank.
+
+Exactly one of ``path``, ``dir`` and ``object_key`` is given.
 ``RESONTECH_READY {"address": "http://10.0.0.5:8000", "api_key": "..."}``
     -> ``endpoint.<tenant>.<endpoint>.replica_ready`` for an inference replica (``address`` required;
     ``api_key``: the key the engine takes). Only the ``vllm`` runtime says it, for its engine (see
@@ -67,10 +76,14 @@ class ProgressLine(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CheckpointLine(msgspec.Struct, frozen=True, kw_only=True):
-    """A ``RESONTECH_CHECKPOINT`` report: a file to upload (``path``) or an object already written."""
+    """A ``RESONTECH_CHECKPOINT`` report: a file to upload (``path``), a node's part of a sharded
+    checkpoint to upload (``dir``), or an object already written (``object_key``). Once the agent has
+    uploaded a part, it carries both ``dir`` and the part's ``object_key``: a workload's line never
+    may."""
 
     object_key: str | None = None
     path: str | None = None
+    dir: str | None = None
     round: int | None = None
     step: int | None = None
 
@@ -113,6 +126,9 @@ def parse_line(line: str) -> Report | None:
         report: Report = decoder.decode(payload)
     except (msgspec.DecodeError, UnicodeEncodeError) as exc:  # a lone surrogate is not UTF-8 either
         raise ProtocolError(f"{keyword}: {exc}") from None
-    if isinstance(report, CheckpointLine) and bool(report.object_key) == bool(report.path):
-        raise ProtocolError(f"{keyword}: give exactly one of path and object_key, not empty")
+    if isinstance(report, CheckpointLine):
+        if [bool(report.object_key), bool(report.path), bool(report.dir)].count(True) != 1:
+            raise ProtocolError(f"{keyword}: give exactly one of path, dir and object_key, not empty")
+        if report.dir and report.step is None:
+            raise ProtocolError(f"{keyword}: a dir (a part of a sharded checkpoint) needs its step")
     return report

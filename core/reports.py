@@ -47,7 +47,15 @@ from core.streams import endpoint_subject, job_subject
 from schemas._base import Event
 from schemas.commands import StartWork
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
-from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
+from schemas.jobs import (
+    JobCheckpointed,
+    JobCheckpointPartStored,
+    JobFailed,
+    JobProgress,
+    JobRejected,
+    JobShardCompleted,
+    JobStarted,
+)
 
 Append = tuple[str, Event, str]
 MAX_METRICS = 64
@@ -107,7 +115,11 @@ def reported(cmd: StartWork, report: ProgressLine | CheckpointLine | ReadyLine, 
         return None
     if isinstance(report, CheckpointLine):
         if report.object_key is None:
-            return None  # a file not uploaded yet (agent.checkpoints uploads it and reports the key)
+            return None  # a file or part not uploaded yet (agent.checkpoints uploads it, then reports)
+        if report.dir is not None and report.step is not None:
+            key, step = report.object_key, report.step
+            part = _about(cmd, JobCheckpointPartStored, slot=cmd.slot, object_key=key, step=step)
+            return _one(cmd, part, f"part-{n}")
         event: Event = _about(
             cmd,
             JobCheckpointed,

@@ -9,17 +9,18 @@ says reaches a projection any other way.
 
 The rules, by what is claimed:
 
-* **A report about a job or an endpoint** (started, rejected, progress, checkpointed, shard
-  completed, failed; replica starting, ready, lost) names a *current* assignment of the sender: the
-  tenant and work id of the subject, the slot, the epoch and the assignment id all match the
-  schedule's (or the endpoint table's) current assignment, whose worker is the sender. A report about
-  a finished job or a deleted endpoint is refused. A checkpoint key lies under the job's own
-  checkpoint prefix; a replica's address is the sender's registered host, and what that host is as
-  an IP address (in any form an HTTP client reads, or the addresses its name resolved to, which the
-  intake looks up and hands in as facts) lies in an allowed replica network and is never loopback
-  (unless the deployment allows it), unspecified, link-local, multicast or one of the kernel's own
-  services (:mod:`core.addresses`); its key (which the gateway sends in a header) is short URL-safe
-  base64.
+* **A report about a job or an endpoint** (started, rejected, progress, checkpointed, part stored,
+  shard completed, failed; replica starting, ready, lost) names a *current* assignment of the
+  sender: the tenant and work id of the subject, the slot, the epoch and the assignment id all match
+  the schedule's (or the endpoint table's) current assignment, whose worker is the sender. A report
+  about a finished job or a deleted endpoint is refused. A checkpoint key lies under the job's own
+  checkpoint prefix, and a sharded checkpoint's part is one of the reporting node's own keys
+  (:func:`projections.checkpoints.part_keys`); only the kernel names a whole set. A replica's address
+  is the sender's registered host, and what that host is as an IP address (in any form an HTTP client
+  reads, or the addresses its name resolved to, which the intake looks up and hands in as facts) lies
+  in an allowed replica network and is never loopback (unless the deployment allows it),
+  unspecified, link-local, multicast or one of the kernel's own services (:mod:`core.addresses`); its
+  key (which the gateway sends in a header) is short URL-safe base64.
 * **Usage** (``meter.<tenant>.<worker>.<assignment>.tick``) is accepted only for an assignment of the
   sender that is current or ended within :data:`END_GRACE_MS`, of the tenant and work it names; its
   interval lies within the assignment's life (placement to end, give or take :data:`CLOCK_SKEW_MS`)
@@ -56,6 +57,7 @@ from core.placement.rules import RUNS_IMAGES
 from core.pricing import CPU_GPU_TYPE, gpu_family
 from core.streams import split_intake
 from projections.candidates import tier_of
+from projections.checkpoints import checkpoint_prefix, part_keys
 from projections.endpoints import EndpointRecord, EndpointsState, endpoint_key
 from projections.endpoints import find_tenure as replica_tenure
 from projections.providers import ProvidersState, dispatching, enrollment_of, is_kernel_worker_id
@@ -65,7 +67,15 @@ from projections.schedule import find_tenure as shard_tenure
 from projections.tenure import Tenure
 from schemas._base import Event
 from schemas.endpoints import EndpointReplicaLost, EndpointReplicaReady, EndpointReplicaStarting
-from schemas.jobs import JobCheckpointed, JobFailed, JobProgress, JobRejected, JobShardCompleted, JobStarted
+from schemas.jobs import (
+    JobCheckpointed,
+    JobCheckpointPartStored,
+    JobFailed,
+    JobProgress,
+    JobRejected,
+    JobShardCompleted,
+    JobStarted,
+)
 from schemas.metering import UsageTick
 from schemas.providers import AgentEnrolled
 from schemas.workers import WorkerPolicySet, WorkerRegistered
@@ -161,6 +171,7 @@ def judge(
             | JobRejected()
             | JobProgress()
             | JobCheckpointed()
+            | JobCheckpointPartStored()
             | JobShardCompleted()
             | JobFailed()
         ):
@@ -274,20 +285,22 @@ def _job_report(sender: str, tokens: list[str], subject: str, claim: Any, facts:
     match claim:
         case JobProgress(metrics=metrics) if len(metrics) > MAX_METRICS:
             return Refused(f"progress with {len(metrics)} metrics (at most {MAX_METRICS})")
+        case JobCheckpointed(parts=parts) if parts:
+            return Refused("only the kernel names a sharded checkpoint's set of parts")
         case JobCheckpointed(object_key=key):
             prefix = checkpoint_prefix(job)
             if not key.startswith(prefix) or not _KEY.match(key) or ".." in key.split("/"):
                 return Refused(f"checkpoint {key[:200]!r} is not under the job's own {prefix}")
+        case JobCheckpointPartStored(object_key=key, epoch=epoch, slot=slot, step=step):
+            if key not in part_keys(job, epoch, slot):
+                return Refused(f"checkpoint part {key[:200]!r} is not one of node {slot}'s own keys")
+            if step < 0:
+                return Refused(f"checkpoint part of step {step}")
         case JobFailed(reason=reason, log_tail=tail) if len(reason) > MAX_TEXT or len(tail) > MAX_LOG_TAIL:
             return Refused("failure report too large")
         case JobRejected(reason=reason) if len(reason) > MAX_TEXT:
             return Refused("rejection reason too long")
     return Accepted(subject, claim)
-
-
-def checkpoint_prefix(job: JobRecord) -> str:
-    """Where an agent may report ``job``'s checkpoints (:func:`ops.coordinator.workspecs.checkpoint_keys`)."""
-    return f"jobs/{job.spec.name}/checkpoints/{job.job_id}/"
 
 
 def _not_held(
@@ -484,4 +497,4 @@ def _interval_refusal(
     return None
 
 
-__all__ = ["Accepted", "Facts", "Refused", "Verdict", "checkpoint_prefix", "judge"]
+__all__ = ["Accepted", "Facts", "Refused", "Verdict", "judge"]

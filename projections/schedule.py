@@ -47,6 +47,7 @@ from schemas.jobs import (
     JobAssignmentRevoked,
     JobCancelled,
     JobCheckpointed,
+    JobCheckpointPartStored,
     JobCompleted,
     JobFailed,
     JobFederationReady,
@@ -77,6 +78,7 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
     round: int | None = None
     step: int | None = None
     slot: int | None = None
+    parts: list[str] = []
 
 
 class Progress(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,6 +126,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
             coordinator fails the job (not retryable) or re-places the shard (retryable).
         epoch: the highest assignment epoch placed for this job.
         round: the highest federated round completed.
+        checkpoint_parts: ``str(step) -> str(slot) -> key``: the parts of sharded checkpoints stored
+            at the current epoch and newer than the last checkpoint, while their set is incomplete
+            (:mod:`projections.checkpoints`); at most :data:`MAX_PENDING_SETS` steps.
         failures / revocations: counts of accepted ``failed`` and ``assignment_revoked`` events.
         retries: ``str(slot) -> count`` of the slot's accepted retryable failures (its agent stopped
             or restarted while running it), over every epoch.
@@ -150,6 +155,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     failed_slots: dict[str, bool] = {}
     epoch: int = 0
     last_checkpoint: Checkpoint | None = None
+    checkpoint_parts: dict[str, dict[str, str]] = {}
     round: int = 0
     progress: Progress | None = None
     failures: int = 0
@@ -223,6 +229,9 @@ def _derive(job: JobRecord) -> JobRecord:
     return _replace(job, state=state, queue_reason=job.queue_reason if state == "queued" else "")
 
 
+MAX_PENDING_SETS = 8
+"""Incomplete sharded checkpoints a job keeps (the newest steps): parts older than these never
+complete."""
 _SINCE_PLACED = ("started", "done", "failed_slots")
 """A job's maps of what each slot's current assignment has done since it was placed."""
 _PER_SLOT = ("assignments", "placed_ns", *_SINCE_PLACED)
@@ -253,7 +262,7 @@ def _placed(job: JobRecord, event: JobPlaced, t: int) -> JobRecord | None:
     if epoch == job.epoch:
         return None
     retired = retire(job.retired, superseded, t) if superseded else job.retired
-    return _replace(job, epoch=epoch, retired=retired, **maps)
+    return _replace(job, epoch=epoch, retired=retired, checkpoint_parts={}, **maps)
 
 
 def _revoked(job: JobRecord, event: JobAssignmentRevoked, t: int) -> JobRecord | None:
@@ -287,6 +296,18 @@ def _progress(job: JobRecord, e: JobProgress, seq: int) -> JobRecord:
         metrics=e.metrics or p.metrics,
     )
     return _replace(job, progress=progress)
+
+
+def _part_stored(job: JobRecord, e: JobCheckpointPartStored) -> JobRecord | None:
+    last = job.last_checkpoint
+    if last is not None and last.parts and last.epoch == e.epoch and e.step <= (last.step or 0):
+        return None  # a step the job already has whole
+    step = str(e.step)
+    parts = {**job.checkpoint_parts.get(step, {}), str(e.slot): e.object_key}
+    pending = {**job.checkpoint_parts, step: parts}
+    while len(pending) > MAX_PENDING_SETS:  # a node that reports steps no other node saves
+        del pending[min(pending, key=int)]
+    return _replace(job, checkpoint_parts=pending)
 
 
 def _fenced(job: JobRecord, slot: int | None, epoch: int | None) -> bool:
@@ -328,13 +349,18 @@ def _changed(job: JobRecord, event: Any, seq: int, t: int) -> JobRecord | None:
             return _replace(job, started={**job.started, str(slot): epoch})
         case JobProgress():
             return None if _fenced(job, event.slot, event.epoch) else _progress(job, event, seq)
-        case JobCheckpointed(object_key=key, epoch=epoch, slot=slot):
-            if _fenced(job, slot, epoch):
+        case JobCheckpointed(object_key=key, epoch=epoch, slot=slot, parts=parts):
+            if not parts and _fenced(job, slot, epoch):
                 return None
+            step, pending = event.step, job.checkpoint_parts
+            if parts:  # the kernel's complete set: the sets it supersedes never count
+                pending = {s: p for s, p in pending.items() if int(s) > (step or 0)}
             checkpoint = Checkpoint(
-                object_key=key, seq=seq, epoch=epoch, round=event.round, step=event.step, slot=slot
+                object_key=key, seq=seq, epoch=epoch, round=event.round, step=step, slot=slot, parts=parts
             )
-            return _replace(job, last_checkpoint=checkpoint)
+            return _replace(job, last_checkpoint=checkpoint, checkpoint_parts=pending)
+        case JobCheckpointPartStored():
+            return None if _fenced(job, event.slot, event.epoch) else _part_stored(job, event)
         case JobShardCompleted(assignment_id=assignment_id, slot=slot, epoch=epoch):
             if not _slot_current(job, slot, epoch, assignment_id) or str(slot) in job.done:
                 return None

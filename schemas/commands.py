@@ -47,6 +47,10 @@ class WorkSpec(Value, frozen=True, kw_only=True):
         checkpoint_urls: object key -> presigned PUT URL: the agent uploads the checkpoint files the
             workload reports (``RESONTECH_CHECKPOINT {"path": ...}``) to them in turn, so that the
             workload never holds object-store credentials.
+        part_urls: object key -> presigned PUT URL, for this node's parts of sharded checkpoints
+            (``RESONTECH_CHECKPOINT {"dir": ...}``), used in turn like ``checkpoint_urls``.
+        resume_parts: object key -> presigned GET URL of every part of the sharded checkpoint to
+            resume from (``resume_from`` is its folder), in node order; ``resume_step`` its step.
         rendezvous: where the nodes of a distributed job meet (``torchrun``).
         gpus: GPUs to give the workload.
         vram_mb: free VRAM per GPU the work needs (the agent's VRAM-fraction policy checks it).
@@ -69,6 +73,9 @@ class WorkSpec(Value, frozen=True, kw_only=True):
     resume_from: str | None = None
     resume_url: str | None = None
     checkpoint_urls: dict[str, str] = {}
+    part_urls: dict[str, str] = {}
+    resume_parts: dict[str, str] = {}
+    resume_step: int | None = None
     rendezvous: Rendezvous | None = None
     gpus: int = 0
     vram_mb: int = 0

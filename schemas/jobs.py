@@ -151,7 +151,11 @@ class JobCheckpointed(Event, tag="job.checkpointed", frozen=True, kw_only=True):
 
     Attributes:
         object_key: where; an agent's checkpoint lies under the job's own checkpoint prefix
-            (``jobs/<name>/checkpoints/<job_id>/``): the kernel refuses any other key.
+            (``jobs/<name>/checkpoints/<job_id>/``): the kernel refuses any other key. For a
+            sharded checkpoint, the folder its parts lie in.
+        parts: a sharded checkpoint's complete set, one part per node in node order (each a
+            ``job.checkpoint_part_stored``); only the kernel names a set, once every node's part of
+            one step is stored. Empty for a checkpoint of one file.
         assignment_id: the assignment that reports it; empty for the kernel's own.
     """
 
@@ -161,6 +165,20 @@ class JobCheckpointed(Event, tag="job.checkpointed", frozen=True, kw_only=True):
     slot: int | None = None
     step: int | None = None
     assignment_id: str = ""
+    parts: list[str] = []
+
+
+class JobCheckpointPartStored(Event, tag="job.checkpoint_part_stored", frozen=True, kw_only=True):
+    """One node's part of a sharded checkpoint is stored: its agent uploaded the files its ranks
+    wrote for ``step`` (``torch.distributed.checkpoint``), as one archive, to ``object_key``. The
+    checkpoint counts once every node's part of the step is stored (the kernel's
+    ``job.checkpointed`` naming the set)."""
+
+    epoch: int
+    slot: int
+    step: int
+    object_key: str
+    assignment_id: str
 
 
 class JobRoundCompleted(Event, tag="job.round_completed", frozen=True, kw_only=True):
@@ -263,6 +281,7 @@ JobEvent = (
     | JobStarted
     | JobProgress
     | JobCheckpointed
+    | JobCheckpointPartStored
     | JobRoundCompleted
     | JobShardCompleted
     | JobCompleted

@@ -2,7 +2,10 @@
 
 The agent has fetched the job's inputs into the assignment's folder at their workspace keys
 (:mod:`agent.downloads`); the runtime fetches the checkpoint to resume from, through the presigned
-URL of the start command, into ``<workdir>/resume/`` (``$RESONTECH_RESUME_PATH``). Then it runs, with
+URL of the start command, into ``<workdir>/resume/`` (``$RESONTECH_RESUME_PATH``); a sharded
+checkpoint's parts, every node's, unpacked into the folder ``<workdir>/resume/checkpoint``
+(:mod:`agent.checkpoint_parts`), which ``torch.distributed.checkpoint`` loads on any world size. Then
+it runs, with
 the agent's own interpreter (the torch installed beside the agent)::
 
     python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node P \\
@@ -33,7 +36,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from agent import downloads  # a module, not its names: agent.downloads imports agent.runtimes
+from agent import checkpoint_parts, downloads  # modules, not their names: both import agent.runtimes
 from agent.runtimes.base import StartFailed
 from agent.runtimes.process import ProcessWorkload, log_tail, prepare, spawn
 from core.rendezvous import rank_env
@@ -62,7 +65,10 @@ class TorchrunRuntime:
             raise StartFailed("a torchrun assignment needs a command and a rendezvous")
         prepare(workdir)
         extra = rank_env(spec, rdzv)
-        if spec.resume_url and spec.resume_from:
+        if spec.resume_parts and spec.resume_step is not None:
+            resume = await checkpoint_parts.fetch_set(spec.resume_parts, workdir, spec.resume_step)
+            extra["RESONTECH_RESUME_PATH"] = str(resume)
+        elif spec.resume_url and spec.resume_from:
             name = PurePosixPath(spec.resume_from).name
             [resume] = await downloads.fetch_all({name: spec.resume_url}, workdir / "resume")
             extra["RESONTECH_RESUME_PATH"] = str(resume)

@@ -11,13 +11,22 @@ platform, as the DDP example does:
   one-dimensional device mesh over every rank (``cpu`` or ``cuda``: FSDP2 runs on CPU given a CPU
   mesh).
 * Rank 0 prints ``RESONTECH_PROGRESS`` after every epoch.
-* A checkpoint every ``--checkpoint-every`` epochs: the full model and optimizer state, gathered from
-  the shards (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict``), written by rank 0
-  to ``$RESONTECH_CHECKPOINT_DIR`` and reported with ``RESONTECH_CHECKPOINT``; the agent uploads it.
-  A full state loads on any number of ranks, so a restart may run on another world size.
-* With ``$RESONTECH_RESUME_PATH`` (every node fetched the checkpoint), every rank reads it and keeps
-  its own shard of it (``set_state_dict`` with ``full_state_dict``); training continues from the
-  epoch after it, and the step counter comes from the checkpoint: no step is skipped or done twice.
+* A checkpoint every ``--checkpoint-every`` epochs, in one of two formats:
+
+  - ``--checkpoint-format sharded`` (the default): every rank saves its own shards with
+    ``torch.distributed.checkpoint.async_save`` into ``$RESONTECH_CHECKPOINT_DIR/step-<step>/`` on its
+    node (training goes on while the files are written, over a gloo group of their own); when the
+    save has finished on every rank, each node's local rank 0 reports the folder
+    (``RESONTECH_CHECKPOINT {"dir": ..., "step": ...}``), and its agent uploads the node's part. The
+    checkpoint counts once every node's part is stored.
+  - ``--checkpoint-format full``: the full state, gathered from the shards (``get_state_dict`` with
+    ``full_state_dict``), written by rank 0 as one file and reported with ``{"path": ...}``.
+
+  Either loads on any number of ranks (DCP reshards on load), so a restart may run on another
+  world size.
+* With ``$RESONTECH_RESUME_PATH`` (every node fetched the checkpoint: a folder holding every node's
+  part, or one file), every rank loads its own shard of it; training continues from the epoch after
+  it, and the step counter comes from the checkpoint: no step is skipped or done twice.
 
 Everything is seeded (weights, data order per epoch), so two runs of the same arguments on the same
 world size end with the same parameters, a run interrupted and resumed included.
@@ -39,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -61,6 +71,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--checkpoint-every", type=int, default=2, help="epochs between checkpoints")
+    parser.add_argument("--checkpoint-format", choices=("sharded", "full"), default="sharded")
     parser.add_argument("--min-epoch-seconds", type=float, default=0.0)
     return parser.parse_args()
 
@@ -107,38 +118,88 @@ def sharded(model: LanguageModel, mesh: Any) -> LanguageModel:
     return model
 
 
-def save_checkpoint(state: dict[str, Any], epoch: int, step: int) -> None:
-    folder = Path(os.environ.get("RESONTECH_CHECKPOINT_DIR", "checkpoints"))
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"epoch-{epoch:04d}.pt"
-    partial = folder / f".{name}.partial"
-    torch.save(state, partial)
-    partial.replace(folder / name)  # the agent never sees a half-written file
-    report("CHECKPOINT", path=name, step=step)
+class Checkpoints:
+    """The checkpoints of one run: sharded with DCP's ``async_save`` (the default) or one full file."""
 
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, form: str) -> None:
+        self.model, self.optimizer, self.form = model, optimizer, form
+        self.folder = Path(os.environ.get("RESONTECH_CHECKPOINT_DIR", "checkpoints"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.group = dist.new_group(backend="gloo") if form == "sharded" else None  # async_save's own
+        self.pending: Any = None
+        self.stalls: list[float] = []
 
-def resumed(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int) -> tuple[int, int]:
-    """The first epoch to train and the step counter: from ``$RESONTECH_RESUME_PATH`` when set (every
-    node fetched it; each rank keeps its own shard of the full state), else ``(1, 0)``."""
-    resume = os.environ.get("RESONTECH_RESUME_PATH")
-    if not resume:
-        return 1, 0
-    state = torch.load(resume, map_location="cpu", weights_only=True)
-    options = StateDictOptions(full_state_dict=True)
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
-        options=options,
-    )
-    if rank == 0:
-        source = os.environ.get("RESONTECH_RESUME_FROM", resume)
-        print(
-            f"resumed from {source}: epoch {state['epoch']}, step {state['step']}, world size {world}",
-            flush=True,
+    def save(self, epoch: int, step: int) -> None:
+        """Save after ``epoch``; only the staging blocks training (timed in :attr:`stalls`)."""
+        self.wait()
+        started = time.monotonic()
+        if self.form == "full":
+            self._save_full(epoch, step)
+        else:
+            name = f"step-{step:08d}"
+            state = self._sharded_state()
+            state["progress"] = torch.tensor([epoch, step])
+            future = dcp.async_save(state, checkpoint_id=self.folder / name, process_group=self.group)
+            future.add_done_callback(lambda done: self._saved(done, name, step))
+            self.pending = future
+        self.stalls.append(time.monotonic() - started)
+
+    def _saved(self, future: Any, name: str, step: int) -> None:
+        """The save is done on every rank (a rank's future completes once every rank's files and the
+        metadata are written): this node's local rank 0 reports its folder, at once."""
+        if future.exception() is None and self.local_rank == 0:
+            report("CHECKPOINT", dir=name, step=step)
+
+    def wait(self) -> None:
+        """Wait for the save in flight (a failed save raises here)."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def _sharded_state(self) -> dict[str, Any]:
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def _save_full(self, epoch: int, step: int) -> None:
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=full)  # all ranks
+        if dist.get_rank() != 0:
+            return
+        state = {"model": model_state, "optimizer": optimizer_state, "epoch": epoch, "step": step}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"epoch-{epoch:04d}.pt"
+        partial = self.folder / f".{name}.partial"
+        torch.save(state, partial)
+        partial.replace(self.folder / name)  # the agent never sees a half-written file
+        report("CHECKPOINT", path=name, step=step)
+
+    def resume(self) -> tuple[int, int]:
+        """The first epoch to train and the step counter: from ``$RESONTECH_RESUME_PATH`` when set
+        (a folder: a sharded checkpoint; a file: a full one), else ``(1, 0)``."""
+        resume = os.environ.get("RESONTECH_RESUME_PATH")
+        if not resume:
+            return 1, 0
+        if Path(resume).is_dir():
+            state = self._sharded_state()
+            state["progress"] = torch.zeros(2, dtype=torch.int64)
+            dcp.load(state, checkpoint_id=resume)  # each rank reads the shards it now holds
+            epoch, step = (int(v) for v in state["progress"])
+            options = StateDictOptions()
+        else:
+            state = torch.load(resume, map_location="cpu", weights_only=True)
+            epoch, step = state["epoch"], state["step"]
+            options = StateDictOptions(full_state_dict=True)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=options,
         )
-    return state["epoch"] + 1, state["step"]
+        if dist.get_rank() == 0:
+            source = os.environ.get("RESONTECH_RESUME_FROM", resume)
+            print(f"resumed from {source}: epoch {epoch}, step {step}, world size {dist.get_world_size()}")
+        return epoch + 1, step
 
 
 def main() -> None:
@@ -160,9 +221,9 @@ def main() -> None:
     torch.manual_seed(0)  # every rank builds the same weights before they are sharded
     model = sharded(LanguageModel(vocab, length, args.width, args.layers).to(device), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    checkpoints = Checkpoints(model, optimizer, args.checkpoint_format)
 
-    first_epoch, step = resumed(model, optimizer, rank, world)
+    first_epoch, step = checkpoints.resume()
     for epoch in range(first_epoch, args.epochs + 1):
         started = time.monotonic()
         sampler.set_epoch(epoch)
@@ -182,11 +243,11 @@ def main() -> None:
             metrics = {"perplexity": round(math.exp(loss_mean), 3), "world_size": world}
             report("PROGRESS", train_epoch=epoch, step=step, loss=round(loss_mean, 5), metrics=metrics)
         if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
-            model_state, optimizer_state = get_state_dict(model, optimizer, options=full)  # every rank
-            if rank == 0:
-                state = {"model": model_state, "optimizer": optimizer_state, "epoch": epoch, "step": step}
-                save_checkpoint(state, epoch, step)
+            checkpoints.save(epoch, step)
         time.sleep(max(0.0, args.min_epoch_seconds - (time.monotonic() - started)))
+    checkpoints.wait()
+    if rank == 0 and checkpoints.stalls:
+        print(f"checkpoint stall per save: {max(checkpoints.stalls):.3f} s at most", flush=True)
     dist.destroy_process_group()
 
 

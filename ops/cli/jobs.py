@@ -53,7 +53,9 @@ def job_detail(job: Job) -> str:
         values = {k: v for k, v in msgspec.to_builtins(job.progress).items() if v not in (None, {})}
         lines.append("  progress: " + ", ".join(f"{k} {v}" for k, v in values.items()))
     if job.last_checkpoint is not None:
-        lines.append(f"  last checkpoint: {job.last_checkpoint.object_key}")
+        c = job.last_checkpoint
+        whole = f" ({len(c.parts)} parts, step {c.step})" if c.parts else ""
+        lines.append(f"  last checkpoint: {c.object_key}{whole}")
     if job.failure_reason:
         lines.append(f"  failed: {job.failure_reason}")
     if job.log_tail:

@@ -65,7 +65,17 @@ from ops.coordinator.silence import SilenceJudge
 from ops.coordinator.starts import Starts
 from ops.coordinator.views import jobs_in_order
 from ops.process import service_connection
-from projections import ENDPOINTS, LIVENESS, REGISTRY, SCHEDULE, TENANTS, gangs, lifecycle, recovery
+from projections import (
+    ENDPOINTS,
+    LIVENESS,
+    REGISTRY,
+    SCHEDULE,
+    TENANTS,
+    checkpoints,
+    gangs,
+    lifecycle,
+    recovery,
+)
 from projections.admission import health_verdicts
 from projections.endpoints import endpoint_key
 from projections.registry import RegistryState
@@ -231,6 +241,7 @@ class Coordinator:
         await self.cordon_unhealthy(now_ns, workers)
         await self.settle_gangs(now_ns, jobs)
         await self.settle_failures(jobs)
+        await self.complete_checkpoints(jobs)
         await self.complete_jobs(jobs)
         await self.queue.place(now_ns, jobs)
         await self.starts.send(jobs)
@@ -444,6 +455,13 @@ class Coordinator:
                     self._gang_failing_since.pop(failing, None)
             else:
                 await self.appender.revoke(outcome)
+
+    async def complete_checkpoints(self, jobs: Collection[str] | None = None) -> None:
+        """Append ``job.checkpointed`` naming a sharded checkpoint's set once every node's part of
+        one step is stored (:func:`projections.checkpoints.completed`)."""
+        for _, job in self.jobs_in_order(jobs):
+            if job.checkpoint_parts and (event := checkpoints.completed(job)) is not None:
+                await self.appender.append_job(job, event)
 
     async def complete_jobs(self, jobs: Collection[str] | None = None) -> None:
         """Append ``job.completed`` for a live job all of whose shards completed

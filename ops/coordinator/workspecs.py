@@ -10,7 +10,10 @@ and its spec carries:
 * ``resume_url``: a presigned GET (one hour) of the job's last checkpoint, when there is one;
 * for shard 0 only (its rank 0 writes the checkpoints of the world): ``checkpoint_urls``, presigned
   PUTs of two keys under ``jobs/{name}/checkpoints/{job_id}/``, which the agent uses in turn, so
-  that the upload in flight never overwrites the checkpoint a restart would resume from.
+  that the upload in flight never overwrites the checkpoint a restart would resume from;
+* for every shard: ``part_urls``, presigned PUTs of its own keys for the parts of sharded
+  checkpoints (:func:`projections.checkpoints.part_keys`); and, when the checkpoint to resume from
+  is a set of parts, ``resume_parts`` (a GET of every part, one hour) and ``resume_step``.
 
 The agent gets URLs for these keys alone, never credentials, and the workload gets neither.
 Presigning is local computation: no request is made.
@@ -27,6 +30,7 @@ from core.flare import KIT_FILE
 from core.objects import bucket_for
 from core.rendezvous import rendezvous
 from ops.coordinator.inputs import Presigner
+from projections.checkpoints import part_keys
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
 from schemas.commands import WorkSpec
@@ -68,13 +72,19 @@ def ddp_spec(
     if record is None:
         raise WorkSpecError("the worker holding shard 0 is unknown: no rendezvous address")
     uploads = checkpoint_keys(job, assignment.epoch) if assignment.slot == 0 else []
-    bucket, resume = bucket_for(job.tenant), base.resume_from
+    bucket, resume, last = bucket_for(job.tenant), base.resume_from, job.last_checkpoint
+    parts = last.parts if last is not None and resume == last.object_key else []
+
+    def put(key: str) -> str:
+        return presigner.url(bucket, key, put=True, ttl_s=CHECKPOINT_URL_TTL_S)
+
     return msgspec.structs.replace(
         base,
-        resume_url=presigner.url(bucket, resume) if resume else None,
-        checkpoint_urls={
-            key: presigner.url(bucket, key, put=True, ttl_s=CHECKPOINT_URL_TTL_S) for key in uploads
-        },
+        resume_url=presigner.url(bucket, resume) if resume and not parts else None,
+        resume_parts={key: presigner.url(bucket, key) for key in parts},
+        resume_step=last.step if parts and last is not None else None,
+        checkpoint_urls={key: put(key) for key in uploads},
+        part_urls={key: put(key) for key in part_keys(job, assignment.epoch, assignment.slot)},
         rendezvous=rendezvous(
             tenant=job.tenant,
             job_id=job.job_id,

@@ -195,11 +195,13 @@ class JobProgressView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CheckpointView(msgspec.Struct, frozen=True, kw_only=True):
-    """The latest checkpoint: the workspace key recovery resumes from."""
+    """The latest checkpoint: the workspace key recovery resumes from; for a sharded checkpoint, the
+    folder of its ``parts`` (one archive per node, in node order)."""
 
     object_key: str
     round: int | None = None
     step: int | None = None
+    parts: list[str] = []
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,8 +22,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from agent.checkpoint_parts import Manifest, unpack
 from agent.runtimes.process import kill_marked
+from core.files import TenantTree
 from core.log import EventLog
 from core.streams import job_subject
 from ops.devstack.objectstore import ObjectStoreServer
@@ -32,6 +35,7 @@ from schemas.envelope import Recorded
 from schemas.jobs import (
     JobAssignmentRevoked,
     JobCheckpointed,
+    JobCheckpointPartStored,
     JobCompleted,
     JobFailed,
     JobPlaced,
@@ -164,7 +168,7 @@ async def test_a_lost_worker_restarts_the_gang_from_the_last_checkpoint_not_from
         await submit(
             log, tenant, "mlp-2", "--epochs", "12", "--checkpoint-every", "2", "--min-epoch-seconds", "0.5"
         )
-        jobs = await job_until(log, lambda rs: of(rs, JobCheckpointed), "the first checkpoint")
+        jobs = await job_until(log, lambda rs: of(rs, JobCheckpointed), "the first complete set")
         [placed] = of(jobs, JobPlaced)
         victim = next(a for a in placed.assignments if a.slot == 0)  # the master's host dies
         killed_at = time.monotonic()
@@ -246,8 +250,8 @@ FSDP_ARGS = ("--data", TOKENS, "--epochs", "6", "--checkpoint-every", "2", "--ba
 FSDP_STEPS_PER_EPOCH = 256 // 2 // 32  # 256 sequences, two ranks
 
 
-def fsdp_workspace(object_store: ObjectStoreServer, root: Path) -> tuple[str, Any]:
-    """A fresh tenant whose bucket holds the FSDP example and its corpus (also written under ``root``)."""
+def fsdp_workspace_files(root: Path) -> bytes:
+    """The example's corpus, written under ``root`` at its key; its bytes."""
     spec = importlib.util.spec_from_file_location("fsdp_lm_make_data", FSDP_EXAMPLE / "make_data.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -256,19 +260,26 @@ def fsdp_workspace(object_store: ObjectStoreServer, root: Path) -> tuple[str, An
     np.savez(data, tokens=module.synthetic(256))
     (root / TOKENS).parent.mkdir(parents=True, exist_ok=True)
     (root / TOKENS).write_bytes(data.getvalue())
+    return data.getvalue()
+
+
+def fsdp_workspace(object_store: ObjectStoreServer, root: Path) -> tuple[str, Any]:
+    """A fresh tenant whose bucket holds the FSDP example and its corpus (also written under ``root``)."""
+    data = fsdp_workspace_files(root)
     tenant = f"lm{secrets.token_hex(4)}"
     s3 = object_store.client()
     s3.create_bucket(Bucket=f"rt-{tenant}")
-    s3.put_object(Bucket=f"rt-{tenant}", Key=TOKENS, Body=data.getvalue())
+    s3.put_object(Bucket=f"rt-{tenant}", Key=TOKENS, Body=data)
     s3.put_object(Bucket=f"rt-{tenant}", Key=FSDP_SCRIPT, Body=(FSDP_EXAMPLE / "train.py").read_bytes())
     return tenant, s3
 
 
 def uninterrupted(root: Path) -> dict[str, Any]:
-    """The same training, same seed and world size, run straight through by torchrun on this host:
-    the reference the platform's interrupted run must end equal to."""
+    """The same training, same seed and world size, run straight through by torchrun on this host
+    (its checkpoint as one full file): the reference the platform's interrupted run must end equal to."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     argv += ["--master-port", str(free_port()), str(FSDP_EXAMPLE / "train.py"), *FSDP_ARGS]
+    argv += ["--checkpoint-format", "full"]
     env = {**os.environ, "RESONTECH_CHECKPOINT_DIR": str(root / "reference"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -276,12 +287,29 @@ def uninterrupted(root: Path) -> dict[str, Any]:
     return state
 
 
+def load_sharded(s3: Any, tenant: str, checkpoint: JobCheckpointed, root: Path) -> dict[str, Any]:
+    """A sharded checkpoint's set, every node's part unpacked into one folder, as one full state (DCP
+    reads it without a process group here: a world of one)."""
+    folder = root / "final"
+    folder.mkdir()
+    with TenantTree.open(folder) as tree:
+        for slot, key in enumerate(checkpoint.parts):
+            archive = root / f"part-{slot}.tar"
+            archive.write_bytes(s3.get_object(Bucket=f"rt-{tenant}", Key=key)["Body"].read())
+            unpack(archive, tree, set(), Manifest(step=checkpoint.step or 0, slot=slot))
+    dcp_to_torch_save(folder, root / "final.pt")
+    state: dict[str, Any] = torch.load(root / "final.pt", weights_only=True)
+    return state
+
+
 async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupted_run(
     log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer, tmp_path: Path
 ) -> None:
-    """``strategy: fsdp``: FSDP2 over two nodes (gloo, CPU); the host of one rank dies after the first
-    checkpoint, the gang restarts from it, and the final parameters equal those of a run that was
-    never interrupted (no step skipped or done twice: the step counter comes from the checkpoint)."""
+    """``strategy: fsdp``: FSDP2 over two nodes (gloo, CPU), each rank saving its own shards
+    (``torch.distributed.checkpoint``), each node's agent uploading its part; the host of one rank
+    dies after the first complete set, the gang restarts from it on a replacement (every node fetches
+    every part), and the final parameters equal those of a run that was never interrupted (no step
+    skipped or done twice: the step counter comes from the checkpoint)."""
     tenant, s3 = fsdp_workspace(object_store, tmp_path)
     nodes = {
         await registered(log, agent): agent
@@ -298,7 +326,7 @@ async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupt
     )
     await log.append(job_subject(tenant, "lm-1", event), event)
     async with coordinator(log):
-        jobs = await job_until(log, lambda rs: of(rs, JobCheckpointed), "the first checkpoint")
+        jobs = await job_until(log, lambda rs: of(rs, JobCheckpointed), "the first complete set")
         [placed] = of(jobs, JobPlaced)
         victim = next(a for a in placed.assignments if a.slot == 1)
         nodes[victim.worker_id].kill()
@@ -311,12 +339,52 @@ async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupt
     assert resumed[0].train_epoch > 1 and resumed[-1].train_epoch == 6
     assert all(p.step == FSDP_STEPS_PER_EPOCH * p.train_epoch for p in of(jobs, JobProgress) if p.train_epoch)
     assert all(p.metrics["world_size"] == 2.0 for p in resumed)
-    final = load_checkpoint(s3, tenant, of(jobs, JobCheckpointed)[-1].object_key)
+    sets = of(jobs, JobCheckpointed)
+    assert all(c.assignment_id == "" and len(c.parts) == 2 for c in sets)  # the kernel's, each whole
+    stored = of(jobs, JobCheckpointPartStored)
+    assert {(p.step, p.slot) for p in stored} >= {(c.step, slot) for c in sets for slot in (0, 1)}
+    final = load_sharded(s3, tenant, sets[-1], tmp_path)
     assert (
-        (final["epoch"], final["step"])
+        tuple(final["progress"].tolist())
         == (6, 6 * FSDP_STEPS_PER_EPOCH)
         == (reference["epoch"], reference["step"])
     )
     assert final["model"].keys() == reference["model"].keys()
     worst = max((final["model"][k] - reference["model"][k]).abs().max().item() for k in reference["model"])
     assert worst <= 1e-5, f"parameters differ by {worst} from the uninterrupted run"
+
+
+def run_example(root: Path, ranks: int, *args: str, resume: Path | None = None, out: str) -> str:
+    """The FSDP example under torchrun on this host, ``ranks`` ranks, checkpoints into ``root/out``."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
+    argv += ["--master-port", str(free_port()), str(FSDP_EXAMPLE / "train.py"), "--data", TOKENS, *args]
+    env = {**os.environ, "RESONTECH_CHECKPOINT_DIR": str(root / out), "OMP_NUM_THREADS": "1"}
+    if resume is not None:
+        env["RESONTECH_RESUME_PATH"] = str(resume)
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_as_its_full_state_would(tmp_path: Path) -> None:
+    """DCP reshards on load: the checkpoint two ranks saved (each its own shards) resumes on one
+    rank, and that run ends where a run resumed from the same state gathered into one full file
+    ends."""
+    fsdp_workspace_files(tmp_path)
+    saved = run_example(tmp_path, 2, "--epochs", "2", "--checkpoint-every", "2", out="two")
+    assert 'RESONTECH_CHECKPOINT {"dir": "step-00000008", "step": 8}' in saved
+    sharded = tmp_path / "two" / "step-00000008"
+    assert sorted(p.name for p in sharded.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    dcp_to_torch_save(sharded, tmp_path / "gathered.pt")
+    gathered = torch.load(tmp_path / "gathered.pt", weights_only=True)
+    epoch, step = gathered.pop("progress").tolist()
+    torch.save({**gathered, "epoch": epoch, "step": step}, tmp_path / "full.pt")
+    args = ("--epochs", "3", "--checkpoint-format", "full")
+    from_shards = run_example(tmp_path, 1, *args, resume=sharded, out="from-shards")
+    run_example(tmp_path, 1, *args, resume=tmp_path / "full.pt", out="from-full")
+    assert "epoch 2, step 8, world size 1" in from_shards
+    one = torch.load(tmp_path / "from-shards" / "epoch-0003.pt", weights_only=True)
+    other = torch.load(tmp_path / "from-full" / "epoch-0003.pt", weights_only=True)
+    assert one["step"] == other["step"] == 8 + 256 // 32
+    worst = max((one["model"][k] - other["model"][k]).abs().max().item() for k in other["model"])
+    assert worst <= 1e-6, f"resumed from shards, the parameters differ by {worst}"

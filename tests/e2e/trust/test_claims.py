@@ -49,6 +49,7 @@ from schemas.endpoints import (
 from schemas.envelope import Recorded
 from schemas.jobs import (
     JobCheckpointed,
+    JobCheckpointPartStored,
     JobCompleted,
     JobFailed,
     JobPlaced,
@@ -365,6 +366,7 @@ async def test_reports_of_held_work_are_checked_too(stack: Stack) -> None:
     )
     before = await projection_hashes(stack.log)
     nats_port = stack.server.url.rsplit(":", 1)[1]
+    parts = f"jobs/fine-tune/checkpoints/{job_id}/e1-0/"
     refused_claims: list[tuple[str, Event]] = [
         (
             on_job(JobCheckpointed),
@@ -411,6 +413,22 @@ async def test_reports_of_held_work_are_checked_too(stack: Stack) -> None:
             worker_subject(me, WorkerPolicySet),
             WorkerRegistered(provider="p", hostname="h"),
         ),  # not what it names
+        (
+            on_job(JobCheckpointed),
+            JobCheckpointed(epoch=1, slot=0, assignment_id=a.assignment_id, object_key=parts, parts=[parts]),
+        ),  # only the kernel says a sharded checkpoint is whole
+        (
+            on_job(JobCheckpointPartStored),
+            JobCheckpointPartStored(
+                epoch=1, slot=0, step=5, assignment_id=a.assignment_id, object_key=f"{parts}node-1.tar"
+            ),
+        ),  # another node's part: it would stand in for that node's shards
+        (
+            on_job(JobCheckpointPartStored),
+            JobCheckpointPartStored(
+                epoch=1, slot=0, step=5, assignment_id=a.assignment_id, object_key=f"{parts}x/node-0.tar"
+            ),
+        ),  # not one of its presigned keys
     ]
     for subject, event in refused_claims:
         await mallory.claim(subject, event)
@@ -425,6 +443,9 @@ async def test_reports_of_held_work_are_checked_too(stack: Stack) -> None:
     assert "is not on the worker's registered host" in reasons[6]  # registered 10.66.0.7, not loopback
     assert "has more than a scheme, host and port" in reasons[7]
     assert "a worker.registered claim on" in reasons[8]
+    assert "only the kernel names a sharded checkpoint's set of parts" in reasons[9]
+    assert "is not one of node 0's own keys" in reasons[10]
+    assert "is not one of node 0's own keys" in reasons[11]
     assert await projection_hashes(stack.log) == before
     # the honest form of the same claims is taken: a replica on its registered host
     ready = EndpointReplicaReady(assignment_id="ep1-s0-e1", epoch=1, address="http://10.66.0.7:8000")
