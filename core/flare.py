@@ -96,8 +96,9 @@ def server_resources(
     * The snapshot persistor (also under ``/tmp/nvflare``) goes: after a crash the kernel restarts
       the run itself, from the last global model it checkpointed, rather than have NVFlare resume a
       half-finished round from its own snapshot.
-    * The job scheduler retries every second (NVFlare waits 10 s between attempts) and one job runs
-      at a time (a federation serves one kernel job).
+    * The job scheduler retries every second (NVFlare waits 10 s between attempts) and two jobs run
+      at a time: a federation serves one kernel job, whose next run starts while the run it aborted
+      (a site lost) is still being torn down, which takes NVFlare several seconds.
     * A silent client is dropped after ``heartbeat_timeout_s``.
     """
     resources = {k: v for k, v in provisioned.items() if k != "snapshot_persistor"}
@@ -111,7 +112,7 @@ def server_resources(
             args["uri_root"] = jobs_dir
         elif component.get("id") == "job_scheduler":
             args.update(
-                max_jobs=1, min_schedule_interval=1.0, max_schedule_interval=2.0, max_schedule_count=600
+                max_jobs=2, min_schedule_interval=1.0, max_schedule_interval=2.0, max_schedule_count=600
             )
         components.append({**component, "args": args})
     resources["components"] = components

@@ -18,7 +18,8 @@ bucket. Then, every ``TICK_S``, it re-reads the job (level-triggered, like the c
   have connected since), starting at the round after the last completed one, from that round's global
   model (``job.federation_run``);
 * with a run in flight, aborts it when a slot's assignment changed (its worker was lost: NVFlare cannot
-  bring a new client into a running job, so the round in flight is redone by the next run), turns each
+  bring a new client into a running job, so the round in flight is redone by the next run, which is
+  submitted as soon as the replacement has connected, while NVFlare tears the aborted one down), turns each
   global model the server wrote into ``checkpointed``, ``round_completed`` and ``progress`` events
   (uploading it first), and follows the run's status: completed -> the final model and metrics are
   uploaded and the job completes (a tenant's job folder once its run has ended, as later workflows
@@ -210,10 +211,10 @@ class FederationTask:
                 await self._submit(job)
             return False
         lost = replaced_sites(self.run, job)
-        if lost and not self.run.aborting:
-            await self._abort(f"{', '.join(lost)} lost with its worker; a replacement rejoins")
-            for site in lost:
+        if lost:
+            for site in lost:  # its replacement connects after the loss, maybe while the abort runs
                 self.fresh_since[site] = time.time()
+            await self._abort(f"{', '.join(lost)} lost with its worker; a replacement rejoins")
             return False
         if time.monotonic() >= self.next_status_at:
             self.next_status_at = time.monotonic() + STATUS_EVERY_S
@@ -441,11 +442,13 @@ class FederationTask:
         jobfolder.write_run(folder, self.private / "job", self.fljob, documents)
 
     async def _abort(self, why: str) -> None:
+        """Abort the run in flight and forget it: once NVFlare has the abort, the run writes no more
+        rounds, and the next run may start while it is torn down (which takes NVFlare seconds more;
+        the server runs two jobs at a time for this, :func:`core.flare.server_resources`)."""
         assert self.run is not None and self.admin is not None
         log.warning("%s: aborting run %s: %s", self.key, self.run.run_id, why)
-        self.run.aborting = True
         self.pending_reason = why
-        run_id = self.run.run_id
+        run_id, self.run = self.run.run_id, None
         with contextlib.suppress(FederationError):
             await self.admin.call(lambda s: s.abort_job(run_id))
 
@@ -469,7 +472,7 @@ class FederationTask:
                 raise JobEnded(f"FL run {run_id} completed without finishing a round")
             log.info("%s: the training workflow stopped at round %d", self.key, self.reports.reported)
             return await self.reports.complete(job)  # it stopped early (e.g. FedAvg's stop_cond)
-        if outcome == "aborted" or self.run.aborting:
+        if outcome == "aborted":
             self.run = None
             if not self.pending_reason or self.pending_reason == "start":
                 self.pending_reason = f"run {run_id} was aborted"

@@ -34,7 +34,6 @@ class Run:
     first_round: int
     rounds: int
     epochs: dict[str, int]
-    aborting: bool = False
 
 
 async def sites_ready(

@@ -62,7 +62,7 @@ def test_the_server_resources_keep_every_path_inside_the_federation() -> None:
         {"heart_beat_timeout": flare.DEFAULT_HEARTBEAT_TIMEOUT_S, "admin_storage": "transfer"}
     ]
     scheduler, manager = resources["components"]
-    assert scheduler["args"]["max_jobs"] == 1 and scheduler["args"]["min_schedule_interval"] == 1.0
+    assert scheduler["args"]["max_jobs"] == 2 and scheduler["args"]["min_schedule_interval"] == 1.0
     assert manager["args"]["uri_root"] == "/data/federations/acme/j1/jobs"
 
 
