@@ -202,6 +202,30 @@ class Checkpoints:
         return epoch + 1, step
 
 
+def train_epoch(
+    model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any], step: int, *, resumed: bool
+) -> tuple[float, int]:
+    """One pass over this rank's part of the data; the mean loss over every rank, and the step
+    counter. ``resumed``: the first epoch after a resume, whose first step rank 0 reports at once
+    (a ``RESONTECH_PROGRESS`` with the step alone: when training went on)."""
+    device = next(model.parameters()).device
+    totals = torch.zeros(2, device=device)  # loss sum, predicted tokens
+    for (batch,) in loader:
+        batch = batch.to(device)
+        logits = model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        totals += torch.tensor([loss.item() * batch[:, 1:].numel(), batch[:, 1:].numel()], device=device)
+        if resumed:
+            report("PROGRESS", step=step, metrics={"resumed": 1.0})
+            resumed = False
+    dist.all_reduce(totals)
+    return (totals[0] / totals[1]).item(), step
+
+
 def main() -> None:
     args = arguments()
     backend = os.environ.get("RESONTECH_DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -227,20 +251,12 @@ def main() -> None:
     for epoch in range(first_epoch, args.epochs + 1):
         started = time.monotonic()
         sampler.set_epoch(epoch)
-        totals = torch.zeros(2, device=device)  # loss sum, predicted tokens
-        for (batch,) in loader:
-            batch = batch.to(device)
-            logits = model(batch[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            step += 1
-            totals += torch.tensor([loss.item() * batch[:, 1:].numel(), batch[:, 1:].numel()], device=device)
-        dist.all_reduce(totals)
-        loss_mean = (totals[0] / totals[1]).item()
+        resumed = rank == 0 and epoch == first_epoch > 1
+        loss_mean, step = train_epoch(model, optimizer, loader, step, resumed=resumed)
         if rank == 0:
             metrics = {"perplexity": round(math.exp(loss_mean), 3), "world_size": world}
+            if checkpoints.stalls:
+                metrics["checkpoint_stall_s"] = round(checkpoints.stalls[-1], 4)
             report("PROGRESS", train_epoch=epoch, step=step, loss=round(loss_mean, 5), metrics=metrics)
         if epoch % args.checkpoint_every == 0 or epoch == args.epochs:
             checkpoints.save(epoch, step)

@@ -18,15 +18,20 @@ FedAvg example (``examples/fedavg-numpy``) on two shards, ``ROUNDS`` rounds of `
   ``overhead_ratio = round_s / sim_round_s``; ``job_s`` / ``sim_s`` compare the whole run (submit to
   ``job.completed``; the simulator command's wall time).
 * Recovery (one trial per repetition): a slower job (``--delay`` per epoch) whose slot-0 agent is
-  SIGKILLed as soon as round 1 completes; ``recovery_s``: the kill to the store time of the next
+  SIGKILLed as soon as round 1 completes; ``fl_recovery_s``: the kill to the store time of the next
   ``round_completed`` (detection of the lost worker, abort of the run in flight, re-placement, the
   replacement's download and client start, a new run from the last global model, and that round
   redone); ``detect_s``: to ``worker.lost``; ``rerun_s``: to the restarted run's ``federation_run``.
 
 Peak RSS: the federation service, one agent, and the largest FL server and client process trees seen.
 
+Distributed training (:mod:`ops.bench.gang`, on the same platform): ``gang_restart_s``, the SIGKILL of
+one node of a two-node FSDP2 job to the restarted gang's next training step; ``gang_recovery_s`` (the
+same without a gang restart) is ``None`` until elastic gangs are built; ``checkpoint_stall_s`` against
+``checkpoint_stall_full_s``, sharded async saves against one full file.
+
 Usage: ``python -m ops.bench.training [--quick]``. Default: 3 repetitions of each; ``--quick``: one
-2-round job and one simulator run, no recovery trial (under a minute).
+of each, with a 2-round FL job (about 4 minutes).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from core.objects import bucket_for, provision, s3_client
 from core.proctags import kill_tagged, tagged_pids
 from core.settings import Settings
 from core.streams import job_subject
+from ops.bench import gang
 from ops.bench.agents import Agent, child_env, stop_child
 from ops.bench.common import emit, machine, median, private_nats, process_peak_rss_mb, table
 from ops.devstack.objectstore import ObjectStoreServer
@@ -63,6 +69,7 @@ from schemas.jobs import FederatedTraining, JobResources, JobSubmitted
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "fedavg-numpy"
+FSDP_EXAMPLE = REPO / "examples" / "fsdp-lm"
 TENANT = "bench"
 ROUNDS, EPOCHS = 5, 3
 RECOVERY_ROUNDS, RECOVERY_DELAY_S = 4, 1.0
@@ -104,9 +111,18 @@ class Platform:
             self.add_agent(f"agent-{n}")
 
     def add_agent(self, name: str) -> Agent:
+        """An agent as a training host runs one: no warm inference engine (a GPU host keeps none, and
+        on two cores three of them starting would take the CPU the first job needs)."""
         agent = Agent(name, self.root, self.settings.nats_url)
+        agent.env["RESONTECH_AGENT_WARM_ENGINES"] = "0"
         self.agents[name] = agent.start()
         return agent
+
+    def agent_of(self, worker_id: str) -> Agent:
+        """The agent whose worker is ``worker_id``."""
+        return next(
+            a for a in self.agents.values() if (a.state_dir / "worker_id").read_text().strip() == worker_id
+        )
 
     def note_rss(self) -> None:
         """Peak RSS so far of the federation service, an agent, and the NVFlare processes alive now."""
@@ -168,17 +184,35 @@ async def submit(log: EventLog, name: str, rounds: int, args: list[str]) -> None
 
 async def events_until(log: EventLog, name: str, done: str, platform: Platform) -> list[Any]:
     """The job's records once one's subject ends with ``done`` (or the job failed)."""
+    return await records_until(log, name, lambda rs: any(r.subject.endswith(done) for r in rs), platform)
+
+
+async def records_until(log: EventLog, name: str, done: Any, platform: Platform) -> list[Any]:
+    """The job's records once ``done(records)`` holds.
+
+    Raises:
+        RuntimeError: the job failed, or it did not hold within :data:`JOB_TIMEOUT_S`.
+    """
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while time.monotonic() < deadline:
         found = [r async for r in log.replay("JOBS", subjects=f"job.{TENANT}.{name}.>")]
-        if any(r.subject.endswith(done) for r in found):
+        if done(found):
             return found
         failed = [r.event for r in found if r.subject.endswith(".failed") and r.event.slot is None]
         if failed:
             raise RuntimeError(f"job {name} failed: {failed[0].reason}\n{failed[0].log_tail}")
         platform.note_rss()
         await asyncio.sleep(0.25)
-    raise RuntimeError(f"job {name}: no {done} within {JOB_TIMEOUT_S:.0f}s")
+    raise RuntimeError(f"job {name}: not done within {JOB_TIMEOUT_S:.0f}s")
+
+
+async def verified_workers(log: EventLog, count: int) -> None:
+    """Wait until ``count`` workers have been verified (each new agent is, before it gets work)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while sum([1 async for _ in log.replay("WORKERS", subjects="worker.*.verified")]) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {count} workers verified within {JOB_TIMEOUT_S:.0f}s")
+        await asyncio.sleep(0.25)
 
 
 def _times(found: list[Any], suffix: str) -> list[float]:
@@ -248,9 +282,7 @@ async def recovery_trial(log: EventLog, platform: Platform, name: str, spare: in
     found = await events_until(log, name, ".round_completed", platform)
     placed = next(r.event for r in found if r.subject.endswith(".placed"))
     victim_id = next(a.worker_id for a in placed.assignments if a.slot == 0)
-    victim = next(
-        a for a in platform.agents.values() if (a.state_dir / "worker_id").read_text().strip() == victim_id
-    )
+    victim = platform.agent_of(victim_id)
     killed = time.time()
     victim.kill()
     platform.add_agent(f"agent-spare-{spare}")  # the pool stays at three for the next trial
@@ -290,12 +322,10 @@ async def run(quick: bool) -> dict[str, Any]:
                 s3_access_key=store.access_key,
                 s3_secret_key=store.secret_key,
             )
-            return await _measure(root, settings, repetitions, rounds, quick)
+            return await _measure(root, settings, repetitions, rounds)
 
 
-async def _measure(
-    root: Path, settings: Settings, repetitions: int, rounds: int, quick: bool
-) -> dict[str, Any]:
+async def _measure(root: Path, settings: Settings, repetitions: int, rounds: int) -> dict[str, Any]:
     s3 = s3_client(settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key)
     shards = make_shards(root / "shards")
     log = await EventLog.connect(settings, name="bench-training")
@@ -305,17 +335,26 @@ async def _measure(
     jobs: list[dict[str, float]] = []
     sims: list[dict[str, float]] = []
     trials: list[dict[str, float]] = []
+    gangs: list[dict[str, float]] = []
+
+    async def until(log: EventLog, name: str, done: Any) -> list[Any]:
+        return await records_until(log, name, done, platform)
+
     try:
+        await verified_workers(log, 3)  # a user submits to a running platform, not to one starting up
+        gang.upload(s3, FSDP_EXAMPLE)
         for n in range(repetitions):
             name = f"fedavg-{n}"
             upload_job(s3, name, shards)
             jobs.append(await platform_run(log, platform, name, rounds))
             sims.append(await asyncio.to_thread(simulator_run, root / f"sim-{n}", shards, rounds))
             print(f"  run {n + 1}: {jobs[-1]} | simulator {sims[-1]}", file=sys.stderr, flush=True)
-            if not quick:
-                upload_job(s3, f"recover-{n}", shards)
-                trials.append(await recovery_trial(log, platform, f"recover-{n}", n))
-                print(f"  recovery {n + 1}: {trials[-1]}", file=sys.stderr, flush=True)
+            upload_job(s3, f"recover-{n}", shards)
+            trials.append(await recovery_trial(log, platform, f"recover-{n}", n))
+            print(f"  FL recovery {n + 1}: {trials[-1]}", file=sys.stderr, flush=True)
+            restart = await gang.restart_trial(log, platform, f"gang-{n}", n, until)
+            gangs.append({**restart, **await gang.full_save_trial(log, f"full-{n}", until)})
+            print(f"  gang {n + 1}: {gangs[-1]}", file=sys.stderr, flush=True)
     finally:
         platform.stop()
         await log.close()
@@ -329,10 +368,17 @@ async def _measure(
         ),
         "job_s": round(median([j["job_s"] for j in jobs]), 1),
         "sim_s": round(median([s["sim_s"] for s in sims]), 1),
-        "recovery_s": round(median([t["recovery_s"] for t in trials]), 2) if trials else None,
-        "detect_s": round(median([t["detect_s"] for t in trials]), 2) if trials else None,
-        "rerun_s": round(median([t["rerun_s"] for t in trials]), 2) if trials else None,
-        "recovery_all_s": [round(t["recovery_s"], 2) for t in trials],
+        "fl_recovery_s": round(median([t["recovery_s"] for t in trials]), 2),
+        "detect_s": round(median([t["detect_s"] for t in trials]), 2),
+        "rerun_s": round(median([t["rerun_s"] for t in trials]), 2),
+        "fl_recovery_all_s": [round(t["recovery_s"], 2) for t in trials],
+        "gang_recovery_s": None,  # elastic gangs (survivors keep their processes) are not built
+        "gang_restart_s": round(median([g["gang_restart_s"] for g in gangs]), 2),
+        "gang_detect_s": round(median([g["gang_detect_s"] for g in gangs]), 2),
+        "gang_started_s": round(median([g["gang_started_s"] for g in gangs]), 2),
+        "gang_restart_all_s": [round(g["gang_restart_s"], 2) for g in gangs],
+        "checkpoint_stall_s": round(median([g["checkpoint_stall_s"] for g in gangs]), 3),
+        "checkpoint_stall_full_s": round(median([g["checkpoint_stall_full_s"] for g in gangs]), 3),
         "rounds": rounds,
         "local_epochs": EPOCHS,
         "repetitions": repetitions,
@@ -357,24 +403,37 @@ def summary(f: dict[str, Any]) -> str:
     rows.append(
         (f"{f['rounds']}-round job (s)", f"{f['job_s']}", f"simulator {f['sim_s']}", "submit to completed")
     )
-    if f["recovery_s"] is not None:
-        rows.append(
-            (
-                "SIGKILL -> next round (s)",
-                f"{f['recovery_s']}",
-                "-",
-                f"lost {f['detect_s']}s, rerun {f['rerun_s']}s",
-            )
+    rows.append(
+        (
+            "FL: SIGKILL -> next round (s)",
+            f"{f['fl_recovery_s']}",
+            "-",
+            f"lost {f['detect_s']}s, rerun {f['rerun_s']}s",
         )
+    )
+    rows.append(
+        (
+            "FSDP: SIGKILL -> next step (s)",
+            f"{f['gang_restart_s']} (gang restart)",
+            "elastic: not built",
+            f"lost {f['gang_detect_s']}s, started {f['gang_started_s']}s",
+        )
+    )
+    rows.append(
+        (
+            "checkpoint stall per save (s)",
+            f"{f['checkpoint_stall_s']} sharded, async",
+            f"{f['checkpoint_stall_full_s']} one full file",
+            "longest per job, rank 0",
+        )
+    )
     rss = ", ".join(f"{k} {v} MB" for k, v in f["peak_rss_mb"].items())
     return table(rows) + f"\npeak RSS: {rss}\nmachine: {f['cores']} cores, {f['cpu']}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="one 2-round job, one simulator run, no recovery"
-    )
+    parser.add_argument("--quick", action="store_true", help="one repetition of each, a 2-round FL job")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     figures = uvloop.run(run(args.quick))
