@@ -141,7 +141,10 @@ async def fetch_set(parts: Mapping[str, str], workdir: Path, step: int) -> Path:
     """
     archives = workdir / "resume" / "parts"
     target = workdir / "resume" / "checkpoint"
-    target.mkdir(mode=0o700, parents=True, exist_ok=False)
+    try:
+        target.mkdir(mode=0o700, parents=True)
+    except FileExistsError:  # this assignment started here before: its workload may have written it
+        raise StartFailed("the folder to resume in exists already: this assignment ran here before") from None
     names = {f"{slot}.tar": url for slot, url in enumerate(parts.values())}
     fetched = await downloads.fetch_all(names, archives)
     with TenantTree.open(target) as out:

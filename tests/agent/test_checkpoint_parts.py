@@ -121,6 +121,8 @@ async def test_every_nodes_part_goes_up_in_turn_and_a_restart_unpacks_the_whole_
     assert sorted(p.name for p in resumed.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert (resumed / "__1_0.distcp").read_bytes().endswith(b"node 1 step 96")
     assert (resumed / ".metadata").read_bytes() == b"metadata of step 96"
+    with pytest.raises(StartFailed, match="exists already"):  # never unpacked over what ran there
+        await fetch_set(spec.resume_parts, tmp_path / "restart", 96)
     # the set of step 32 (folder e2-0) was overwritten by step 128's: refused, never mixed in
     overwritten = {
         f"{prefix}e2-0/node-{n}.tar": presigner.url("rt-acme", f"{prefix}e2-0/node-{n}.tar") for n in (0, 1)
