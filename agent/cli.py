@@ -23,6 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", help="provider that owns this host and is paid for it (default local)")
     p.add_argument("--region", help="region label, for geo affinity")
     p.add_argument("--address", help="address other hosts reach this one at (default: the route to NATS)")
+    p.add_argument(
+        "--topology",
+        metavar="LEVEL=NAME,...",
+        help="network domains of this host, e.g. rack=r12,block=b3 (levels: clique, switch, rack, block, "
+        "zone); NVML's NVLink domain is the clique",
+    )
     p.add_argument("--pool", choices=("shared", "managed", "private"), help="runtime pool (default shared)")
     p.add_argument("--owner-tenant", help="organisation a managed or private worker belongs to")
     p.add_argument("--policy", dest="policy_file", metavar="FILE", help="provider policy file (YAML or TOML)")

@@ -8,6 +8,7 @@ agent. A host where ``nvmlInit()`` fails (no library, no driver) reports zero GP
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import random
@@ -39,9 +40,14 @@ class DeviceSource(Protocol):
         """The driver version (empty when there is none)."""
         ...
 
+    def clique(self) -> str:
+        """The NVLink domain the GPUs belong to (``<fabric cluster uuid>.<clique id>``), empty when
+        NVML has no fabric info (no NVSwitch fabric, or it is not ready)."""
+        ...
+
 
 class NoGpu:
-    """A host without NVML: zero GPUs, empty telemetry, no driver."""
+    """A host without NVML: zero GPUs, empty telemetry, no driver, no NVLink domain."""
 
     def inventory(self) -> list[Gpu]:
         return []
@@ -50,6 +56,9 @@ class NoGpu:
         return []
 
     def driver(self) -> str:
+        return ""
+
+    def clique(self) -> str:
         return ""
 
 
@@ -128,6 +137,20 @@ class NvmlDevices:
     def driver(self) -> str:
         return _text(self._call(self._nvml.nvmlSystemGetDriverVersion))
 
+    def clique(self) -> str:
+        """Every GPU's fabric info (``nvmlDeviceGetGpuFabricInfo``): the one NVLink domain they share,
+        once the fabric manager has placed them (state ``COMPLETED``); empty when any GPU has none,
+        or they disagree."""
+        nvml, seen = self._nvml, set()
+        for _, handle in self._handles:
+            info = nvml.c_nvmlGpuFabricInfo_t()
+            if self._call(nvml.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(info)) is None:
+                return ""
+            if info.state != nvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != nvml.NVML_SUCCESS:
+                return ""
+            seen.add(f"{bytes(info.clusterUuid).hex()}.{info.cliqueId}")
+        return seen.pop() if len(seen) == 1 else ""
+
     def close(self) -> None:
         """Shut NVML down (safe to call twice)."""
         self._call(self._nvml.nvmlShutdown)
@@ -165,6 +188,9 @@ class SimulatedDevices:
 
     def driver(self) -> str:
         return "simulated"
+
+    def clique(self) -> str:
+        return ""
 
 
 def select_devices(settings: AgentSettings) -> DeviceSource:

@@ -68,7 +68,7 @@ from agent.runtimes import RUNTIMES, Runtime, StartFailed, workload_env
 from agent.runtimes.process import cgroup_name, fresh_workdir, reap_orphans, started_dirs
 from agent.runtimes.vllm import VllmRuntime, engine_env
 from agent.runtimes.warm import WarmEngines, remove_leftovers
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, topology_of
 from agent.state import CommandState
 from agent.verify import run_verification
 from core.clock import now_ms
@@ -188,6 +188,11 @@ class Agent:
 
     # -- registration ----------------------------------------------------------------------------
 
+    def topology(self) -> dict[str, str]:
+        """The host's network domains: the provider's labels, and NVML's NVLink domain as its clique."""
+        clique = self.devices.clique()
+        return {**topology_of(self.settings.topology), **({"clique": clique} if clique else {})}
+
     async def register(self) -> None:
         """Append ``worker.<id>.registered`` (and ``policy_set`` when there is a policy)."""
         s = self.settings
@@ -207,6 +212,7 @@ class Agent:
             address=s.address or host.route_address(self.core.nats_url),
             sandbox="unavailable" if self.sandbox_problem else self.sandbox.isolation,  # type: ignore[arg-type]
             sandbox_problem=(self.sandbox_problem or "")[:500],
+            topology=self.topology(),
         )
         try:
             await self.log.append(self._claim(worker_subject(self.worker_id, event)), event)

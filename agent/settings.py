@@ -19,6 +19,7 @@ import msgspec
 
 from core.clock import MAX_BEAT_INTERVAL_S
 from core.errors import ConfigError
+from schemas.values import TOPOLOGY_LEVELS, TOPOLOGY_VALUE
 
 PREFIX = "RESONTECH_AGENT_"
 DeviceSourceName = Literal["nvml", "simulated"]
@@ -57,6 +58,9 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
         warm_engines: vLLM engines kept started ahead of the CPU replicas they will serve
             (:mod:`agent.runtimes.warm`; default 1, 0 for none); kept only on a host without GPUs
             that has vLLM.
+        topology: the host's network domains as the provider labels them, ``level=name`` pairs
+            separated by commas (``rack=r12,block=b3``; levels: ``clique``, ``switch``, ``rack``,
+            ``block``, ``zone``). NVML's NVLink domain, when it has one, is the ``clique``.
     """
 
     name: str
@@ -79,6 +83,7 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_processes: int = 4096
     max_open_files: int = 65_536
     warm_engines: int = 1
+    topology: str = ""
 
 
 _FIELDS = {f.name: f for f in msgspec.structs.fields(AgentSettings)}
@@ -151,7 +156,27 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def topology_of(text: str) -> dict[str, str]:
+    """The ``level=name,...`` labels of :attr:`AgentSettings.topology`, by level.
+
+    Raises:
+        ConfigError: a pair is not ``level=name`` with a known level and a plain name, or a level
+            comes twice.
+    """
+    labels: dict[str, str] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        level, _, name = pair.partition("=")
+        if level not in TOPOLOGY_LEVELS or not re.match(TOPOLOGY_VALUE, name) or level in labels:
+            raise ConfigError(
+                f"{PREFIX}TOPOLOGY {pair[:80]!r}: give level=name pairs, each level once, a level one of "
+                f"{', '.join(TOPOLOGY_LEVELS)}, a name of letters, digits, '.', '_', ':' or '-'"
+            )
+        labels[level] = name
+    return labels
+
+
 def _check(s: AgentSettings) -> None:
+    topology_of(s.topology)
     if not _TOKEN.match(s.name):
         raise ConfigError(f"{PREFIX}NAME {s.name!r} must be 1-64 letters, digits, '-' or '_'")
     if not _TOKEN.match(s.provider):

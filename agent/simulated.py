@@ -77,6 +77,7 @@ class SimulatedFleet:
         provider / pool: of every worker.
         accept_commands: consume commands and answer ``StartWork`` with ``job.started``.
         complete_after_s: report a started one-shard job completed after this many seconds.
+        racks: spread the workers over this many racks, 8 to a block (``topology``); 0: none.
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class SimulatedFleet:
         pool: str = "shared",
         accept_commands: bool = False,
         complete_after_s: float | None = None,
+        racks: int = 0,
     ) -> None:
         self.log = log
         self.interval_s = interval_s
@@ -98,7 +100,7 @@ class SimulatedFleet:
         self.complete_after_s = complete_after_s
         rng = random.Random(seed)
         self.workers = [
-            _make_worker(f"{prefix}-{seed}-{n:06d}", rng, provider, pool, n) for n in range(count)
+            _make_worker(f"{prefix}-{seed}-{n:06d}", rng, provider, pool, n, racks) for n in range(count)
         ]
         self.beats_sent = 0
         self.beats_failed = 0
@@ -206,7 +208,9 @@ class SimulatedFleet:
             await self.log.append_many(items)
 
 
-def _make_worker(worker_id: str, rng: random.Random, provider: str, pool: str, n: int) -> SimulatedWorker:
+def _make_worker(
+    worker_id: str, rng: random.Random, provider: str, pool: str, n: int, racks: int = 0
+) -> SimulatedWorker:
     model, vram, counts, _ = rng.choices(HARDWARE, weights=[h[3] for h in HARDWARE])[0]
     devices = SimulatedDevices(rng.choice(counts), model, vram, seed=n) if model else None
     gpus = devices.inventory() if devices else []
@@ -221,5 +225,6 @@ def _make_worker(worker_id: str, rng: random.Random, provider: str, pool: str, n
         driver="simulated",
         agent_version="simulated",
         labels={"simulated": "true"},
+        topology={"rack": f"r{n % racks}", "block": f"b{n % racks // 8}"} if racks else {},
     )
     return SimulatedWorker(worker_id, registration, devices.telemetry() if devices else [])

@@ -183,6 +183,7 @@ def request_for_job(
         exclude_workers=frozenset(job.rejected_by) | frozenset(exclude),
         epoch=job.epoch + 1 if epoch is None else epoch,
         image=job.spec.image is not None,
+        topology=job.spec.topology,
     )
 
 

@@ -18,6 +18,7 @@ from projections.endpoints import EndpointsState
 from projections.liveness import LastBeat, LivenessState
 from projections.registry import RegistryState, WorkerRecord, uptime
 from projections.schedule import TERMINAL, ScheduleState
+from schemas.workers import WorkerRegistered
 
 
 def uptime_30d(record: WorkerRecord, now_ns: int, *, window_s: int = WINDOW_S) -> float:
@@ -148,4 +149,11 @@ def candidate_of(record: WorkerRecord, beat: LastBeat | None, use: Sequence[floa
         tier=tier_of(record, now_ns),
         last_beat_ns=None if beat is None else beat.time_ns,
         interval_s=1.0 if beat is None else beat.interval_s,
+        domains=domains_of(registered),
     )
+
+
+def domains_of(registered: WorkerRegistered) -> dict[str, str]:
+    """A worker's network domains, level -> ``<provider>/<name>``: a name is its provider's claim,
+    so two providers' equal names are two domains (:mod:`core.placement.topology`)."""
+    return {level: f"{registered.provider}/{name}" for level, name in registered.topology.items()}

@@ -78,6 +78,7 @@ from schemas.jobs import (
 )
 from schemas.metering import UsageTick
 from schemas.providers import AgentEnrolled
+from schemas.values import TOPOLOGY_LEVELS, TOPOLOGY_VALUE
 from schemas.workers import WorkerPolicySet, WorkerRegistered
 
 CLOCK_SKEW_MS = 5_000
@@ -93,6 +94,7 @@ MAX_METRICS = 64
 """Most metrics one progress report may carry."""
 _HOST = re.compile(r"^[A-Za-z0-9.:_-]{1,253}$")
 _WORKER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one subject token, as long as a node-worker's id may be
+_TOPOLOGY = re.compile(TOPOLOGY_VALUE)
 _KEY = re.compile(r"^[A-Za-z0-9._/=+-]{1,1024}$")
 _API_KEY = re.compile(r"^[A-Za-z0-9_-]{0,128}$")
 """A replica's key: URL-safe base64 (what ``secrets.token_urlsafe`` makes), safe in a header."""
@@ -254,6 +256,12 @@ def _registration(sender: str, subject: str, claim: WorkerRegistered, facts: Fac
         )
     if claim.address and not _HOST.match(claim.address):
         return Refused(f"address {claim.address[:80]!r} is not a host name or IP address")
+    for level, name in claim.topology.items():
+        if level not in TOPOLOGY_LEVELS or not _TOPOLOGY.match(name):
+            return Refused(
+                f"topology {level[:40]!r}: {name[:40]!r}: a level is one of {', '.join(TOPOLOGY_LEVELS)}, "
+                "a name 1-128 letters, digits, '.', '_', ':' or '-'"
+            )
     if (
         len(claim.hostname) > MAX_TEXT
         or len(claim.gpus) > 64

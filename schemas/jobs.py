@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas._base import Event, Value
-from schemas.values import AssignmentRef, AssignmentRevocation, Placement, Pool
+from schemas.values import AssignmentRef, AssignmentRevocation, Placement, Pool, TopologyRequest
 
 JobKind = Literal["federated", "ddp", "process"]
 Framework = Literal["numpy", "pytorch"]
@@ -76,6 +76,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
             only workers that run images take such a job.
         strategy: how a ``ddp`` job's script shards the model (``ddp``, ``fsdp``; ``None``: ``ddp``),
             given to it as ``$RESONTECH_STRATEGY``.
+        topology: the network domain the shards must (or should) share (``None``: any workers).
     """
 
     name: str
@@ -96,6 +97,7 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
     federated: FederatedTraining | None = None
     image: str | None = None
     strategy: str | None = None
+    topology: TopologyRequest | None = None
 
 
 class JobQueued(Event, tag="job.queued", frozen=True, kw_only=True):

@@ -18,6 +18,28 @@ WorkerState = Literal["available", "unverified", "cordoned", "lost", "deregister
 Sandboxing = Literal["bubblewrap", "kubernetes", "off", "unavailable", ""]
 """How a worker's host isolates workloads (:class:`schemas.workers.WorkerRegistered`)."""
 
+TopologyLevel = Literal["clique", "switch", "rack", "block", "zone"]
+"""A level of the network's domains (:data:`TOPOLOGY_LEVELS`)."""
+TOPOLOGY_LEVELS: tuple[TopologyLevel, ...] = ("clique", "switch", "rack", "block", "zone")
+"""The levels of network domains, narrowest first: an NVLink domain (NVML's fabric clique, Kubernetes'
+``nvidia.com/gpu.clique``), a leaf switch, a rack, a block (what one spine reaches), a zone."""
+TOPOLOGY_VALUE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+"""A domain's name at one level, as a worker reports it."""
+
+
+class TopologyRequest(Value, frozen=True, kw_only=True):
+    """A gang's wish to share a network domain (:mod:`core.placement.topology`).
+
+    Attributes:
+        level: the domain's level (:data:`TOPOLOGY_LEVELS`).
+        mode: ``required`` (every shard in one domain of ``level``, or wait), or ``preferred`` (one
+            domain of ``level`` if one has room, else of the next wider level, else anywhere).
+    """
+
+    level: TopologyLevel
+    mode: Literal["required", "preferred"] = "required"
+
+
 IMAGE_PATTERN = (
     r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?/)?"  # registry host[:port]/
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # path
@@ -104,12 +126,15 @@ class Provenance(Value, frozen=True, kw_only=True):
         filtered: how many were filtered out, by reason (``vram``, ``pool``, ``cordoned``...).
         top: the best-ranked candidates with their score terms, best first.
         policy: the name and version of the placement policy that decided.
+        topology: for work that asked to share a network domain, the domain chosen and those
+            rejected (:mod:`core.placement.topology`); empty otherwise.
     """
 
     candidates: int
     filtered: dict[str, int] = {}
     top: list[ScoreCard] = []
     policy: str = "rank-v1"
+    topology: str = ""
 
 
 class AssignmentRef(Fields, frozen=True, kw_only=True):

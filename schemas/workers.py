@@ -50,6 +50,10 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
             ``unavailable`` (the sandbox cannot start here: it takes no work, ``sandbox_problem``
             says why); empty from agents older than the sandbox and from simulated ones.
         sandbox_problem: why the sandbox cannot start on this host.
+        topology: the host's network domains, level -> name (:data:`schemas.values.TOPOLOGY_LEVELS`):
+            its NVLink clique from NVML, the provider's labels, a node's Kubernetes labels. A claim:
+            placement reads each name within its provider only, so no worker joins another
+            provider's domain.
     """
 
     provider: str
@@ -66,6 +70,7 @@ class WorkerRegistered(Event, tag="worker.registered", frozen=True, kw_only=True
     address: str = ""
     sandbox: Sandboxing = ""
     sandbox_problem: str = ""
+    topology: dict[str, str] = {}
 
 
 class WorkerPolicySet(Event, tag="worker.policy_set", frozen=True, kw_only=True):

@@ -288,13 +288,16 @@ class CandidateIndex:
         filtered.update(pool=len(self) - in_pool, image=in_pool - lane_size, gpu_type=lane_size - in_type)
         pruned = filtered.copy()
         pruned["pruned"] = in_type - len(top) - len(failed)
-        placed = gang(request, top, len(self), pruned)
+        placed = gang(request, top, len(self), pruned, self._domains)
         if placed is not None:
             return placed
         groups = Counter(group_of(reason, state) for reason, state in failed)
         self._count_unfit(d.lane, families, need, filtered, groups)
         idle = self._idle(d, families)
         return unplaceable(d, len(self), filtered, groups, top, self._live[d.lane], idle)
+
+    def _domains(self, worker_id: str) -> dict[str, str]:
+        return self._by_id[worker_id].domains
 
     def _best(
         self, d: Decision, families: list[str], need: Room
@@ -315,7 +318,7 @@ class CandidateIndex:
         # group's shelves are in the order of their first workers, so a shelf cannot yield a worker
         # before the first worker of the group's previous shelf: the merge yields workers in exactly
         # the plain scan's order. Stop at the first ``keep`` that fit.
-        keep = max(len(d.request.slots), TOP_K)
+        keep = len(self._by_id) if d.request.topology else max(len(d.request.slots), TOP_K)  # every domain
         top: list[Ranked] = []
         failed: list[tuple[str, str]] = []
         while heap and len(top) < keep:

@@ -140,13 +140,15 @@ REASONS: dict[str, str] = {
 
 
 def explain(provenance: Provenance) -> list[str]:
-    """Human lines for ``resontech why``: what was considered, what was filtered and why, and the
-    best-ranked workers with their score terms."""
+    """Human lines for ``resontech why``: what was considered, what was filtered and why, the network
+    domain chosen (and those not), and the best-ranked workers with their score terms."""
     p = provenance
     lines = [f"{_plural(p.candidates, 'worker')} considered (policy {p.policy})"]
     order = {reason: i for i, reason in enumerate((*FILTERS, "pruned"))}
     for reason in sorted(p.filtered, key=lambda r: (order.get(r, len(order)), r)):
         lines.append(f"  {p.filtered[reason]} filtered out: {REASONS.get(reason, reason)}")
+    if p.topology:
+        lines.append(f"  network domain: {p.topology}")
     for i, card in enumerate(p.top, 1):
         terms = " x ".join(f"{name} {value:.3f}" for name, value in card.terms.items())
         lines.append(f"  #{i} {card.worker_id}: score {card.score:.3f} = {terms}")

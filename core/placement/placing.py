@@ -19,8 +19,9 @@ import functools
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from core.placement import topology
 from core.placement.explaining import group_of, unplaceable
 from core.placement.rules import Decision, Ranked, lanes, rank_key
 from core.placement.values import (
@@ -72,7 +73,8 @@ def place(
         if reason not in ("pool", "image", "gpu_type"):
             groups[group_of(reason, c.state)] += 1
     feasible.sort(key=rank_key)
-    placed = gang(request, feasible, len(candidates), filtered)
+    domains = {c.worker_id: c.domains for c in candidates} if request.topology else {}
+    placed = gang(request, feasible, len(candidates), filtered, lambda w: domains.get(w, {}))
     if placed is not None:
         return placed
     live = sum(1 for c in candidates if d.lane in lanes(c) and c.state != "deregistered")
@@ -81,13 +83,28 @@ def place(
 
 
 def gang(
-    request: PlacementRequest, ranked: list[Ranked], total: int, filtered: Counter[str]
-) -> Placed | None:
+    request: PlacementRequest,
+    ranked: list[Ranked],
+    total: int,
+    filtered: Counter[str],
+    domains_of: Callable[[str], Mapping[str, str]] = lambda _: {},
+) -> Placed | Unplaceable | None:
     """Spread the slots over ``ranked`` workers (best first, one each, then round-robin), or ``None``
-    when their capacity is short."""
+    when their capacity is short. A request naming a topology goes to the workers of one network
+    domain (:func:`core.placement.topology.narrow`; ``domains_of``: a worker's domains), or is
+    :class:`Unplaceable` saying why none has room."""
     need = len(request.slots)
     if sum(item[1] for item in ranked) < need:
         return None
+    counts = {reason: n for reason, n in sorted(filtered.items()) if n}
+    note = ""
+    if request.topology is not None:
+        narrowed = topology.narrow(request.topology, need, ranked, domains_of)
+        if isinstance(narrowed, str):
+            top = [item[0] for item in ranked[:TOP_K]]
+            why = Provenance(candidates=total, filtered=counts, top=top, policy=POLICY, topology=narrowed)
+            return Unplaceable(reason=narrowed, provenance=why)
+        ranked, note = narrowed.ranked, narrowed.note
     chosen: list[str] = []
     rnd = 0
     while len(chosen) < need:
@@ -106,8 +123,7 @@ def gang(
         for slot, worker_id in zip(request.slots, chosen, strict=True)
     ]
     top = [item[0] for item in ranked[: max(len(set(chosen)), TOP_K)]]
-    counts = {reason: n for reason, n in sorted(filtered.items()) if n}
-    provenance = Provenance(candidates=total, filtered=counts, top=top, policy=POLICY)
+    provenance = Provenance(candidates=total, filtered=counts, top=top, policy=POLICY, topology=note)
     return Placed(assignments=assignments, provenance=provenance)
 
 

@@ -7,7 +7,7 @@ import msgspec
 
 from core.pricing import CPU_GPU_TYPE
 from core.tiers import TIER_FACTORS, Tier
-from schemas.values import Assignment, Pool, Provenance, Sandboxing, WorkerState, WorkKind
+from schemas.values import Assignment, Pool, Provenance, Sandboxing, TopologyRequest, WorkerState, WorkKind
 from schemas.workers import WorkerPolicy
 
 POLICY = "rank-v1"
@@ -34,6 +34,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
         epoch: the fencing epoch stamped on every new assignment.
         image: the work names its own container image: only workers that run images take it
             (:func:`core.placement.rules.lanes`).
+        topology: the network domain every slot must (or should) share (:mod:`core.placement.topology`).
     """
 
     work_id: str
@@ -52,6 +53,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
     exclude_workers: frozenset[str] = frozenset()
     epoch: int
     image: bool = False
+    topology: TopologyRequest | None = None
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +74,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         last_beat_ns / interval_s: the latest heartbeat's time (``None``: never) and interval.
         sandbox: how its host isolates workloads (``off``: owner's work only; ``unavailable``: none;
             ``kubernetes``: a node of the kernel's cluster, which alone runs work naming an image).
+        domains: its network domains, level -> ``<provider>/<name>`` (a name counts within its
+            provider only: :func:`projections.candidates.domains_of`).
     """
 
     worker_id: str
@@ -96,6 +100,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     tier: Tier = "unverified"
     last_beat_ns: int | None = None
     interval_s: float = 1.0
+    domains: dict[str, str] = {}
 
 
 class RankWeights(msgspec.Struct, frozen=True, kw_only=True):

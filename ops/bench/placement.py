@@ -33,6 +33,7 @@ from ops.bench.quantiles import nearest_rank
 from ops.bench.raw_appends import raw_placements
 from ops.coordinator import Coordinator
 from schemas.jobs import JobResources, JobSubmitted
+from schemas.values import TopologyRequest
 
 GPU_JOBS: tuple[tuple[str | None, int, int], ...] = (
     # (GPU type, VRAM hint MiB, weight): a mix that fits the simulated fleet's free VRAM
@@ -55,37 +56,44 @@ def job_resources(i: int) -> tuple[JobResources, str | None]:
     return JobResources(gpus=1, vram_mb=vram_mb, gpu_type=gpu_type, cpus=2, memory_mb=8192), region
 
 
-def submissions(count: int, prefix: str = "j") -> Iterator[tuple[str, JobSubmitted, str]]:
+def submissions(
+    count: int, prefix: str = "j", *, gangs: bool = False
+) -> Iterator[tuple[str, JobSubmitted, str]]:
+    """``count`` jobs; ``gangs``: each a two-shard gang that must share a rack."""
     for i in range(count):
         resources, region = job_resources(i)
         event = JobSubmitted(
             name=f"{prefix}{i}",
             kind="process",
-            shards=1,
+            shards=2 if gangs else 1,
             command=["true"],
             resources=resources,
             region=region,
             priority=i % 3,
+            topology=TopologyRequest(level="rack") if gangs else None,
         )
         tenant = f"tenant{i % 20}"
         yield job_subject(tenant, f"{prefix}{i}", event), event, f"submit-{tenant}-{prefix}{i}"
 
 
 async def placement_run(
-    url: str, workers: int, jobs: int, *, group_commit: bool = True, replicas: int = 1
+    url: str,
+    workers: int,
+    jobs: int,
+    *,
+    group_commit: bool = True,
+    replicas: int = 1,
+    racks: int = 0,
+    gangs: bool = False,
 ) -> dict[str, Any]:
     """Register ``workers``, submit ``jobs``, run a coordinator until all are placed (or it stalls).
 
     ``group_commit=False``: the coordinator's appends go one by one, each its own write (the
     baseline :mod:`core.log.group_commit` is measured against). ``replicas``: of every stream
-    (3 on a cluster: ``url`` then lists its nodes)."""
+    (3 on a cluster: ``url`` then lists its nodes). ``racks``: the workers' racks (none: 0);
+    ``gangs``: every job a two-shard gang that must share a rack."""
     settings = Settings(nats_url=url, ack_timeout_s=60.0, stream_replicas=replicas)
-    async with await EventLog.connect(settings, name="bench-setup") as log:
-        await log.ensure_streams()
-        fleet = SimulatedFleet(log, workers, interval_s=3600.0, seed=7)
-        await fleet.register()
-        await fleet.beat()
-        await log.append_many(submissions(jobs))
+    await _load(settings, workers, jobs, racks=racks, gangs=gangs)
     own = await EventLog.connect(Settings(nats_url=url, group_commit=group_commit), name="bench-coordinator")
     coordinator = Coordinator(own, name="bench-coordinator")
     stop = asyncio.Event()
@@ -127,6 +135,16 @@ async def placement_run(
         "decision_p50_ms": nearest_rank(decisions, 0.5),
         "decision_p99_ms": nearest_rank(decisions, 0.99),
     }
+
+
+async def _load(settings: Settings, workers: int, jobs: int, *, racks: int, gangs: bool) -> None:
+    """Register and beat the simulated fleet, and submit the jobs, in batched appends."""
+    async with await EventLog.connect(settings, name="bench-setup") as log:
+        await log.ensure_streams()
+        fleet = SimulatedFleet(log, workers, interval_s=3600.0, seed=7, racks=racks)
+        await fleet.register()
+        await fleet.beat()
+        await log.append_many(submissions(jobs, gangs=gangs))
 
 
 async def placement(

@@ -10,7 +10,10 @@ Three parts, each in its own module, on private servers this program starts and 
   of the same beats;
 * failure detection (:mod:`ops.bench.failover`): three real agents (:mod:`ops.bench.agents`) and a
   coordinator; the agent running a job is SIGKILLed: time to ``worker.lost`` and to the replacement's
-  ``job.placed``.
+  ``job.placed``;
+* topology: the same placements on a fleet without network domains and on one in 200 racks (the
+  ratio), and two-shard gangs that must share a rack (their rate and decision time; each such
+  decision reads every feasible worker of its lane, :mod:`core.placement.topology`).
 
 This module runs them, names their figures and prints the report.
 
@@ -27,10 +30,10 @@ from typing import Any
 
 import uvloop
 
-from ops.bench.common import emit, machine, self_peak_rss_mb, table
+from ops.bench.common import emit, machine, private_nats, self_peak_rss_mb, table
 from ops.bench.failover import failover
 from ops.bench.heartbeats import fleet_child, ingest
-from ops.bench.placement import placement
+from ops.bench.placement import placement, placement_run
 
 PEERS = {
     "kube-scheduler": "810 pods/s at 5,000 nodes",
@@ -51,6 +54,8 @@ async def main_async(quick: bool, parts: set[str]) -> dict[str, Any]:
         figures.update(await ingest_figures(quick))
     if "failover" in parts:
         figures.update(await failover_figures(quick))
+    if "topology" in parts:
+        figures.update(await topology_figures(quick))
     figures["peak_rss_mb"] = round(self_peak_rss_mb())
     return {**figures, **machine()}
 
@@ -84,6 +89,38 @@ async def placement_figures(quick: bool) -> dict[str, Any]:
             durable["placements_per_s"] / max(durable["one_by_one_placements_per_s"], 1), 2
         ),
         start_commands_s=round(durable["commands_s"], 2),
+    )
+
+
+async def topology_figures(quick: bool) -> dict[str, Any]:
+    """The same placements on a fleet without racks and on one in 200 racks (8 to a block), and
+    two-shard gangs that must share a rack, each run on a fresh server without per-write fsync."""
+    workers, jobs = (2_000, 2_000) if quick else (10_000, 20_000)
+    runs: dict[str, dict[str, Any]] = {}
+    for name, racks, in_racks, count in (
+        ("flat", 0, False, jobs),
+        ("racked", 200, False, jobs),
+        ("gangs", 200, True, jobs // 10),
+    ):
+        with private_nats(sync_always=False) as server:
+            runs[name] = await placement_run(server.url, workers, count, racks=racks, gangs=in_racks)
+        run = runs[name]
+        print(
+            f"  topology, {name}: {run['placed']:,} of {count:,} placed, {run['placements_per_s']:,.0f}/s, "
+            f"decision p99 {run['decision_p99_ms']:.2f} ms",
+            flush=True,
+        )
+    flat, racked, gangs = runs["flat"], runs["racked"], runs["gangs"]
+    return dict(
+        topology_workers=workers,
+        flat_placements_per_s=round(flat["placements_per_s"]),
+        racked_placements_per_s=round(racked["placements_per_s"]),
+        racked_ratio=round(racked["placements_per_s"] / max(flat["placements_per_s"], 1), 3),
+        rack_gangs=jobs // 10,
+        rack_gangs_placed=gangs["placed"],
+        rack_gang_placements_per_s=round(gangs["placements_per_s"]),
+        rack_gang_decision_p50_ms=round(gangs["decision_p50_ms"], 2),
+        rack_gang_decision_p99_ms=round(gangs["decision_p99_ms"], 2),
     )
 
 
@@ -133,6 +170,8 @@ def summary(f: dict[str, Any]) -> str:
         rows += ingest_rows(f)
     if "detect_s" in f:
         rows += failover_rows(f)
+    if "racked_ratio" in f:
+        rows += topology_rows(f)
     rss = f"peak RSS: bench process (coordinator, runners) {f['peak_rss_mb']} MB"
     if "fleet_peak_rss_mb" in f:
         rss += f", simulated fleet of {f['heartbeat_workers']:,} {f['fleet_peak_rss_mb']} MB"
@@ -170,6 +209,25 @@ def placement_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
             f"placed and started {f['nofsync_placed_and_started_per_s']:,}/s; raw "
             f"{f['nofsync_raw_placed_and_started_per_s']:,}/s (ratio {f['nofsync_placement_ratio']})",
             "(client-bound)",
+        ),
+    ]
+
+
+def topology_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
+    n = f"{f['topology_workers']:,}"
+    return [
+        (
+            f"placements/s, {n} workers in 200 racks (no fsync)",
+            f"{f['racked_placements_per_s']:,}",
+            f"{f['flat_placements_per_s']:,} without racks (ratio {f['racked_ratio']})",
+            ">= 0.9",
+        ),
+        (
+            f"2-shard gangs sharing a rack: placed/s; decision p50 / p99 ({f['rack_gangs_placed']:,} placed)",
+            f"{f['rack_gang_placements_per_s']:,}; "
+            f"{f['rack_gang_decision_p50_ms']} / {f['rack_gang_decision_p99_ms']} ms",
+            "-",
+            "report",
         ),
     ]
 
@@ -217,7 +275,7 @@ def failover_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
-    parser.add_argument("--only", default="place,ingest,failover", help=argparse.SUPPRESS)
+    parser.add_argument("--only", default="place,ingest,failover,topology", help=argparse.SUPPRESS)
     parser.add_argument("--fleet", type=int, help=argparse.SUPPRESS)  # the ingest's child process
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)

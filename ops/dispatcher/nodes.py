@@ -19,13 +19,13 @@ import ipaddress
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from core.errors import InvalidInput
 from core.placement.rules import RUNS_IMAGES
-from schemas.values import Gpu, Pool
+from schemas.values import TOPOLOGY_LEVELS, TOPOLOGY_VALUE, Gpu, Pool
 from schemas.workers import WorkerRegistered
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -37,6 +37,9 @@ HOSTNAME = "kubernetes.io/hostname"
 REGION = "topology.kubernetes.io/region"
 ZONE = "topology.kubernetes.io/zone"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+CLIQUE = "nvidia.com/gpu.clique"
+TOPOLOGY_LABEL = "topology.resontech.io/"
+_TOPOLOGY = re.compile(TOPOLOGY_VALUE)
 
 MAX_GPUS = 64
 """GPUs one node may claim (the largest nodes today have 8 to 16)."""
@@ -91,6 +94,7 @@ class NodeWorker:
             registration takes the dispatcher's configured region).
         driver: the NVIDIA driver version from the feature discovery labels, or empty.
         labels: the zone and instance type, when the node has valid ones.
+        topology: its network domains by level (:func:`topology_of`).
         ready: the ``Ready`` condition is ``True``.
         cordoned: ``spec.unschedulable`` is set.
         problems: each value left out, and why.
@@ -108,6 +112,20 @@ class NodeWorker:
     ready: bool
     cordoned: bool
     problems: tuple[str, ...]
+    topology: dict[str, str] = field(default_factory=dict)
+
+
+def topology_of(labels: Mapping[str, Any], problems: list[str]) -> dict[str, str]:
+    """A node's network domains from its labels: ``nvidia.com/gpu.clique`` (the NVLink domain GPU
+    feature discovery reads from NVML) as its clique, ``topology.kubernetes.io/zone`` as its zone,
+    and ``topology.resontech.io/<level>`` for any level (:data:`schemas.values.TOPOLOGY_LEVELS`),
+    which the cluster's operator sets (racks, blocks, switches). An invalid value is left out."""
+    keys = {level: f"{TOPOLOGY_LABEL}{level}" for level in TOPOLOGY_LEVELS}
+    keys["clique"] = CLIQUE  # the hardware's word, over any other
+    if not labels.get(keys["zone"]):
+        keys["zone"] = ZONE
+    found = {level: _label(labels, key, _TOPOLOGY, problems) for level, key in keys.items()}
+    return {level: name for level, name in found.items() if name}
 
 
 def _dict(value: object) -> Mapping[str, Any]:
@@ -213,6 +231,7 @@ def node_worker(node: Mapping[str, Any]) -> NodeWorker:
         region=_label(labels, REGION, _LABEL_VALUE, problems),
         driver=_driver(labels, problems),
         labels={key: value for key, value in extra.items() if value},
+        topology=topology_of(labels, problems),
         ready=is_ready(node),
         cordoned=spec.get("unschedulable") is True,
         problems=tuple(problems),
@@ -242,4 +261,5 @@ def registration(
         address=worker.address,
         labels={"kubernetes_node": worker.name, **worker.labels},
         sandbox=RUNS_IMAGES,
+        topology=dict(worker.topology),
     )

@@ -12,7 +12,7 @@ import msgspec
 
 from schemas.api.common import Page, PageQuery, Request
 from schemas.jobs import JobSubmitted
-from schemas.values import IMAGE_PATTERN, MAX_IMAGE_LENGTH
+from schemas.values import IMAGE_PATTERN, MAX_IMAGE_LENGTH, TopologyRequest
 
 Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 """Letters, digits, ``-`` and ``_``, 1-64 characters (safe as a subject token)."""
@@ -118,6 +118,10 @@ class SubmitJob(Request, frozen=True, kw_only=True):
         image: the container image each shard runs in (``registry/name:tag``, a ``@sha256:``
             digest to pin it). Only workers that run images take such a job: today the nodes of the
             kernel's own Kubernetes clusters. Default: the worker's own environment.
+        topology: ``{"level": "rack", "mode": "required"}``: every shard inside one network
+            domain of that level (``clique``, ``switch``, ``rack``, ``block``, ``zone``), or wait;
+            ``"mode": "preferred"`` climbs to the next wider level when none has room, and places
+            across domains last. Default: any workers.
     """
 
     name: JobName
@@ -140,6 +144,7 @@ class SubmitJob(Request, frozen=True, kw_only=True):
     federated: FederatedSpec | None = None
     image: Image | None = None
     strategy: Literal["ddp", "fsdp", "deepspeed"] | None = None
+    topology: TopologyRequest | None = None
 
 
 class TenantQuery(Request, frozen=True, kw_only=True):

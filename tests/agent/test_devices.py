@@ -132,3 +132,41 @@ def test_simulated_devices_only_when_chosen(tmp_path: Path) -> None:
     assert isinstance(devices, SimulatedDevices)
     assert [g.model for g in devices.inventory()] == ["NVIDIA H100 80GB HBM3"] * 2
     assert len(devices.telemetry()) == 2
+
+
+class FabricNvml(FakeNvml):
+    """Two GPUs of an NVLink domain (a GB200 NVL72 tray): fabric info as NVML fills it in."""
+
+    NVML_SUCCESS = 0
+    NVML_GPU_FABRIC_STATE_COMPLETED = 3
+    c_nvmlGpuFabricInfo_t = __import__("pynvml").c_nvmlGpuFabricInfo_t
+
+    def __init__(self, cliques: list[int | None], state: int = 3) -> None:
+        super().__init__()
+        self.cliques, self.state = cliques, state
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: str, out: Any) -> int:
+        clique = self.cliques[int(h[-1])]
+        if clique is None:
+            raise self.NVMLError_NotSupported()
+        info = out._obj  # ctypes.byref(...)
+        info.clusterUuid[:] = list(bytes.fromhex("6c1f0e3a9b2d4e7f8a0b1c2d3e4f5a6b"))
+        info.cliqueId, info.state, info.status = clique, self.state, 0
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("cliques", "state", "clique"),
+    [
+        ([7, 7], 3, "6c1f0e3a9b2d4e7f8a0b1c2d3e4f5a6b.7"),
+        ([7, 8], 3, ""),  # GPUs in two domains: none claimed
+        ([7, None], 3, ""),  # one GPU without fabric info
+        ([None, None], 3, ""),  # no NVSwitch fabric (NVML: not supported)
+        ([7, 7], 1, ""),  # the fabric manager has not placed them yet
+    ],
+)
+def test_the_nvlink_domain_comes_from_nvml_fabric_info(
+    cliques: list[int | None], state: int, clique: str
+) -> None:
+    assert NvmlDevices(FabricNvml(cliques, state)).clique() == clique
+    assert NoGpu().clique() == ""

@@ -389,6 +389,8 @@ def test_a_registration_says_what_its_enrollment_says() -> None:
     honest = WorkerRegistered(provider="gpuco", hostname="h", region="eu-north")
     on = worker_subject(ME, honest)
     assert isinstance(claim(on, honest, facts(enrolled=enrolled)), Accepted)
+    racked = msgspec.structs.replace(honest, topology={"rack": "r12", "clique": "6c1f.1"})
+    assert isinstance(claim(on, racked, facts(enrolled=enrolled)), Accepted)
     for lie, why in (
         (
             {"pool": "private", "owner_tenant": "victim"},
@@ -399,6 +401,9 @@ def test_a_registration_says_what_its_enrollment_says() -> None:
         ({"address": "http://evil/"}, "is not a host name or IP address"),
         ({"sandbox": "unavailable", "sandbox_problem": "x" * 5_000}, "registration too large"),
         ({"sandbox": "kubernetes"}, "sandbox 'kubernetes' is the kernel's own Kubernetes nodes'"),
+        ({"topology": {"galaxy": "g1"}}, "topology 'galaxy': 'g1': a level is one of clique, switch"),
+        ({"topology": {"rack": "../victim/r1"}}, "topology 'rack': '../victim/r1'"),
+        ({"topology": {"rack": "x" * 200}}, "a name 1-128 letters"),
     ):
         said = WorkerRegistered(**{"provider": "gpuco", "hostname": "h", "region": "eu-north", **lie})
         assert why in reason(claim(on, said, facts(enrolled=enrolled))), lie

@@ -63,9 +63,10 @@ async def test_a_ddp_job_runs_a_script_among_its_inputs(api: Api, log: EventLog)
     tenant, admin = await api.tenant()
     put(api, tenant, "scripts/train.py")
     body = spec(kind="ddp", shards=2, command=["scripts/train.py", "--epochs", "3"], inputs=["scripts/"])
-    accepted = await submit(api, admin, body)
+    accepted = await submit(api, admin, {**body, "topology": {"level": "rack", "mode": "preferred"}})
     assert accepted.status_code == 201, accepted.text
     assert accepted.json()["spec"]["kind"] == "ddp" and accepted.json()["spec"]["shards"] == 2
+    assert accepted.json()["spec"]["topology"] == {"level": "rack", "mode": "preferred"}
     elsewhere = await submit(api, admin, {**body, "inputs": ["jobs/hello/"]})
     assert elsewhere.status_code == 422 and "scripts/train.py" in elsewhere.json()["error"]["message"]
     assert len(await job_events(log)) == 1
@@ -165,6 +166,8 @@ BAD_SPECS: list[tuple[dict[str, Any], int, str]] = [
     (spec(image="img\nkind: Secret"), 400, "invalid_body"),
     (spec(image="Team/Trainer:v1"), 400, "invalid_body"),  # a reference is lower case
     (spec(image="a/" * 300 + "b"), 400, "invalid_body"),
+    (spec(topology={"level": "galaxy"}), 400, "invalid_body"),
+    (spec(topology={"level": "rack", "mode": "maybe"}), 400, "invalid_body"),
 ]
 
 

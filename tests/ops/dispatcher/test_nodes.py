@@ -211,3 +211,24 @@ def test_invalid_labels_are_left_out_with_a_reason() -> None:
 def test_garbage_shapes_do_not_crash() -> None:
     worker = node_worker({"metadata": {"name": "n", "labels": "nope"}, "spec": [], "status": 7})
     assert (worker.gpus, worker.cpus, worker.memory_mb, worker.ready) == ((), 0, 0, False)
+
+
+def test_a_nodes_network_domains_come_from_its_labels() -> None:
+    labels = {
+        "nvidia.com/gpu.clique": "6c1f0e3a9b2d4e7f8a0b1c2d3e4f5a6b.7",
+        "topology.resontech.io/rack": "r12",
+        "topology.resontech.io/block": "b3",
+        "topology.resontech.io/galaxy": "ignored",
+        "topology.resontech.io/switch": "bad value!",
+    }
+    node = gpu_node(**{f"metadata__labels__{k}": v for k, v in labels.items()})
+    worker = node_worker(node)
+    assert worker.topology == {
+        "clique": "6c1f0e3a9b2d4e7f8a0b1c2d3e4f5a6b.7",
+        "rack": "r12",
+        "block": "b3",
+        "zone": "eu-west-1a",  # topology.kubernetes.io/zone when no resontech zone label
+    }
+    assert any("topology.resontech.io/switch" in p for p in worker.problems)
+    event = registration(worker, provider="gpuco", pool="shared", owner_tenant=None, version="1")
+    assert event.topology == worker.topology
