@@ -100,7 +100,7 @@ async def topology_figures(quick: bool) -> dict[str, Any]:
     for name, racks, in_racks, count in (
         ("flat", 0, False, jobs),
         ("racked", 200, False, jobs),
-        ("gangs", 200, True, jobs // 10),
+        ("gangs", 200, True, jobs // 50),
     ):
         with private_nats(sync_always=False) as server:
             runs[name] = await placement_run(server.url, workers, count, racks=racks, gangs=in_racks)
@@ -116,7 +116,7 @@ async def topology_figures(quick: bool) -> dict[str, Any]:
         flat_placements_per_s=round(flat["placements_per_s"]),
         racked_placements_per_s=round(racked["placements_per_s"]),
         racked_ratio=round(racked["placements_per_s"] / max(flat["placements_per_s"], 1), 3),
-        rack_gangs=jobs // 10,
+        rack_gangs=jobs // 50,
         rack_gangs_placed=gangs["placed"],
         rack_gang_placements_per_s=round(gangs["placements_per_s"]),
         rack_gang_decision_p50_ms=round(gangs["decision_p50_ms"], 2),

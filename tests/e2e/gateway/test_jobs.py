@@ -371,7 +371,12 @@ async def test_get_shows_assignments_progress_checkpoint_and_why(api: Api, log: 
         (1, "w1", True),
     ]
     assert job["progress"]["round"] == 2 and job["progress"]["epoch"] == 3 and job["progress"]["loss"] == 0.25
-    assert job["last_checkpoint"] == {"object_key": "jobs/hello/ckpt-2", "round": 2, "step": None}
+    assert job["last_checkpoint"] == {
+        "object_key": "jobs/hello/ckpt-2",
+        "round": 2,
+        "step": None,
+        "parts": [],
+    }
     assert "shard 0 on w0" in "\n".join(job["why"]) and "3 workers considered" in "\n".join(job["why"])
 
 

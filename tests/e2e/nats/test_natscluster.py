@@ -360,6 +360,19 @@ async def test_a_lost_race_on_a_replicated_stream_is_a_concurrency_conflict(
             await appender.close()
 
 
+async def _get_msg(log: EventLog, seq: int) -> Any:
+    """A raw read of JOBS ``seq``, tried again while JetStream answers 503: a follower just resumed
+    from SIGSTOP may cost the cluster its meta leader for a moment (seen on a loaded machine)."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            return await log._js.get_msg("JOBS", seq=seq)
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def test_a_scan_reads_to_the_end_the_leader_named_from_a_replica_that_is_behind(
     cluster: NatsCluster, log: EventLog
 ) -> None:
@@ -385,7 +398,7 @@ async def test_a_scan_reads_to_the_end_the_leader_named_from_a_replica_that_is_b
             finally:
                 os.kill(pid, signal.SIGCONT)
             end = await through_leader.last_seq("JOBS")
-            since = (await through_leader._js.get_msg("JOBS", seq=before + 10_001)).time
+            since = (await _get_msg(through_leader, before + 10_001)).time
 
             async def count(**bounds: Any) -> int:
                 return sum([1 async for _ in through_leader.replay("JOBS", **bounds)])

@@ -74,7 +74,8 @@ def test_every_claim_an_agent_makes_is_allowed_and_nothing_else() -> None:
         emitted += [reports.start_failed(cmd, "x")[0]]
         for cause, code in [("exited", 0), ("exited", 1), ("agent_stopped", None), ("agent_restarted", None)]:
             emitted += [a[0] for a in reports.ended(cmd, cause, code, worker_id=worker)]  # type: ignore[arg-type]
-        lines = [ProgressLine(step=1), CheckpointLine(object_key="k"), ReadyLine(address="http://h:1")]
+        part = CheckpointLine(object_key="k/node-0.tar", dir="step-1", step=1)  # a part, once uploaded
+        lines = [ProgressLine(step=1), CheckpointLine(object_key="k"), part, ReadyLine(address="http://h:1")]
         emitted += [item[0] for line in lines if (item := reports.reported(cmd, line, 1))]
         tick = reports.Meter(cmd, worker_id=worker, start_ms=0).tick(10)
         assert tick is not None
