@@ -41,8 +41,6 @@ KINDS: dict[str, KindRule] = {
     "ddp": KindRule(available=True, needs_command=True, federated=False),
 }
 """Every kind the spec knows (a kind whose runtime is missing is refused with ``kind_unavailable``)."""
-STRATEGIES: dict[str, bool] = {"ddp": True, "fsdp": True, "deepspeed": False}
-"""Every strategy the spec knows, and whether the workers can run it."""
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 RESERVED_ENV_PREFIX = "RESONTECH_"
 
@@ -72,13 +70,6 @@ def _check_kind(spec: SubmitJob) -> None:
         _check_script(spec)
     if spec.strategy is not None and spec.kind != "ddp":
         raise invalid_spec("strategy is for ddp jobs only (how their script shards the model)")
-    if spec.strategy is not None and not STRATEGIES[spec.strategy]:
-        ready = ", ".join(s for s, available in STRATEGIES.items() if available)
-        raise invalid_spec(
-            f"strategy {spec.strategy!r} is not available yet (the workers have no DeepSpeed); use one of: "
-            f"{ready} (fsdp shards parameters, gradients and optimizer state as ZeRO-3 does)",
-            "strategy_unavailable",
-        )
 
 
 def _check_federated(federated: FederatedSpec) -> None:

@@ -74,7 +74,8 @@ class JobSubmitted(Event, tag="job.submitted", frozen=True, kw_only=True):
         federated: the training code of a ``federated`` job.
         image: the container image each shard runs in (``None``: the worker's own environment);
             only workers that run images take such a job.
-        strategy: how a ``ddp`` job's script shards the model (``ddp``, ``fsdp``; ``None``: ``ddp``),
+        strategy: how a ``ddp`` job's script shards the model (``ddp``, ``fsdp``, ``deepspeed``;
+            ``None``: ``ddp``),
             given to it as ``$RESONTECH_STRATEGY``.
         topology: the network domain the shards must (or should) share (``None``: any workers).
     """

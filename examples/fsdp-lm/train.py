@@ -1,5 +1,6 @@
 """A small causal transformer language model trained with FSDP2 (``torch.distributed.fsdp.fully_shard``)
-on the synthetic corpus of ``make_data.py``: the resontech ``strategy: fsdp`` contract, by example.
+or DeepSpeed ZeRO on the synthetic corpus of ``make_data.py``: the resontech ``strategy: fsdp`` and
+``strategy: deepspeed`` contracts, by example.
 
 Every shard of a ``kind: ddp`` job runs this script under ``torchrun`` (one node per shard; the job's
 ``strategy`` says how the script shards the model, ``$RESONTECH_STRATEGY``). FSDP2 shards every
@@ -27,6 +28,12 @@ platform, as the DDP example does:
 * With ``$RESONTECH_RESUME_PATH`` (every node fetched the checkpoint: a folder holding every node's
   part, or one file), every rank loads its own shard of it; training continues from the epoch after
   it, and the step counter comes from the checkpoint: no step is skipped or done twice.
+
+With ``$RESONTECH_STRATEGY`` ``deepspeed``, the same model trains under a DeepSpeed engine instead,
+ZeRO stage ``--zero-stage`` (2: optimizer state and gradients sharded; 3: parameters too), with a torch
+AdamW (DeepSpeed's own CPU Adam would compile an extension). Each checkpoint is DeepSpeed's
+(``save_checkpoint``: every rank writes its own files into ``step-<step>/`` on its node, reported as
+above); it loads on the same number of ranks.
 
 Everything is seeded (weights, data order per epoch), so two runs of the same arguments on the same
 world size end with the same parameters, a run interrupted and resumed included.
@@ -72,6 +79,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--checkpoint-every", type=int, default=2, help="epochs between checkpoints")
     parser.add_argument("--checkpoint-format", choices=("sharded", "full"), default="sharded")
+    parser.add_argument("--zero-stage", type=int, choices=(2, 3), default=3, help="strategy deepspeed")
     parser.add_argument("--min-epoch-seconds", type=float, default=0.0)
     return parser.parse_args()
 
@@ -202,21 +210,93 @@ class Checkpoints:
         return epoch + 1, step
 
 
-def train_epoch(
-    model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any], step: int, *, resumed: bool
-) -> tuple[float, int]:
-    """One pass over this rank's part of the data; the mean loss over every rank, and the step
-    counter. ``resumed``: the first epoch after a resume, whose first step rank 0 reports at once
-    (a ``RESONTECH_PROGRESS`` with the step alone: when training went on)."""
-    device = next(model.parameters()).device
-    totals = torch.zeros(2, device=device)  # loss sum, predicted tokens
-    for (batch,) in loader:
-        batch = batch.to(device)
-        logits = model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+class Run:
+    """How one strategy trains: ``forward`` (the sharded model, or the DeepSpeed engine), ``update``
+    (backward and optimizer step), and its checkpoints (``save``, ``wait``, ``resume``, ``stalls``)."""
+
+    def __init__(self, forward: Any, update: Any, checkpoints: Any, device: torch.device) -> None:
+        self.forward, self.update, self.checkpoints, self.device = forward, update, checkpoints, device
+
+
+def fsdp_run(model: LanguageModel, args: argparse.Namespace, mesh: Any, device: torch.device) -> Run:
+    model = sharded(model, mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    def update(loss: torch.Tensor) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+
+    return Run(model, update, Checkpoints(model, optimizer, args.checkpoint_format), device)
+
+
+def deepspeed_run(model: LanguageModel, args: argparse.Namespace, device: torch.device) -> Run:
+    import deepspeed  # only this strategy needs it
+
+    # On CPU, DeepSpeed compiles a shared-memory all-reduce (C++, with the host's compiler) when its
+    # communication starts, for inference only: training never calls it. Skip the build.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    config = {
+        "train_micro_batch_size_per_gpu": args.batch_size,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": args.zero_stage},
+        "zero_allow_untested_optimizer": True,  # a torch optimizer: DeepSpeed's CPU Adam compiles
+    }
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+
+    def update(loss: torch.Tensor) -> None:
+        engine.backward(loss)
+        engine.step()
+
+    return Run(engine, update, DeepSpeedCheckpoints(engine), device)
+
+
+class DeepSpeedCheckpoints:
+    """DeepSpeed's own checkpoints: every rank writes its files into ``step-<step>/`` on its node."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.folder = Path(os.environ.get("RESONTECH_CHECKPOINT_DIR", "checkpoints"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.stalls: list[float] = []
+
+    def save(self, epoch: int, step: int) -> None:
+        started = time.monotonic()
+        name = f"step-{step:08d}"
+        self.engine.save_checkpoint(str(self.folder), tag=name, client_state={"epoch": epoch, "step": step})
+        dist.barrier()  # every rank's files are written
+        self.stalls.append(time.monotonic() - started)
+        if self.local_rank == 0:
+            report("CHECKPOINT", dir=name, step=step)
+
+    def wait(self) -> None:
+        """Saves are synchronous: nothing in flight."""
+
+    def resume(self) -> tuple[int, int]:
+        resume = os.environ.get("RESONTECH_RESUME_PATH")
+        if not resume:
+            return 1, 0
+        path = Path(resume)
+        _, state = self.engine.load_checkpoint(str(path.parent), tag=path.name)
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if dist.get_rank() == 0:
+            source = os.environ.get("RESONTECH_RESUME_FROM", resume)
+            print(f"resumed from {source}: epoch {epoch}, step {step}, world size {dist.get_world_size()}")
+        return epoch + 1, step
+
+
+def train_epoch(run: Run, loader: DataLoader[Any], step: int, *, resumed: bool) -> tuple[float, int]:
+    """One pass over this rank's part of the data; the mean loss over every rank, and the step
+    counter. ``resumed``: the first epoch after a resume, whose first step rank 0 reports at once
+    (a ``RESONTECH_PROGRESS`` with the step alone: when training went on)."""
+    device = run.device
+    totals = torch.zeros(2, device=device)  # loss sum, predicted tokens
+    for (batch,) in loader:
+        batch = batch.to(device)
+        logits = run.forward(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        run.update(loss)
         step += 1
         totals += torch.tensor([loss.item() * batch[:, 1:].numel(), batch[:, 1:].numel()], device=device)
         if resumed:
@@ -234,7 +314,6 @@ def main() -> None:
     kind = "cuda" if backend == "nccl" else "cpu"
     if kind == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    mesh = init_device_mesh(kind, (world,))
     device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
 
     tokens = torch.from_numpy(np.load(args.data)["tokens"])
@@ -243,16 +322,19 @@ def main() -> None:
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     torch.manual_seed(0)  # every rank builds the same weights before they are sharded
-    model = sharded(LanguageModel(vocab, length, args.width, args.layers).to(device), mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    checkpoints = Checkpoints(model, optimizer, args.checkpoint_format)
+    model = LanguageModel(vocab, length, args.width, args.layers).to(device)
+    if os.environ.get("RESONTECH_STRATEGY") == "deepspeed":
+        run = deepspeed_run(model, args, device)
+    else:
+        run = fsdp_run(model, args, init_device_mesh(kind, (world,)), device)
+    checkpoints = run.checkpoints
 
     first_epoch, step = checkpoints.resume()
     for epoch in range(first_epoch, args.epochs + 1):
         started = time.monotonic()
         sampler.set_epoch(epoch)
         resumed = rank == 0 and epoch == first_epoch > 1
-        loss_mean, step = train_epoch(model, optimizer, loader, step, resumed=resumed)
+        loss_mean, step = train_epoch(run, loader, step, resumed=resumed)
         if rank == 0:
             metrics = {"perplexity": round(math.exp(loss_mean), 3), "world_size": world}
             if checkpoints.stalls:

@@ -114,7 +114,7 @@ class SubmitJob(Request, frozen=True, kw_only=True):
         strategy: how a ``ddp`` job's script spreads the model over its ranks, passed to it as
             ``$RESONTECH_STRATEGY``: ``ddp`` (the default: every rank holds the whole model) or
             ``fsdp`` (FSDP2: parameters, gradients and optimizer state sharded over every rank);
-            ``deepspeed`` is refused until the platform ships DeepSpeed. ``ddp`` jobs only.
+            ``deepspeed`` (DeepSpeed ZeRO; the script picks the stage). ``ddp`` jobs only.
         image: the container image each shard runs in (``registry/name:tag``, a ``@sha256:``
             digest to pin it). Only workers that run images take such a job: today the nodes of the
             kernel's own Kubernetes clusters. Default: the worker's own environment.

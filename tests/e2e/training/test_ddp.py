@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
+from deepspeed.utils import zero_to_fp32
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from agent.checkpoint_parts import Manifest, unpack
@@ -302,15 +304,13 @@ def load_sharded(s3: Any, tenant: str, checkpoint: JobCheckpointed, root: Path) 
     return state
 
 
-async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupted_run(
-    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer, tmp_path: Path
-) -> None:
-    """``strategy: fsdp``: FSDP2 over two nodes (gloo, CPU), each rank saving its own shards
-    (``torch.distributed.checkpoint``), each node's agent uploading its part; the host of one rank
-    dies after the first complete set, the gang restarts from it on a replacement (every node fetches
-    every part), and the final parameters equal those of a run that was never interrupted (no step
-    skipped or done twice: the step counter comes from the checkpoint)."""
-    tenant, s3 = fsdp_workspace(object_store, tmp_path)
+async def interrupted(
+    log: EventLog, agents: Callable[..., AgentProcess], tenant: str, strategy: str, *args: str
+) -> list[Any]:
+    """A two-node ``strategy`` job of the FSDP example on three real agents: the host of node 1 is
+    SIGKILLed once the first whole sharded checkpoint is stored; the job's events once it ended,
+    checked for what every strategy promises (one restart, from the set, no step skipped or done
+    twice, every set the kernel's and whole)."""
     nodes = {
         await registered(log, agent): agent
         for agent in (agents("f1", *HEARTBEAT), agents("f2", *HEARTBEAT), agents("f3", *HEARTBEAT))
@@ -318,11 +318,11 @@ async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupt
     event = JobSubmitted(
         name="lm",
         kind="ddp",
-        strategy="fsdp",
+        strategy=strategy,
         shards=2,
-        command=[FSDP_SCRIPT, *FSDP_ARGS, "--min-epoch-seconds", "0.5"],
+        command=[FSDP_SCRIPT, *FSDP_ARGS, *args, "--min-epoch-seconds", "0.5"],
         inputs=[FSDP_SCRIPT, TOKENS],
-        resources=JobResources(cpus=1.0),
+        resources=JobResources(cpus=1.0, memory_mb=4096),  # DeepSpeed's imports outgrow the 1 GiB default
     )
     await log.append(job_subject(tenant, "lm-1", event), event)
     async with coordinator(log):
@@ -332,7 +332,6 @@ async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupt
         nodes[victim.worker_id].kill()
         kill_marked(nodes[victim.worker_id].work_dir / victim.assignment_id)
         jobs = await job_until(log, ended, "the job ended")
-    reference = await asyncio.to_thread(uninterrupted, tmp_path)
     assert of(jobs, JobCompleted), [e for e in of(jobs, JobFailed)]
     assert len(of(jobs, JobPlaced)) == 2  # restarted once, from the checkpoint
     resumed = [e for e in of(jobs, JobProgress) if e.epoch == 2 and e.train_epoch is not None]
@@ -343,22 +342,76 @@ async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupt
     assert all(c.assignment_id == "" and len(c.parts) == 2 for c in sets)  # the kernel's, each whole
     stored = of(jobs, JobCheckpointPartStored)
     assert {(p.step, p.slot) for p in stored} >= {(c.step, slot) for c in sets for slot in (0, 1)}
-    final = load_sharded(s3, tenant, sets[-1], tmp_path)
+    return jobs
+
+
+def worst_difference(final: dict[str, Any], reference: dict[str, Any]) -> float:
+    assert final.keys() == reference.keys()
+    return max((final[k].float() - reference[k].float()).abs().max().item() for k in reference)
+
+
+async def test_an_fsdp_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupted_run(
+    log: EventLog, agents: Callable[..., AgentProcess], object_store: ObjectStoreServer, tmp_path: Path
+) -> None:
+    """``strategy: fsdp``: FSDP2 over two nodes (gloo, CPU), each rank saving its own shards
+    (``torch.distributed.checkpoint``), each node's agent uploading its part; the host of one rank
+    dies after the first complete set, the gang restarts from it on a replacement (every node fetches
+    every part), and the final parameters equal those of a run that was never interrupted (no step
+    skipped or done twice: the step counter comes from the checkpoint)."""
+    tenant, s3 = fsdp_workspace(object_store, tmp_path)
+    jobs = await interrupted(log, agents, tenant, "fsdp")
+    reference = await asyncio.to_thread(uninterrupted, tmp_path)
+    final = load_sharded(s3, tenant, of(jobs, JobCheckpointed)[-1], tmp_path)
     assert (
         tuple(final["progress"].tolist())
         == (6, 6 * FSDP_STEPS_PER_EPOCH)
         == (reference["epoch"], reference["step"])
     )
-    assert final["model"].keys() == reference["model"].keys()
-    worst = max((final["model"][k] - reference["model"][k]).abs().max().item() for k in reference["model"])
+    worst = worst_difference(final["model"], reference["model"])
     assert worst <= 1e-5, f"parameters differ by {worst} from the uninterrupted run"
 
 
-def run_example(root: Path, ranks: int, *args: str, resume: Path | None = None, out: str) -> str:
+@pytest.mark.parametrize("stage", [2, 3])
+async def test_a_deepspeed_zero_job_survives_a_lost_node_and_ends_equal_to_an_uninterrupted_run(
+    log: EventLog,
+    agents: Callable[..., AgentProcess],
+    object_store: ObjectStoreServer,
+    tmp_path: Path,
+    stage: int,
+) -> None:
+    """``strategy: deepspeed``: the same model under a DeepSpeed engine, ZeRO-2 and ZeRO-3 over two
+    nodes (DeepSpeed's CPU accelerator, gloo), each rank writing DeepSpeed's checkpoint files on its
+    node, each node's agent uploading its part; one host dies after the first whole set, the gang
+    restarts from it, and the final fp32 parameters (``zero_to_fp32`` over the stored set) equal those
+    of an uninterrupted run."""
+    tenant, s3 = fsdp_workspace(object_store, tmp_path)
+    jobs = await interrupted(log, agents, tenant, "deepspeed", "--zero-stage", str(stage))
+    last = of(jobs, JobCheckpointed)[-1]
+    assert last.step == 6 * FSDP_STEPS_PER_EPOCH
+    tag = f"step-{last.step:08d}"
+    folder = tmp_path / "final" / tag
+    folder.mkdir(parents=True)
+    with TenantTree.open(folder) as tree:
+        for slot, key in enumerate(last.parts):
+            archive = tmp_path / f"part-{slot}.tar"
+            archive.write_bytes(s3.get_object(Bucket=f"rt-{tenant}", Key=key)["Body"].read())
+            unpack(archive, tree, set(), Manifest(step=last.step, slot=slot))
+    args = (*FSDP_ARGS[2:], "--zero-stage", str(stage))
+    await asyncio.to_thread(run_example, tmp_path, 2, *args, out="reference", strategy="deepspeed")
+    final = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "final"), tag=tag)
+    reference = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "reference"), tag=tag)
+    worst = worst_difference(final, reference)
+    assert worst <= 1e-5, f"parameters differ by {worst} from the uninterrupted run"
+
+
+def run_example(
+    root: Path, ranks: int, *args: str, resume: Path | None = None, out: str, strategy: str = "fsdp"
+) -> str:
     """The FSDP example under torchrun on this host, ``ranks`` ranks, checkpoints into ``root/out``."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
     argv += ["--master-port", str(free_port()), str(FSDP_EXAMPLE / "train.py"), "--data", TOKENS, *args]
     env = {**os.environ, "RESONTECH_CHECKPOINT_DIR": str(root / out), "OMP_NUM_THREADS": "1"}
+    env["RESONTECH_STRATEGY"] = strategy
     if resume is not None:
         env["RESONTECH_RESUME_PATH"] = str(resume)
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)

@@ -570,7 +570,7 @@ def _render(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_render_prints_valid_manifests_for_every_example_spec() -> None:
-    examples = sorted(REPO.glob("examples/*/job.yaml")) + sorted(REPO.glob("examples/inference/*.yaml"))
+    examples = sorted(REPO.glob("examples/*/job*.yaml")) + sorted(REPO.glob("examples/inference/*.yaml"))
     assert len(examples) >= 5
     for path in examples:
         done = _render(str(path.relative_to(REPO)), "--object-store", "http://10.1.2.3:9000")
