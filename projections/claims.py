@@ -30,12 +30,16 @@ The rules, by what is claimed:
   assignment and the registry, never from the claim.
 * **A registration** is refused unless the worker is enrolled, and its provider, pool, owner tenant
   and region are those of its enrollment token, and it says sandbox ``kubernetes`` (it runs work
-  naming a container image) only from one of the kernel's own node-workers; a policy only for a
-  registered worker.
+  naming a container image) only from one of the kernel's own node-workers; its network domains
+  (``topology``) name known levels with plain names; a policy only for a registered worker.
 * **A node's enrollment** (``provider.<provider>.agent_enrolled``) only from the live dispatcher of a
   cluster (:func:`projections.providers.dispatching`: its sender id is ``kernel-<cluster>``, which
   NATS lets only that dispatcher's user publish under), for a worker id of that cluster's namespace
   (``kernel-<cluster>-...``) nobody holds, under the cluster's own token, with no credentials.
+
+One module past 500 lines on purpose: it is the whole list of what the kernel believes of an agent,
+each rule beside the others it must agree with (a report's tenure, its key, its address); split, a
+reviewer of the trust boundary would read several files for one question.
 
 A refusal whose reason may be the kernel's own lag (a job, an assignment, a worker or an enrollment
 it does not know yet) is marked ``unknown``: the service judges it again once its projections have

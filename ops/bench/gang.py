@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import time
 from typing import Any
@@ -35,13 +36,10 @@ TENANT = "bench"
 SCRIPT = "scripts/fsdp-lm/train.py"
 TOKENS = "jobs/fsdp-lm/tokens.npz"
 SEQUENCES = 256
-TIMEOUT_S = 300.0
 
 
 def upload(s3: Any, example: Any) -> None:
     """The example's script and a corpus of :data:`SEQUENCES` walks, into the bench tenant's bucket."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("fsdp_lm_make_data", example / "make_data.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -30,7 +30,7 @@ from core.flare import KIT_FILE
 from core.objects import bucket_for
 from core.rendezvous import rendezvous
 from ops.coordinator.inputs import Presigner
-from projections.checkpoints import part_keys
+from projections.checkpoints import checkpoint_prefix, part_keys
 from projections.registry import WorkerRecord
 from projections.schedule import JobRecord
 from schemas.commands import WorkSpec
@@ -50,9 +50,7 @@ class WorkSpecError(ResontechError):
 
 def checkpoint_keys(job: JobRecord, epoch: int) -> list[str]:
     """The keys the checkpoints of one placement of ``job`` are uploaded to, in turn."""
-    return [
-        f"jobs/{job.spec.name}/checkpoints/{job.job_id}/e{epoch}-{n}.ckpt" for n in range(CHECKPOINT_SLOTS)
-    ]
+    return [f"{checkpoint_prefix(job)}e{epoch}-{n}.ckpt" for n in range(CHECKPOINT_SLOTS)]
 
 
 def ddp_spec(

@@ -289,16 +289,21 @@ def uninterrupted(root: Path) -> dict[str, Any]:
     return state
 
 
+def unpack_set(s3: Any, tenant: str, checkpoint: JobCheckpointed, folder: Path) -> None:
+    """Every node's part of a stored set, fetched and unpacked into ``folder`` as an agent does."""
+    folder.mkdir(parents=True)
+    with TenantTree.open(folder) as tree:
+        for slot, key in enumerate(checkpoint.parts):
+            archive = folder.parent / f"part-{slot}.tar"
+            archive.write_bytes(s3.get_object(Bucket=f"rt-{tenant}", Key=key)["Body"].read())
+            unpack(archive, tree, set(), Manifest(step=checkpoint.step or 0, slot=slot))
+
+
 def load_sharded(s3: Any, tenant: str, checkpoint: JobCheckpointed, root: Path) -> dict[str, Any]:
     """A sharded checkpoint's set, every node's part unpacked into one folder, as one full state (DCP
     reads it without a process group here: a world of one)."""
     folder = root / "final"
-    folder.mkdir()
-    with TenantTree.open(folder) as tree:
-        for slot, key in enumerate(checkpoint.parts):
-            archive = root / f"part-{slot}.tar"
-            archive.write_bytes(s3.get_object(Bucket=f"rt-{tenant}", Key=key)["Body"].read())
-            unpack(archive, tree, set(), Manifest(step=checkpoint.step or 0, slot=slot))
+    unpack_set(s3, tenant, checkpoint, folder)
     dcp_to_torch_save(folder, root / "final.pt")
     state: dict[str, Any] = torch.load(root / "final.pt", weights_only=True)
     return state
@@ -389,13 +394,7 @@ async def test_a_deepspeed_zero_job_survives_a_lost_node_and_ends_equal_to_an_un
     last = of(jobs, JobCheckpointed)[-1]
     assert last.step == 6 * FSDP_STEPS_PER_EPOCH
     tag = f"step-{last.step:08d}"
-    folder = tmp_path / "final" / tag
-    folder.mkdir(parents=True)
-    with TenantTree.open(folder) as tree:
-        for slot, key in enumerate(last.parts):
-            archive = tmp_path / f"part-{slot}.tar"
-            archive.write_bytes(s3.get_object(Bucket=f"rt-{tenant}", Key=key)["Body"].read())
-            unpack(archive, tree, set(), Manifest(step=last.step, slot=slot))
+    unpack_set(s3, tenant, last, tmp_path / "final" / tag)
     args = (*FSDP_ARGS[2:], "--zero-stage", str(stage))
     await asyncio.to_thread(run_example, tmp_path, 2, *args, out="reference", strategy="deepspeed")
     final = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "final"), tag=tag)
