@@ -494,15 +494,17 @@ async def test_identity_comes_from_the_enrollment_not_the_registration(
         {"region": "us-east"},
         {"pool": "managed", "owner_tenant": tenant},
         {"sandbox": "kubernetes"},  # to be given work that names a container image, and run it bare
+        {"topology": {"rack": "acme-gpus/r1"}},  # to read as another provider's rack, and join its gangs
     ):
         await mallory.register(**lie)
-    refused = await quarantined(stack.log, me, 5)
+    refused = await quarantined(stack.log, me, 6)
     assert [q.reason.split(",")[0].split(" (")[0] for q in refused] == [
         "registers pool 'private'",
         "registers provider 'someone-else'",
         "registers region 'us-east'",
         "registers pool 'managed'",
         "sandbox 'kubernetes' is the kernel's own Kubernetes nodes'",
+        "topology 'rack': 'acme-gpus/r1': a level is one of clique",
     ]
     registry, _ = await rebuild(stack.log, REGISTRY)
     assert me not in registry.workers  # nothing it said about itself was believed
